@@ -1,0 +1,47 @@
+"""Packaging for tb-gpuadvisor: a TensorBoard plugin and CLI that turn profiler
+captures into ranked GPU performance fixes."""
+
+from setuptools import setup
+
+TEST_REQUIRES = [
+    "pytest>=7",
+    "fsspec>=2023.1",
+    "playwright>=1.40",
+    "xprof>=2.20",
+    "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
+    "tensorflow>=2.16; platform_machine!='x86_64'",
+]
+
+setup(
+    name="tb-gpuadvisor",
+    version="0.1.0",
+    description="TensorBoard Advisor tab: ranked GPU performance fixes from TensorFlow/JAX profiles",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=[
+        "tb_gpuadvisor",
+        "tb_gpuadvisor.xspace",
+        "tb_gpuadvisor.model",
+        "tb_gpuadvisor.analysis",
+        "tb_gpuadvisor.checks",
+        "tb_gpuadvisor.frontend",
+    ],
+    package_dir={"tb_gpuadvisor.frontend": "frontend"},
+    package_data={"tb_gpuadvisor.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSE*"]},
+    install_requires=[
+        "tensorboard>=2.12",
+        "protobuf>=4.21",
+        "numpy>=1.23",
+        "werkzeug>=2.0",
+    ],
+    extras_require={
+        "demo": ["tensorflow>=2.16", "xprof>=2.20"],
+        "test": TEST_REQUIRES,
+        "remote": ["fsspec>=2023.1"],
+    },
+    entry_points={
+        "tensorboard_plugins": ["gpu_advisor = tb_gpuadvisor.loader:GpuAdvisorLoader"],
+        "console_scripts": ["tb-gpuadvisor = tb_gpuadvisor.cli:main"],
+    },
+)
