@@ -1,0 +1,1 @@
+"""Analyses: measurements derived from the timeline model that several checks share."""

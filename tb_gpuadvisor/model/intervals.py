@@ -1,0 +1,107 @@
+"""Interval algebra on numpy arrays of [start, end) picosecond intervals.
+
+Busy time, idle gaps and overlaps are all unions, intersections and
+differences of interval sets; doing them with sorted arrays keeps the
+analyses linear in the number of events.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]   # (starts, ends), sorted and disjoint after union()
+
+EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """Merge possibly overlapping intervals into a sorted disjoint set."""
+    if starts.size == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    s = starts[order].astype(np.int64, copy=False)
+    e = ends[order].astype(np.int64, copy=False)
+    running_end = np.maximum.accumulate(e)
+    # A new block starts where an interval begins after everything before it ended.
+    new_block = np.empty(s.size, bool)
+    new_block[0] = True
+    new_block[1:] = s[1:] > running_end[:-1]
+    block_starts = s[new_block]
+    block_ids = np.cumsum(new_block) - 1
+    block_ends = np.zeros(block_starts.size, np.int64)
+    np.maximum.at(block_ends, block_ids, e)
+    return block_starts, block_ends
+
+
+def total(intervals: Intervals) -> int:
+    starts, ends = intervals
+    return int(np.sum(ends - starts))
+
+
+def clip(intervals: Intervals, lo: int, hi: int) -> Intervals:
+    """The part of a disjoint set inside [lo, hi)."""
+    starts, ends = intervals
+    s = np.maximum(starts, lo)
+    e = np.minimum(ends, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection of two disjoint sorted sets."""
+    a_s, a_e = a
+    b_s, b_e = b
+    if a_s.size == 0 or b_s.size == 0:
+        return EMPTY
+    # For each interval of a, the b intervals that can overlap it form a contiguous range.
+    lo = np.searchsorted(b_e, a_s, side="right")
+    hi = np.searchsorted(b_s, a_e, side="left")
+    counts = np.maximum(hi - lo, 0)
+    if counts.sum() == 0:
+        return EMPTY
+    a_idx = np.repeat(np.arange(a_s.size), counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    b_idx = np.repeat(lo, counts) + offsets
+    s = np.maximum(a_s[a_idx], b_s[b_idx])
+    e = np.minimum(a_e[a_idx], b_e[b_idx])
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def complement(intervals: Intervals, lo: int, hi: int) -> Intervals:
+    """Gaps of a disjoint set inside [lo, hi)."""
+    starts, ends = clip(intervals, lo, hi)
+    gap_starts = np.concatenate(([lo], ends))
+    gap_ends = np.concatenate((starts, [hi]))
+    keep = gap_ends > gap_starts
+    return gap_starts[keep].astype(np.int64), gap_ends[keep].astype(np.int64)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """Parts of disjoint set a not covered by disjoint set b."""
+    if a[0].size == 0:
+        return EMPTY
+    lo, hi = int(a[0][0]), int(a[1][-1])
+    return intersect(a, complement(b, lo, hi))
+
+
+def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarray) -> np.ndarray:
+    """Length of the disjoint set inside each window [edges_lo[i], edges_hi[i]).
+
+    Windows must be sorted and non-overlapping (step periods are).
+    """
+    starts, ends = intervals
+    if starts.size == 0 or edges_lo.size == 0:
+        return np.zeros(edges_lo.size, np.int64)
+    # Cumulative covered length up to time t, evaluated at window edges.
+    cum = np.concatenate(([0], np.cumsum(ends - starts)))
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")      # intervals starting before t
+        full = cum[i]
+        # the last of them may extend past t
+        j = np.clip(i - 1, 0, None)
+        overshoot = np.where(i > 0, np.maximum(ends[j] - t, 0), 0)
+        return full - overshoot
+
+    return (covered_before(edges_hi) - covered_before(edges_lo)).astype(np.int64)

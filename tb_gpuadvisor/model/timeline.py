@@ -1,0 +1,271 @@
+"""The timeline model: what happened on each device and host thread of a session.
+
+Events are stored column-wise in numpy arrays (one row per event) rather than
+as Python objects, so that a capture with millions of kernels can be analysed
+with vectorised operations.  Times are integer picoseconds measured from the
+session's origin (the earliest line timestamp of any host in the session), so
+they stay exact and fit in int64 even when a capture stores epoch timestamps.
+
+Names are interned: an event's ``name`` column holds an index into the
+table's ``names`` list; classification is done once per distinct name.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PS_PER_MS = 1_000_000_000
+PS_PER_US = 1_000_000
+
+
+class DeviceEventKind(enum.IntEnum):
+    """What a device event is; drives the step breakdown."""
+
+    KERNEL = 0
+    MEMCPY_H2D = 1
+    MEMCPY_D2H = 2
+    MEMCPY_D2D = 3
+    MEMCPY_P2P = 4
+    MEMCPY_OTHER = 5
+    MEMSET = 6
+    COLLECTIVE = 7
+
+
+COPY_KINDS = (DeviceEventKind.MEMCPY_H2D, DeviceEventKind.MEMCPY_D2H, DeviceEventKind.MEMCPY_D2D,
+              DeviceEventKind.MEMCPY_P2P, DeviceEventKind.MEMCPY_OTHER, DeviceEventKind.MEMSET)
+
+
+class HostEventKind(enum.IntEnum):
+    """What a host event means for idle-time attribution."""
+
+    OTHER = 0          # Python, callbacks, runtime bookkeeping
+    INPUT_WAIT = 1     # consumer waiting for the next tf.data element
+    INPUT_STAGE = 2    # a tf.data pipeline stage (Iterator::...), producer or consumer side
+    LAUNCH = 3         # kernel launch / copy enqueue API calls (correlated with device work)
+    FRAMEWORK_OP = 4   # a framework op executing (TF "scope/name:Type", eager kernels)
+    STEP_MARKER = 5    # TraceContext / Profiled batch / _r=1 step annotations
+    FUNCTION = 6       # tf.function / XLA executable runs (used for step inference)
+    MEMORY = 7         # MemoryAllocation / MemoryDeallocation records
+    EXECUTOR = 8       # executor scheduling (ExecutorState::Process, PjRt execute helpers)
+
+
+@dataclass
+class Device:
+    """One accelerator (or the host CPU when a capture has none)."""
+
+    name: str                      # "/device:GPU:0", "/device:TPU:1", "/host:CPU"
+    host: str
+    kind: str                      # "gpu", "tpu", "cpu"
+    index: int
+    vendor: str | None = None      # "NVIDIA", "AMD", "Google"
+    model: str | None = None       # device type string when the capture has one
+    compute_capability: str | None = None   # "7.5"
+    sm_count: int | None = None
+    memory_bytes: int | None = None
+    memory_bandwidth: int | None = None     # bytes per second
+    clock_khz: int | None = None
+
+    @property
+    def cc_major(self) -> int | None:
+        if not self.compute_capability:
+            return None
+        return int(self.compute_capability.split(".")[0])
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "host": self.host, "kind": self.kind, "index": self.index}
+        for key in ("vendor", "model", "compute_capability", "sm_count", "memory_bytes",
+                    "memory_bandwidth", "clock_khz"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass
+class DeviceActivity:
+    """Every event one device executed: kernels, copies, memsets, collectives.
+
+    Columns (all the same length, sorted by start):
+      start_ps, dur_ps   int64
+      kind               int8 (DeviceEventKind)
+      stream             int32, index into ``streams`` (line names such as "Stream #19(Compute)")
+      name               int32, index into ``names`` (kernel or copy name)
+      op                 int32, index into ``ops`` (framework op "scope/op:Type", XLA op), -1 if unknown
+      correlation_id     int64, -1 if absent (links to the host launch event)
+      group_id           int64, -1 if absent (TensorFlow's step group)
+      nbytes             int64, bytes moved by copies/memsets, 0 otherwise
+      details            int32, index into ``details`` (kernel_details string), -1 if absent
+      step               int32, index into the session's Steps arrays, -1 outside any step
+    """
+
+    device: Device
+    start_ps: np.ndarray
+    dur_ps: np.ndarray
+    kind: np.ndarray
+    stream: np.ndarray
+    name: np.ndarray
+    op: np.ndarray
+    correlation_id: np.ndarray
+    group_id: np.ndarray
+    nbytes: np.ndarray
+    details: np.ndarray
+    names: list[str]
+    ops: list[str]
+    streams: list[str]
+    detail_strings: list[str]
+    step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+
+    def __len__(self) -> int:
+        return int(self.start_ps.size)
+
+    @property
+    def end_ps(self) -> np.ndarray:
+        return self.start_ps + self.dur_ps
+
+    def mask(self, *kinds: DeviceEventKind) -> np.ndarray:
+        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+
+
+@dataclass
+class HostActivity:
+    """Every event of one host's CPU threads.
+
+    Columns (same length, sorted by start):
+      start_ps, dur_ps   int64
+      thread             int32, index into ``threads`` (line names: "python3", "tf_Compute/12", ...)
+      name               int32, index into ``names``
+      kind               int8 (HostEventKind), classified once per distinct name
+      step_num           int64, the ``step_num`` stat of step markers, -1 if absent
+      is_root            bool, ``_r`` == 1 (custom-loop step annotations)
+      group_id           int64, -1 if absent
+      correlation_id     int64, -1 if absent (launch events)
+      step               int32, index into the session's Steps arrays, -1 outside any step
+    """
+
+    host: str
+    start_ps: np.ndarray
+    dur_ps: np.ndarray
+    thread: np.ndarray
+    name: np.ndarray
+    kind: np.ndarray
+    step_num: np.ndarray
+    is_root: np.ndarray
+    group_id: np.ndarray
+    correlation_id: np.ndarray
+    names: list[str]
+    threads: list[str]
+    step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+
+    def __len__(self) -> int:
+        return int(self.start_ps.size)
+
+    @property
+    def end_ps(self) -> np.ndarray:
+        return self.start_ps + self.dur_ps
+
+    def mask(self, *kinds: HostEventKind) -> np.ndarray:
+        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+
+
+@dataclass
+class MemoryRecords:
+    """Allocator snapshots from MemoryAllocation/MemoryDeallocation events of one host.
+
+    Columns: time_ps, allocator (index into ``allocators``, e.g. "GPU_0_bfc"), is_alloc (bool),
+    bytes_allocated, peak_bytes_in_use, bytes_reserved, bytes_available, requested_bytes (int64),
+    fragmentation (float64), op (index into ``ops``, -1 if absent; the tf_op stat).
+    """
+
+    host: str
+    time_ps: np.ndarray
+    allocator: np.ndarray
+    is_alloc: np.ndarray
+    bytes_allocated: np.ndarray
+    peak_bytes_in_use: np.ndarray
+    bytes_reserved: np.ndarray
+    bytes_available: np.ndarray
+    requested_bytes: np.ndarray
+    fragmentation: np.ndarray
+    op: np.ndarray
+    allocators: list[str]
+    ops: list[str]
+
+    def __len__(self) -> int:
+        return int(self.time_ps.size)
+
+
+@dataclass
+class Steps:
+    """Training steps found in the session, in time order.
+
+    ``source`` names the marker used: "custom_loop" (events with _r=1 and step_num),
+    "keras2" (TraceContext), "keras" (Keras 3 "Profiled batch"), "steps_line" (the
+    derived Steps line on a GPU plane), "inferred" (repeated tf.function / XLA runs), or
+    "none".  ``start_ps``/``end_ps`` are step periods: a step ends where the next starts;
+    the last one ends at its last host or device activity.
+    """
+
+    source: str
+    number: np.ndarray      # int64 step numbers as the program labelled them
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    group_id: np.ndarray    # int64, -1 when the marker carries none
+    marker_name: str = ""
+
+    def __len__(self) -> int:
+        return int(self.start_ps.size)
+
+    @property
+    def duration_ps(self) -> np.ndarray:
+        return self.end_ps - self.start_ps
+
+    def locate(self, times_ps: np.ndarray) -> np.ndarray:
+        """Index of the step whose period contains each time, -1 when outside all steps."""
+        if not len(self):
+            return np.full(times_ps.shape, -1, np.int32)
+        idx = np.searchsorted(self.start_ps, times_ps, side="right") - 1
+        inside = (idx >= 0) & (times_ps < self.end_ps[np.clip(idx, 0, None)])
+        return np.where(inside, idx, -1).astype(np.int32)
+
+
+@dataclass
+class HostModel:
+    """One host of a session: its CPU activity, memory records and devices."""
+
+    name: str
+    path: str
+    activity: HostActivity
+    memory: MemoryRecords
+    devices: list[DeviceActivity]
+    origin_ns: int                   # timestamp of this host's earliest line
+    warnings: list[str] = field(default_factory=list)
+    dropped_events: int = 0
+
+
+@dataclass
+class SessionModel:
+    """Everything the analyses and checks read about one capture session."""
+
+    run: str
+    session: str
+    hosts: list[HostModel]
+    steps: Steps
+    framework: str                   # "tensorflow", "jax", "unknown"
+    errors: list[dict] = field(default_factory=list)   # {"host", "path", "message"}
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def devices(self) -> list[DeviceActivity]:
+        return [dev for host in self.hosts for dev in host.devices]
+
+    @property
+    def gpus(self) -> list[DeviceActivity]:
+        return [dev for dev in self.devices if dev.device.kind == "gpu"]
+
+    @property
+    def active_gpus(self) -> list[DeviceActivity]:
+        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded)."""
+        return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
