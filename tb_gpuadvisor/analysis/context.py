@@ -1,0 +1,64 @@
+"""What every check receives: the session model plus analyses computed once.
+
+Several checks need the same expensive measurement (the step breakdown walks
+every event of every device); :class:`Analysis` computes it lazily on first use
+and hands the same object to all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+
+if TYPE_CHECKING:
+    from tb_gpuadvisor.analysis.breakdown import Breakdown
+
+
+@dataclass
+class Analysis:
+    """The analysed session handed to every check."""
+
+    model: SessionModel
+
+    @cached_property
+    def breakdown(self) -> "Breakdown":
+        from tb_gpuadvisor.analysis.breakdown import compute_breakdown
+
+        return compute_breakdown(self.model)
+
+    @property
+    def steps_count(self) -> int:
+        return len(self.model.steps)
+
+    @property
+    def step_time_ps(self) -> int:
+        """Sum of all step periods; the denominator of every "percent of step time" metric."""
+        return int(np.sum(self.model.steps.duration_ps)) if self.steps_count else 0
+
+    @property
+    def mean_step_ms(self) -> float:
+        return self.ms_per_step(self.step_time_ps)
+
+    def ms_per_step(self, ps_total: float) -> float:
+        """A total over all steps, as milliseconds per step (0 when there are no steps)."""
+        return float(ps_total) / PS_PER_MS / self.steps_count if self.steps_count else 0.0
+
+    def percent_of_steps(self, ps_total: float) -> float:
+        """A total over all steps as a percentage of the summed step time."""
+        return 100.0 * float(ps_total) / self.step_time_ps if self.step_time_ps else 0.0
+
+    @property
+    def primary_device(self) -> DeviceActivity | None:
+        """The device the per-step breakdown is measured on (first active GPU), or None on CPU-only captures."""
+        gpus = self.model.active_gpus
+        return gpus[0] if gpus else None
+
+    @staticmethod
+    def to_ms(ps: float | np.ndarray) -> float | np.ndarray:
+        """Picoseconds from the session origin to milliseconds relative to capture start."""
+        return ps / PS_PER_MS
