@@ -1,0 +1,193 @@
+"""Finding profile sessions: ``<logdir>/<run>/plugins/profile/<session>/<host>.xplane.pb``.
+
+A run is any folder (at any depth below the logdir) that holds ``plugins/profile``;
+its name is its path relative to the logdir ("." for the logdir itself), as
+TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
+cache files XProf writes beside them are ignored.  Paths with a scheme
+(``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
+
+
+class DiscoveryError(Exception):
+    """The path given cannot be searched for captures (missing, unreadable, wrong kind)."""
+
+
+class UnsafePathError(ValueError):
+    """A run, session or host value that would read outside the logdir."""
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """One capture session and the hosts it holds."""
+
+    run: str
+    session: str
+    path: str
+    hosts: tuple[str, ...]
+    fs: Any = field(default=None, compare=False, hash=False, repr=False)
+
+    def host_file(self, host: str) -> str:
+        if host not in self.hosts:
+            raise LookupError(f"host {host!r} is not in session {self.session!r}")
+        return self._join(self.path, host + XPLANE_SUFFIX)
+
+    def _join(self, *parts: str) -> str:
+        return posixpath.join(*parts) if self.fs is not None else os.path.join(*parts)
+
+    def opener(self):
+        """A callable opening a file of this session (None for local files)."""
+        return None if self.fs is None else (lambda p: self.fs.open(p, "rb"))
+
+    def stat_key(self) -> tuple:
+        """(host, size, mtime) of every capture file: a cache key that changes with the files."""
+        key = []
+        for host in self.hosts:
+            path = self.host_file(host)
+            if self.fs is None:
+                try:
+                    st = os.stat(path)
+                    key.append((host, st.st_size, st.st_mtime_ns))
+                except OSError:
+                    key.append((host, -1, -1))
+            else:
+                info = self.fs.info(path)
+                key.append((host, info.get("size"), info.get("mtime") or info.get("LastModified")))
+        return tuple(key)
+
+
+def _filesystem(path: str):
+    """(fs, path) for remote paths, (None, path) for local ones."""
+    if "://" not in path or path.startswith("file://"):
+        return None, path[len("file://"):] if path.startswith("file://") else path
+    try:
+        import fsspec
+    except ImportError:
+        raise DiscoveryError(
+            f"{path}: remote paths need fsspec (pip install 'tb-gpuadvisor[remote]')") from None
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs, root
+
+
+def _hosts_in(names: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(n[: -len(XPLANE_SUFFIX)] for n in names
+                        if n.endswith(XPLANE_SUFFIX) and len(n) > len(XPLANE_SUFFIX)))
+
+
+def _run_name(logdir: str, run_dir: str, sep: str) -> str:
+    rel = os.path.relpath(run_dir, logdir) if sep == os.sep else posixpath.relpath(run_dir, logdir)
+    return "." if rel in ("", ".") else rel.replace(os.sep, "/")
+
+
+def _split_session_dir(session_dir: str) -> tuple[str, str] | None:
+    """(run_dir, session) when session_dir looks like <run>/plugins/profile/<session>."""
+    parent, session = os.path.split(session_dir.rstrip("/"))
+    profile_parent, profile = os.path.split(parent)
+    run_dir, plugins = os.path.split(profile_parent)
+    if (plugins, profile) == PROFILE_DIR:
+        return run_dir or ".", session
+    return None
+
+
+def _walk(fs, root: str):
+    if fs is None:
+        def onerror(err: OSError) -> None:
+            if err.filename == root:
+                raise DiscoveryError(f"{root}: {err.strerror}")
+        yield from os.walk(root, onerror=onerror)
+    else:
+        for dirpath, dirnames, filenames in fs.walk(root):
+            yield dirpath, dirnames, filenames
+
+
+def find_sessions(path: str) -> list[SessionRef]:
+    """Every session under PATH (a logdir, a run folder, a session folder or one .xplane.pb).
+
+    Raises DiscoveryError when PATH does not exist or cannot be read.  A logdir
+    with no captures gives an empty list.
+    """
+    fs, root = _filesystem(path)
+    exists = os.path.exists(root) if fs is None else fs.exists(root)
+    if not exists:
+        raise DiscoveryError(f"{path}: no such file or directory")
+    is_file = os.path.isfile(root) if fs is None else fs.isfile(root)
+    sep = os.sep if fs is None else "/"
+
+    if is_file:
+        if not root.endswith(XPLANE_SUFFIX):
+            raise DiscoveryError(f"{path}: not a profile capture (expected a *{XPLANE_SUFFIX} file)")
+        session_dir, name = os.path.split(root)
+        split = _split_session_dir(session_dir)
+        run = (os.path.basename(split[0].rstrip("/")) or ".") if split else "."
+        session = split[1] if split else os.path.basename(session_dir) or "."
+        return [SessionRef(run, session, session_dir, _hosts_in([name]), fs)]
+
+    # A session folder given directly.
+    split = _split_session_dir(root)
+    sessions: list[SessionRef] = []
+    if split:
+        names = os.listdir(root) if fs is None else [posixpath.basename(p) for p in fs.ls(root, detail=False)]
+        hosts = _hosts_in(names)
+        if hosts:
+            run = os.path.basename(split[0].rstrip("/")) or "."
+            return [SessionRef(run, split[1], root, hosts, fs)]
+
+    for dirpath, dirnames, filenames in _walk(fs, root):
+        dirnames.sort()
+        hosts = _hosts_in(filenames)
+        found = _split_session_dir(dirpath)
+        if hosts and found:
+            run_dir, session = found
+            sessions.append(SessionRef(_run_name(root, run_dir, sep), session, dirpath, hosts, fs))
+    sessions.sort(key=lambda ref: (ref.run, ref.session))
+    return sessions
+
+
+def check_component(value: str, what: str, allow_slash: bool) -> None:
+    """Reject values that could address anything outside the logdir."""
+    if not value:
+        raise UnsafePathError(f"{what} is empty")
+    if "\x00" in value or "\\" in value:
+        raise UnsafePathError(f"{what} contains a forbidden character")
+    if value.startswith("/") or os.path.isabs(value) or "://" in value or (len(value) > 1 and value[1] == ":"):
+        raise UnsafePathError(f"{what} must be relative to the logdir")
+    parts = value.split("/")
+    if ".." in parts or (not allow_slash and len(parts) > 1):
+        raise UnsafePathError(f"{what} must not contain '..' or path separators")
+
+
+def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
+    """The session RUN/SESSION of LOGDIR, refusing anything that escapes the logdir.
+
+    Raises UnsafePathError for escape attempts and LookupError for unknown names.
+    """
+    check_component(run, "run", allow_slash=True)
+    check_component(session, "session", allow_slash=False)
+    fs, root = _filesystem(logdir)
+    join = os.path.join if fs is None else posixpath.join
+    run_dir = root if run == "." else join(root, *run.split("/"))
+    session_dir = join(run_dir, *PROFILE_DIR, session)
+    if fs is None:
+        real_root = os.path.realpath(root)
+        real_session = os.path.realpath(session_dir)
+        if os.path.commonpath([real_root, real_session]) != real_root:
+            raise UnsafePathError("run/session resolves outside the logdir")
+        if not os.path.isdir(session_dir):
+            raise LookupError(f"no session {session!r} in run {run!r}")
+        names = os.listdir(session_dir)
+    else:
+        if not fs.isdir(session_dir):
+            raise LookupError(f"no session {session!r} in run {run!r}")
+        names = [posixpath.basename(p) for p in fs.ls(session_dir, detail=False)]
+    hosts = _hosts_in(names)
+    if not hosts:
+        raise LookupError(f"session {session!r} of run {run!r} holds no capture")
+    return SessionRef(run, session, session_dir, hosts, fs)
