@@ -1,0 +1,212 @@
+"""What a GPU kernel or framework op is, read from its name.
+
+The profiler records kernel names as the CUDA/HIP symbol the library launched
+(``volta_sgemm_128x64_nn``, ``ampere_fp16_s16816gemm_fp16_...``, ``ncclKernel_AllReduce_...``)
+and the framework op as ``scope/name:Type`` (TensorFlow) or an HLO instruction name (XLA/JAX).
+Library authors encode the data type and the math unit in those names, so name
+patterns are how the Advisor tells Tensor Core kernels, 16-bit kernels, collectives and
+layout conversions apart. Every classifier works on the distinct names of a device once
+and returns masks that index its event columns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from tb_gpuadvisor.model.timeline import DeviceActivity, DeviceEventKind
+
+# Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
+# h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/
+# tensorop (CUTLASS and cuDNN "xmma" engines, sm80_/sm90_ prefixes). XProf's list stops at
+# Ampere; Hopper kernels are recognised here too: warpgroup MMA ("wgmma"), cuBLAS's "nvjet"
+# GEMMs and cuDNN/CUTLASS "sm90_" xmma/gmma engines, otherwise every Hopper GEMM would be
+# reported as "not on Tensor Cores". AMD matrix cores show up in rocBLAS/hipBLASLt (Tensile)
+# names as "_MI<m>x<n>x<k>" (MFMA instruction shape).
+_TENSOR_CORE = re.compile(
+    r"h884|s884|h1688|s1688|16816|i8816|hmma|xmma|wgmma|gmma|tensorop|nvjet"
+    r"|sm(?:80|86|89|90|100|120)_.*(?:gemm|conv|fprop|dgrad|wgrad)|_MI\d+x\d+x\d+",
+    re.IGNORECASE)
+
+# 16-bit (and narrower) floating point and int8 kernels. XProf counts bf16 kernels as
+# 32-bit compute; bf16 is the 16-bit format Ampere/Hopper GPUs and TPUs are fed with under
+# "mixed_bfloat16", so counting it as 32-bit would tell a user who already enabled mixed
+# precision to enable it. Tokens: Eigen/CUDA half types, "fp16"/"f16"/"bf16" in cuBLAS/cuDNN
+# names, h-prefixed MMA shapes (half inputs), fp8 (e4m3/e5m2), int8 MMA, cuBLAS "nvjet_"
+# type triplets starting with h/b/e (half, bf16, fp8 inputs), and Tensile (AMD) type codes.
+_LOW_PRECISION = re.compile(
+    r"(?<![a-z])half|__half|bfloat16|bf16|(?<![a-z])fp16|(?<![a-z0-9])f16|f16f16|fp8|e4m3|e5m2"
+    r"|(?<![a-z])h884|(?<![a-z])h1688|(?<![a-z])h16816|hgemm|i8816|(?<![a-z])int8"
+    r"|nvjet_(?:sm\d+_)?[hbe][a-z]{2}_|Cijk_\w*?_(?:HH|HHS|HSS|BB|BBS|BSS|I8I\w*)_",
+    re.IGNORECASE)
+
+# Collective communication kernels (NCCL/RCCL, XLA's own collectives).
+_COLLECTIVE = re.compile(
+    r"nccl|rccl|all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all"
+    r"|collective[-_]?permute",
+    re.IGNORECASE)
+_ALLREDUCE = re.compile(r"all[-_]?reduce", re.IGNORECASE)
+
+# Layout conversion kernels and the transposes TensorFlow's layout optimizer inserts
+# around convolutions when the model's layout is not the one cuDNN prefers.
+_LAYOUT_KERNEL = re.compile(r"nhwcToNchw|nchwToNhwc|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
+_LAYOUT_OP = re.compile(r"LayoutOptimizer|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
+
+# TensorFlow op types whose GPU kernels can run on Tensor Cores.
+TENSOR_CORE_ELIGIBLE_OPS = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul",
+    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "_FusedConv2D",
+    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
+    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter", "Einsum", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3",
+    "CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3",
+})
+# XLA (JAX, jit_compile=True) instructions that lower to GEMM / convolution libraries.
+_XLA_ELIGIBLE = re.compile(r"^%?(?:dot|convolution|cublas|cudnn|gemm|triton_gemm)", re.IGNORECASE)
+_CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)
+
+_SHAPE_ANNOTATION = re.compile(r"#shape=\(([^)]*)\)#")
+_TENSOR_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def is_tensor_core_kernel(name: str) -> bool:
+    return bool(_TENSOR_CORE.search(name))
+
+
+def is_low_precision_kernel(name: str) -> bool:
+    """True for kernels computing in 16-bit floats (fp16/bf16) or narrower (fp8, int8)."""
+    return bool(_LOW_PRECISION.search(name))
+
+
+def is_collective_kernel(name: str) -> bool:
+    return bool(_COLLECTIVE.search(name))
+
+
+def is_allreduce_kernel(name: str) -> bool:
+    """AllReduce kernels; NCCL's generic kernels ("ncclKernel_..."/"ncclDevKernel_...")
+    name the collective in their template arguments."""
+    return bool(_ALLREDUCE.search(name))
+
+
+def is_layout_conversion(kernel_name: str, op_name: str) -> bool:
+    return bool(_LAYOUT_KERNEL.search(kernel_name) or _LAYOUT_OP.search(op_name))
+
+
+def op_type(op: str) -> str:
+    """The op type of a framework op string: "scope/dense/MatMul:MatMul#shape=...#" -> "MatMul".
+
+    XLA instruction names have no type suffix; their base name ("dot.3" -> "dot") is returned.
+    """
+    base = op.split("#", 1)[0]
+    if ":" in base:
+        return base.rsplit(":", 1)[1]
+    return re.sub(r"\.\d+$", "", base.rsplit("/", 1)[-1])
+
+
+def op_display_name(op: str) -> str:
+    """An op string without its trailing annotation arguments ("#shape=...#")."""
+    return op.split("#", 1)[0]
+
+
+def is_tensor_core_eligible_op(op: str) -> bool:
+    if not op:
+        return False
+    kind = op_type(op)
+    return kind in TENSOR_CORE_ELIGIBLE_OPS or bool(_XLA_ELIGIBLE.match(kind))
+
+
+def is_conv_op(op: str) -> bool:
+    return bool(op) and bool(_CONV_TYPE.search(op_type(op)))
+
+
+def annotated_shapes(op: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Input shapes TensorFlow appends to some op annotations ("#shape=(half[4,1];int32[1])#")."""
+    match = _SHAPE_ANNOTATION.search(op)
+    if not match:
+        return []
+    shapes = []
+    for dtype, dims in _TENSOR_SHAPE.findall(match.group(1)):
+        shapes.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
+    return shapes
+
+
+def dims_not_multiple_of_8(op: str) -> list[int]:
+    """Matrix dimensions (the last two of each annotated input) that are not multiples of 8."""
+    bad: list[int] = []
+    for _dtype, dims in annotated_shapes(op):
+        for dim in dims[-2:]:
+            if dim % 8 and dim not in bad:
+                bad.append(dim)
+    return bad
+
+
+def _name_mask(names: list[str], predicate) -> np.ndarray:
+    return np.fromiter((predicate(name) for name in names), bool, count=len(names))
+
+
+@dataclass
+class KernelClasses:
+    """Per-event masks of one device's activity, computed once per distinct name."""
+
+    kernel: np.ndarray           # compute kernels (not copies, memsets or collectives)
+    collective: np.ndarray
+    allreduce: np.ndarray
+    tensor_core: np.ndarray
+    low_precision: np.ndarray
+    eligible: np.ndarray         # kernel belongs to a Tensor-Core-eligible op
+    layout: np.ndarray           # layout-conversion kernel
+
+
+def classify(dev: DeviceActivity) -> KernelClasses:
+    """Masks over ``dev``'s events for every kernel class the device checks use."""
+    names_tc = _name_mask(dev.names, is_tensor_core_kernel)
+    names_low = _name_mask(dev.names, is_low_precision_kernel)
+    names_coll = _name_mask(dev.names, is_collective_kernel)
+    names_ar = _name_mask(dev.names, is_allreduce_kernel)
+    ops_eligible = _name_mask(dev.ops, is_tensor_core_eligible_op)
+    has_op = dev.op >= 0
+    op_idx = np.where(has_op, dev.op, 0)
+    eligible_op = has_op & (ops_eligible[op_idx] if ops_eligible.size else False)
+
+    is_kernel_kind = dev.kind == DeviceEventKind.KERNEL
+    collective = (dev.kind == DeviceEventKind.COLLECTIVE) | (is_kernel_kind & names_coll[dev.name])
+    kernel = is_kernel_kind & ~collective
+    layout_names = _name_mask(dev.names, lambda n: bool(_LAYOUT_KERNEL.search(n)))
+    layout_ops = _name_mask(dev.ops, lambda o: bool(_LAYOUT_OP.search(o)))
+    layout = kernel & (layout_names[dev.name]
+                       | (has_op & (layout_ops[op_idx] if layout_ops.size else False)))
+    layout |= kernel & _transposes_next_to_conv(dev, kernel, has_op, op_idx)
+    return KernelClasses(
+        kernel=kernel,
+        collective=collective,
+        allreduce=collective & names_ar[dev.name],
+        tensor_core=kernel & names_tc[dev.name],
+        low_precision=kernel & names_low[dev.name],
+        eligible=kernel & eligible_op,
+        layout=layout,
+    )
+
+
+def _transposes_next_to_conv(dev: DeviceActivity, kernel: np.ndarray, has_op: np.ndarray,
+                             op_idx: np.ndarray) -> np.ndarray:
+    """Transpose kernels launched right before or after a convolution on the same stream."""
+    out = np.zeros(len(dev), bool)
+    if not dev.ops:
+        return out
+    types = [op_type(op) for op in dev.ops]
+    is_transpose = np.array([t in ("Transpose", "ConjugateTranspose") for t in types], bool)
+    is_conv = np.array([bool(_CONV_TYPE.search(t)) for t in types], bool)
+    transpose = kernel & has_op & is_transpose[op_idx]
+    conv = kernel & has_op & is_conv[op_idx]
+    if not transpose.any() or not conv.any():
+        return out
+    for stream in np.unique(dev.stream[kernel]):
+        idx = np.flatnonzero(kernel & (dev.stream == stream))   # time order within the stream
+        t, c = transpose[idx], conv[idx]
+        near = np.zeros(idx.size, bool)
+        near[:-1] |= c[1:]
+        near[1:] |= c[:-1]
+        out[idx[t & near]] = True
+    return out
