@@ -1,0 +1,259 @@
+// Entry point TensorBoard loads for the Advisor tab (es_module_path
+// "/index.js"): builds the page, keeps the selection state and asks
+// model.js for data and views.js for drawing.
+
+import * as model from './model.js';
+import * as views from './views.js';
+
+const {h} = views;
+const STORAGE_KEY = 'gpu_advisor.selection';
+
+class AdvisorApp {
+  constructor(root) {
+    this.root = root;
+    this.groups = new Map();
+    this.selection = {run: null, session: null, host: '', base: ''};
+    this.view = 'report';
+    this.controller = null;
+    this.report = null;
+
+    this.toolbar = h('div', {class: 'toolbar', role: 'toolbar', 'aria-label': 'Session selection'});
+    this.tabs = h('div', {class: 'tabs', role: 'tablist', 'aria-label': 'Views'});
+    this.content = h('main', {class: 'content', tabindex: '-1'});
+    root.append(
+      h('header', {class: 'top'}, h('h1', {text: 'GPU Advisor'}), this.toolbar),
+      this.tabs,
+      this.content);
+  }
+
+  async start() {
+    this.show(views.statusView('Looking for profile captures…'));
+    let items;
+    try {
+      items = await model.listRuns();
+    } catch (error) {
+      this.show(views.errorView('Could not list captures:', error.message));
+      this.drawToolbar();
+      return;
+    }
+    this.groups = model.groupRuns(items);
+    if (!this.groups.size) {
+      this.drawToolbar();
+      this.show(views.emptyView());
+      return;
+    }
+    this.restoreSelection();
+    this.drawToolbar();
+    this.drawTabs();
+    await this.load();
+  }
+
+  restoreSelection() {
+    let saved = {};
+    try {
+      saved = JSON.parse(sessionStorage.getItem(STORAGE_KEY) || '{}');
+    } catch (_) {
+      saved = {};
+    }
+    const runs = [...this.groups.keys()];
+    const run = runs.includes(saved.run) ? saved.run : runs[0];
+    const sessions = this.groups.get(run);
+    const known = sessions.find((item) => item.session === saved.session);
+    this.selection = {
+      run,
+      session: (known || sessions[0]).session,
+      host: known && known.hosts.includes(saved.host) ? saved.host : '',
+      base: '',
+    };
+  }
+
+  saveSelection() {
+    try {
+      sessionStorage.setItem(STORAGE_KEY, JSON.stringify(this.selection));
+    } catch (_) {
+      // Storage can be disabled; the selection then lasts for this view only.
+    }
+  }
+
+  currentItem() {
+    const sessions = this.groups.get(this.selection.run) || [];
+    return sessions.find((item) => item.session === this.selection.session) || null;
+  }
+
+  drawToolbar() {
+    this.toolbar.replaceChildren();
+    const runs = [...this.groups.keys()];
+    if (runs.length) {
+      const sessions = this.groups.get(this.selection.run) || [];
+      const item = this.currentItem();
+      const hosts = item ? item.hosts : [];
+      this.toolbar.append(
+        views.selectField('Run', runs.map((run) => [run, run]), this.selection.run, (run) => {
+          this.selection.run = run;
+          this.selection.session = this.groups.get(run)[0].session;
+          this.selection.host = '';
+          this.changed();
+        }, {'data-testid': 'run-select'}),
+        views.selectField('Session', sessions.map((s) => [s.session, s.session]), this.selection.session,
+          (session) => {
+            this.selection.session = session;
+            this.selection.host = '';
+            this.changed();
+          }, {'data-testid': 'session-select'}),
+        views.selectField('Host',
+          [['', hosts.length > 1 ? `All hosts (${hosts.length})` : (hosts[0] || 'All hosts')],
+            ...(hosts.length > 1 ? hosts.map((host) => [host, host]) : [])],
+          this.selection.host, (host) => {
+            this.selection.host = host;
+            this.changed();
+          }, {'data-testid': 'host-select', disabled: hosts.length < 2}));
+    }
+    const refresh = h('button', {type: 'button', class: 'button', title: 'Look for new captures and re-read changed ones'},
+      'Refresh');
+    refresh.addEventListener('click', () => this.refresh());
+    this.toolbar.append(refresh);
+  }
+
+  drawTabs() {
+    this.tabs.replaceChildren();
+    const make = (view, label) => {
+      const tab = h('button', {
+        type: 'button', role: 'tab', class: 'tab', id: `tab-${view}`,
+        'aria-selected': this.view === view ? 'true' : 'false',
+        tabindex: this.view === view ? '0' : '-1',
+      }, label);
+      tab.addEventListener('click', () => this.switchView(view));
+      tab.addEventListener('keydown', (event) => {
+        if (event.key === 'ArrowRight' || event.key === 'ArrowLeft') {
+          const other = view === 'report' ? 'compare' : 'report';
+          this.switchView(other);
+          document.getElementById(`tab-${other}`).focus();
+        }
+      });
+      return tab;
+    };
+    this.tabs.append(make('report', 'Report'), make('compare', 'Compare'));
+  }
+
+  switchView(view) {
+    if (this.view === view) return;
+    this.view = view;
+    this.drawTabs();
+    this.load();
+  }
+
+  changed() {
+    this.saveSelection();
+    this.drawToolbar();
+    this.load();
+  }
+
+  async refresh() {
+    let items;
+    try {
+      items = await model.listRuns();
+    } catch (error) {
+      this.show(views.errorView('Could not list captures:', error.message));
+      return;
+    }
+    this.groups = model.groupRuns(items);
+    if (!this.groups.size) {
+      this.drawToolbar();
+      this.show(views.emptyView());
+      return;
+    }
+    if (!this.currentItem()) this.restoreSelection();
+    this.drawToolbar();
+    this.drawTabs();
+    await this.load();
+  }
+
+  show(...nodes) {
+    this.content.replaceChildren(...nodes.filter(Boolean));
+  }
+
+  /** Starts the request for the current view, cancelling the previous one. */
+  async load() {
+    if (this.controller) this.controller.abort();
+    this.controller = new AbortController();
+    const {signal} = this.controller;
+    try {
+      if (this.view === 'compare') await this.loadCompare(signal);
+      else await this.loadReport(signal);
+    } catch (error) {
+      if (error.name === 'AbortError') return;
+      const title = error.status === 404 ? 'Not found:' : error.status === 400 ? 'Rejected:' : 'Failed:';
+      this.show(views.errorView(title, error.message));
+    }
+  }
+
+  async loadReport(signal) {
+    const {run, session, host} = this.selection;
+    this.show(views.statusView(`Loading ${run} / ${session}…`));
+    const report = await model.fetchReport({run, session, host}, (progress) => {
+      this.show(views.statusView(`Analyzing ${run} / ${session}…`, progress));
+    }, signal);
+    if (signal.aborted) return;
+    this.report = report;
+    const steps = report.steps || {};
+    const context = {
+      run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms,
+    };
+    const imbalance = (report.findings || []).find((f) => f.check === 'multi_gpu_imbalance');
+    const straggler = imbalance && imbalance.metrics ? imbalance.metrics.straggler_device : null;
+    const deviceChart = views.deviceChart(report.breakdown, typeof straggler === 'string' ? straggler : null);
+    this.show(
+      views.errorsView(report),
+      views.headerView(report),
+      views.firstFixView(report),
+      h('div', {class: deviceChart ? 'charts two' : 'charts'}, views.stepChart(report.breakdown), deviceChart),
+      views.findingsView(report, context));
+  }
+
+  async loadCompare(signal) {
+    const {run, session} = this.selection;
+    const others = [];
+    for (const [otherRun, sessions] of this.groups) {
+      for (const item of sessions) {
+        if (otherRun !== run || item.session !== session) others.push(`${otherRun}\u0000${item.session}`);
+      }
+    }
+    if (!others.length) {
+      this.show(views.errorView('Nothing to compare:', 'this logdir holds a single session.'));
+      return;
+    }
+    if (!others.includes(this.selection.base)) this.selection.base = others[0];
+    const picker = views.selectField('Compare against base session',
+      others.map((key) => [key, key.replace('\u0000', ' / ')]), this.selection.base, (base) => {
+        this.selection.base = base;
+        this.load();
+      }, {'data-testid': 'base-select'});
+    const bar = h('div', {class: 'compare-bar'}, picker,
+      h('span', {class: 'muted', text: `→ this session: ${run} / ${session}`}));
+    const [baseRun, baseSession] = this.selection.base.split('\u0000');
+    this.show(bar, views.statusView('Comparing…'));
+    const result = await model.fetchCompare({run, session, baseRun, baseSession}, (progress) => {
+      this.show(bar, views.statusView('Analyzing both sessions…', progress));
+    }, signal);
+    if (signal.aborted) return;
+    this.show(bar, views.compareView(result, {
+      base: `${baseRun} / ${baseSession}`, current: `${run} / ${session}`,
+    }));
+  }
+}
+
+function addStylesheet() {
+  const link = document.createElement('link');
+  link.rel = 'stylesheet';
+  link.href = new URL('./style.css', import.meta.url).href;
+  document.head.appendChild(link);
+}
+
+/** Called by TensorBoard's plugin entry page once the module is imported. */
+export async function render() {
+  addStylesheet();
+  document.documentElement.lang = document.documentElement.lang || 'en';
+  const root = h('div', {class: 'advisor'});
+  document.body.appendChild(root);
+  await new AdvisorApp(root).start();
+}

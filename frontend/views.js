@@ -1,0 +1,579 @@
+// Drawing for the Advisor tab: DOM and SVG built node by node.
+//
+// Report data holds kernel and op names such as `foo<float>&` and whatever a
+// capture file says, so text only ever goes in through textContent and
+// attributes through setAttribute; nothing here assigns innerHTML.
+
+import {profileUrl, safeDocUrl} from './model.js';
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+const SEVERITY_ORDER = ['critical', 'warning', 'info', 'ok', 'not_applicable'];
+const SEVERITY_LABEL = {
+  critical: 'Critical', warning: 'Warning', info: 'Info', ok: 'OK', not_applicable: 'N/A',
+};
+
+/** Step-time components, in stacking order (bottom first). */
+export const COMPONENTS = [
+  {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
+  {key: 'input_ms', label: 'Input', cls: 'c-input'},
+  {key: 'launch_ms', label: 'Kernel launch', cls: 'c-launch'},
+  {key: 'other_ms', label: 'Other host', cls: 'c-other'},
+  {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
+  {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
+];
+
+let idCounter = 0;
+function nextId(prefix) {
+  idCounter += 1;
+  return `${prefix}-${idCounter}`;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function setProps(node, props) {
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === 'text') node.textContent = String(value);
+    else if (key.startsWith('on') && typeof value === 'function') {
+      node.addEventListener(key.slice(2), value);
+    } else node.setAttribute(key, value === true ? '' : String(value));
+  }
+  return node;
+}
+
+/** An HTML element; strings among children become text nodes. */
+export function h(tag, props, ...children) {
+  return append(setProps(document.createElement(tag), props), children);
+}
+
+function svg(tag, props, ...children) {
+  return append(setProps(document.createElementNS(SVG_NS, tag), props), children);
+}
+
+// -- formatting -------------------------------------------------------------------
+
+export function fmtMs(value) {
+  if (typeof value !== 'number' || !Number.isFinite(value)) return '–';
+  const abs = Math.abs(value);
+  if (abs >= 100) return `${value.toFixed(0)} ms`;
+  if (abs >= 10) return `${value.toFixed(1)} ms`;
+  if (abs >= 0.1) return `${value.toFixed(2)} ms`;
+  return `${(value * 1000).toFixed(1)} µs`;
+}
+
+function fmtNumber(value) {
+  if (typeof value !== 'number') return String(value);
+  if (!Number.isFinite(value)) return '–';
+  if (Number.isInteger(value)) return value.toLocaleString('en-US');
+  const abs = Math.abs(value);
+  return value.toFixed(abs >= 100 ? 0 : abs >= 10 ? 1 : abs >= 1 ? 2 : 3);
+}
+
+function fmtBytes(bytes) {
+  if (typeof bytes !== 'number' || !bytes) return null;
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value.toFixed(value >= 10 || unit === 0 ? 0 : 1)} ${units[unit]}`;
+}
+
+/** A metric value with the unit its name implies (`_percent`, `_ms`, `_us`, `_mb`). */
+export function fmtMetric(name, value) {
+  if (typeof value !== 'number') {
+    return value === null || value === undefined ? '–' : String(value);
+  }
+  if (name.endsWith('_percent')) return `${fmtNumber(value)} %`;
+  if (name.endsWith('_ms')) return fmtMs(value);
+  if (name.endsWith('_us')) return `${fmtNumber(value)} µs`;
+  if (name.endsWith('_mb') || name.includes('_mb_')) return `${fmtNumber(value)} MB`;
+  if (name.endsWith('_bytes')) return fmtBytes(value) || '0 B';
+  return fmtNumber(value);
+}
+
+function humanize(name) {
+  const text = String(name).replace(/_/g, ' ');
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+function errorText(error) {
+  if (typeof error === 'string') return error;
+  if (error && typeof error === 'object') {
+    const where = [error.host, error.file].filter(Boolean).join(' ');
+    const message = error.message || error.error || JSON.stringify(error);
+    return where ? `${where}: ${message}` : message;
+  }
+  return String(error);
+}
+
+function shortDevice(name) {
+  return String(name || '').replace(/^\/device:/, '');
+}
+
+// -- states -----------------------------------------------------------------------
+
+/** "Loading…" / "Analyzing… 40 %" with a progress bar; role=status for screen readers. */
+export function statusView(text, progress) {
+  const box = h('div', {class: 'state state-loading', role: 'status', 'aria-live': 'polite'});
+  append(box, [h('span', {class: 'spinner', 'aria-hidden': 'true'}), h('span', {text})]);
+  if (progress) {
+    const fraction = typeof progress.fraction === 'number' ? progress.fraction : 0;
+    const label = progress.stage === 'queued'
+      ? 'Queued behind other analyses'
+      : `Analyzing ${fmtBytes(progress.bytes) || 'capture'} (${Math.round(fraction * 100)} %)`;
+    box.appendChild(h('progress', {max: '1', value: String(fraction), 'aria-label': label}));
+    box.appendChild(h('span', {class: 'muted', text: label}));
+  }
+  return box;
+}
+
+export function errorView(title, message) {
+  return h('div', {class: 'state state-error', role: 'alert'},
+    h('strong', {text: title}), ' ', h('span', {text: message}));
+}
+
+export function emptyView() {
+  return h('div', {class: 'state state-empty'},
+    h('strong', {text: 'No profile captures found.'}),
+    h('p', {text: 'The Advisor reads <run>/plugins/profile/<session>/<host>.xplane.pb under the logdir. ' +
+      'Capture one with tf.keras.callbacks.TensorBoard(profile_batch=(10, 20)), ' +
+      'tf.profiler.experimental.start(logdir), or jax.profiler.trace(logdir), then press Refresh.'}));
+}
+
+// -- toolbar ----------------------------------------------------------------------
+
+/** A labelled <select>; `options` are [value, label] pairs. */
+export function selectField(label, options, selected, onChange, extra) {
+  const id = nextId('sel');
+  const select = h('select', Object.assign({id}, extra || {}));
+  for (const [value, text] of options) {
+    const option = h('option', {value}, text);
+    if (value === selected) option.selected = true;
+    select.appendChild(option);
+  }
+  select.addEventListener('change', () => onChange(select.value));
+  return h('label', {class: 'field', for: id}, h('span', {text: label}), select);
+}
+
+// -- header -------------------------------------------------------------------------
+
+export function headerView(report) {
+  const steps = report.steps || {};
+  const header = h('section', {class: 'summary', 'aria-label': 'Session summary'});
+  const stepCard = h('div', {class: 'card card-step'},
+    h('div', {class: 'card-label', text: 'Step time'}),
+    h('div', {class: 'big', 'data-testid': 'step-mean', text: fmtMs(steps.mean_ms)}));
+  const spread = [];
+  if (typeof steps.std_ms === 'number') spread.push(`± ${fmtMs(steps.std_ms)}`);
+  if (typeof steps.min_ms === 'number' && typeof steps.max_ms === 'number') {
+    spread.push(`range ${fmtMs(steps.min_ms)} – ${fmtMs(steps.max_ms)}`);
+  }
+  if (spread.length) stepCard.appendChild(h('div', {class: 'muted', text: spread.join(' · ')}));
+  header.appendChild(stepCard);
+
+  header.appendChild(h('div', {class: 'card'},
+    h('div', {class: 'card-label', text: 'Steps'}),
+    h('div', {class: 'big', text: steps.count !== undefined ? String(steps.count) : '–'}),
+    h('div', {class: 'muted', text: steps.source ? `markers: ${steps.source}` : 'no step markers'})));
+
+  header.appendChild(h('div', {class: 'card'},
+    h('div', {class: 'card-label', text: 'Framework'}),
+    h('div', {class: 'big', text: report.framework || 'unknown'}),
+    h('div', {class: 'muted', text: (report.hosts || []).join(', ')})));
+
+  const devices = report.devices || [];
+  const deviceCard = h('div', {class: 'card card-devices'},
+    h('div', {class: 'card-label', text: `Devices (${devices.length})`}));
+  const list = h('ul', {class: 'chips'});
+  for (const device of devices) {
+    const facts = [shortDevice(device.name)];
+    if (device.compute_capability) facts.push(`cc ${device.compute_capability}`);
+    if (device.sm_count) facts.push(`${device.sm_count} SMs`);
+    const memory = fmtBytes(device.memory_bytes);
+    if (memory) facts.push(memory);
+    list.appendChild(h('li', {class: `chip chip-${device.kind || 'device'}`, title: device.host || null},
+      facts.join(' · ')));
+  }
+  if (!devices.length) list.appendChild(h('li', {class: 'chip', text: 'no devices'}));
+  deviceCard.appendChild(list);
+  header.appendChild(deviceCard);
+  return header;
+}
+
+export function firstFixView(report) {
+  const first = report.first_fix;
+  if (!first || !first.check) return null;
+  const finding = (report.findings || []).find((item) => item.check === first.check);
+  return h('p', {class: 'first-fix'},
+    h('strong', {text: 'Fix first: '}),
+    h('span', {text: finding && finding.title ? finding.title : humanize(first.check)}),
+    first.why ? h('span', {class: 'muted', text: ` — ${first.why}`}) : null);
+}
+
+export function errorsView(report) {
+  const errors = report.errors || [];
+  if (!errors.length) return null;
+  const box = h('div', {class: 'state state-error', role: 'alert', 'data-testid': 'report-errors'},
+    h('strong', {text: errors.length === 1 ? 'This capture could not be fully read:' :
+      `This capture has ${errors.length} problems:`}));
+  box.appendChild(h('ul', {}, errors.map((error) => h('li', {text: errorText(error)}))));
+  return box;
+}
+
+// -- charts ---------------------------------------------------------------------------
+
+function legend(items) {
+  return h('ul', {class: 'legend', 'aria-hidden': 'true'}, items.map((item) =>
+    h('li', {}, h('span', {class: `swatch ${item.cls}`}), item.label)));
+}
+
+function niceMax(value) {
+  if (!(value > 0)) return 1;
+  const magnitude = 10 ** Math.floor(Math.log10(value));
+  for (const step of [1, 2, 2.5, 5, 10]) {
+    if (step * magnitude >= value) return step * magnitude;
+  }
+  return 10 * magnitude;
+}
+
+/** Per-step stacked bars of the step breakdown; one <g class="step-bar"> per step. */
+export function stepChart(breakdown) {
+  const steps = (breakdown && breakdown.steps) || [];
+  const figure = h('figure', {class: 'chart', 'data-testid': 'step-chart'});
+  figure.appendChild(h('figcaption', {},
+    h('strong', {text: 'Where each step goes'}),
+    breakdown && breakdown.device ?
+      h('span', {class: 'muted', text: ` (measured on ${shortDevice(breakdown.device)})`}) : null));
+  if (!steps.length) {
+    figure.appendChild(h('p', {class: 'muted', text: 'No steps were found in this capture.'}));
+    return figure;
+  }
+  const total = (step) => COMPONENTS.reduce((sum, c) => sum + (Number(step[c.key]) || 0), 0);
+  const top = niceMax(Math.max(...steps.map((step) => Math.max(total(step), step.duration_ms || 0))));
+  const width = 760;
+  const height = 220;
+  const pad = {left: 56, right: 8, top: 10, bottom: 30};
+  const plotW = width - pad.left - pad.right;
+  const plotH = height - pad.top - pad.bottom;
+  const slot = plotW / steps.length;
+  const barW = Math.max(1, Math.min(48, slot * 0.75));
+  const y = (ms) => pad.top + plotH - (ms / top) * plotH;
+
+  const chart = svg('svg', {
+    viewBox: `0 0 ${width} ${height}`, class: 'step-svg', role: 'img',
+    'aria-label': `Stacked step-time breakdown for ${steps.length} steps`,
+  });
+  for (let i = 0; i <= 4; i += 1) {
+    const value = (top * i) / 4;
+    chart.appendChild(svg('line', {x1: pad.left, x2: width - pad.right, y1: y(value), y2: y(value), class: 'grid'}));
+    chart.appendChild(svg('text', {x: pad.left - 6, y: y(value) + 4, class: 'axis', 'text-anchor': 'end'},
+      fmtMs(value)));
+  }
+  const labelEvery = Math.max(1, Math.ceil(steps.length / 20));
+  steps.forEach((step, index) => {
+    const x = pad.left + index * slot + (slot - barW) / 2;
+    const group = svg('g', {class: 'step-bar', 'data-step': step.step});
+    const lines = [`Step ${step.step}: ${fmtMs(step.duration_ms)}`];
+    let base = 0;
+    for (const component of COMPONENTS) {
+      const value = Number(step[component.key]) || 0;
+      if (value <= 0) continue;
+      group.appendChild(svg('rect', {
+        x, width: barW, y: y(base + value), height: Math.max(0.5, y(base) - y(base + value)),
+        class: `seg ${component.cls}`,
+      }));
+      base += value;
+      lines.push(`${component.label}: ${fmtMs(value)}`);
+    }
+    if (Number(step.compute_low_precision_ms) > 0) {
+      lines.push(`(16-bit compute: ${fmtMs(step.compute_low_precision_ms)})`);
+    }
+    group.appendChild(svg('rect', {x: pad.left + index * slot, width: slot, y: pad.top, height: plotH, class: 'hit'}));
+    group.appendChild(svg('title', {}, lines.join('\n')));
+    chart.appendChild(group);
+    if (index % labelEvery === 0) {
+      chart.appendChild(svg('text', {x: x + barW / 2, y: height - pad.bottom + 16, class: 'axis', 'text-anchor': 'middle'},
+        String(step.step)));
+    }
+  });
+  chart.appendChild(svg('text', {x: pad.left + plotW / 2, y: height - 2, class: 'axis', 'text-anchor': 'middle'}, 'step'));
+  figure.appendChild(chart);
+  figure.appendChild(legend(COMPONENTS));
+  return figure;
+}
+
+/**
+ * Per-GPU busy time per step, one horizontal bar per GPU; the straggler
+ * (most non-collective work) is outlined and labelled. Null for < 2 GPUs.
+ */
+export function deviceChart(breakdown, stragglerName) {
+  const devices = ((breakdown && breakdown.per_device) || [])
+    .filter((device) => /GPU/i.test(device.device || ''));
+  if (devices.length < 2) return null;
+  const work = (device) => (Number(device.compute_ms) || 0) + (Number(device.copy_ms) || 0);
+  const straggler = stragglerName ||
+    devices.reduce((best, device) => (work(device) > work(best) ? device : best)).device;
+  const parts = [
+    {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
+    {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
+    {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
+    {key: 'idle_ms', label: 'Idle', cls: 'c-idle'},
+  ];
+  const total = (device) => parts.reduce((sum, p) => sum + (Number(device[p.key]) || 0), 0);
+  const top = niceMax(Math.max(...devices.map(total)));
+  const rowH = 22;
+  const width = 420;
+  const pad = {left: 120, right: 70, top: 6, bottom: 6};
+  const height = pad.top + pad.bottom + rowH * devices.length;
+  const plotW = width - pad.left - pad.right;
+  const chart = svg('svg', {
+    viewBox: `0 0 ${width} ${height}`, class: 'device-svg', role: 'img',
+    'aria-label': `Per-GPU time per step; straggler ${shortDevice(straggler)}`,
+  });
+  devices.forEach((device, index) => {
+    const yTop = pad.top + index * rowH;
+    const isStraggler = device.device === straggler;
+    const group = svg('g', {class: isStraggler ? 'gpu-bar straggler' : 'gpu-bar', 'data-device': device.device});
+    const label = shortDevice(device.device) + (device.host ? ` (${device.host})` : '');
+    group.appendChild(svg('text', {x: pad.left - 6, y: yTop + rowH / 2 + 4, class: 'axis', 'text-anchor': 'end'},
+      label.length > 22 ? `${label.slice(0, 21)}…` : label));
+    let x = pad.left;
+    const lines = [`${label}${isStraggler ? ' — straggler' : ''}`];
+    for (const part of parts) {
+      const value = Number(device[part.key]) || 0;
+      if (value <= 0) continue;
+      const w = (value / top) * plotW;
+      group.appendChild(svg('rect', {x, y: yTop + 3, width: Math.max(0.5, w), height: rowH - 6, class: `seg ${part.cls}`}));
+      x += w;
+      lines.push(`${part.label}: ${fmtMs(value)}`);
+    }
+    if (isStraggler) {
+      group.appendChild(svg('rect', {x: pad.left - 2, y: yTop + 1, width: x - pad.left + 4, height: rowH - 2, class: 'outline'}));
+      group.appendChild(svg('text', {x: x + 6, y: yTop + rowH / 2 + 4, class: 'axis straggler-label'}, 'straggler'));
+    }
+    group.appendChild(svg('title', {}, lines.join('\n')));
+    chart.appendChild(group);
+  });
+  return h('figure', {class: 'chart chart-devices', 'data-testid': 'device-chart'},
+    h('figcaption', {}, h('strong', {text: 'Per-GPU time per step'})),
+    chart, legend(parts));
+}
+
+// -- findings ---------------------------------------------------------------------------
+
+/** Findings worth acting on first: by rank, else by estimated saving, then severity. */
+export function rankFindings(findings) {
+  const severity = (f) => {
+    const index = SEVERITY_ORDER.indexOf(f.severity);
+    return index < 0 ? SEVERITY_ORDER.length : index;
+  };
+  return [...(findings || [])].sort((a, b) => {
+    const actionableA = severity(a) <= 2 ? 0 : 1;
+    const actionableB = severity(b) <= 2 ? 0 : 1;
+    if (actionableA !== actionableB) return actionableA - actionableB;
+    if (typeof a.rank === 'number' && typeof b.rank === 'number' && a.rank !== b.rank) return a.rank - b.rank;
+    const saveA = Number(a.estimated_savings_ms_per_step) || 0;
+    const saveB = Number(b.estimated_savings_ms_per_step) || 0;
+    if (saveA !== saveB) return saveB - saveA;
+    return severity(a) - severity(b);
+  });
+}
+
+export function severityBadge(severity) {
+  return h('span', {class: `badge sev-${severity}`, 'data-severity': severity},
+    SEVERITY_LABEL[severity] || String(severity));
+}
+
+async function copyText(text) {
+  if (navigator.clipboard && window.isSecureContext) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch (_) {
+      // Clipboard API refused (iframe permissions): fall back below.
+    }
+  }
+  const area = h('textarea', {class: 'offscreen', readonly: true});
+  area.value = text;
+  document.body.appendChild(area);
+  area.select();
+  let copied = false;
+  try {
+    copied = document.execCommand('copy');
+  } catch (_) {
+    copied = false;
+  }
+  area.remove();
+  return copied;
+}
+
+function codeBlock(code) {
+  const button = h('button', {type: 'button', class: 'copy', 'aria-label': 'Copy code'}, 'Copy');
+  button.addEventListener('click', async () => {
+    const ok = await copyText(code);
+    button.textContent = ok ? 'Copied' : 'Select & copy';
+    setTimeout(() => { button.textContent = 'Copy'; }, 1600);
+  });
+  return h('div', {class: 'code'}, button, h('pre', {}, h('code', {text: code})));
+}
+
+function fixesView(fixes) {
+  if (!fixes || !fixes.length) return null;
+  return h('div', {class: 'fixes'},
+    h('h4', {text: fixes.length === 1 ? 'Fix' : 'Fixes'}),
+    h('ol', {}, fixes.map((fix) => {
+      const doc = fix.doc ? safeDocUrl(fix.doc) : null;
+      return h('li', {class: 'fix'},
+        fix.text ? h('p', {text: fix.text}) : null,
+        fix.code ? codeBlock(fix.code) : null,
+        doc ? h('a', {href: doc, target: '_blank', rel: 'noopener noreferrer', class: 'doc'}, 'Read more ↗') :
+          (fix.doc ? h('p', {class: 'muted', text: fix.doc}) : null));
+    })));
+}
+
+function metricsView(metrics) {
+  const entries = Object.entries(metrics || {});
+  if (!entries.length) return null;
+  return h('dl', {class: 'metrics'}, entries.map(([name, value]) => [
+    h('dt', {text: humanize(name)}), h('dd', {text: fmtMetric(name, value)}),
+  ]));
+}
+
+function evidenceView(evidence, context) {
+  if (!evidence || !evidence.length) return null;
+  const rows = evidence.map((item) => {
+    const host = item.host || context.host || (context.hosts || [])[0];
+    const where = [item.device ? shortDevice(item.device) : null, item.host].filter(Boolean).join(' @ ');
+    const timing = typeof item.start_ms === 'number' ?
+      `${fmtMs(item.start_ms)}${typeof item.end_ms === 'number' ? ` – ${fmtMs(item.end_ms)}` : ''}` : '';
+    const link = item.tool ? h('a', {
+      href: profileUrl({run: context.run, session: context.session, host, tool: item.tool}),
+      target: '_parent', class: 'profile-link',
+      title: `Open ${item.tool.replace(/@$/, '')} in the Profile tab`,
+    }, `${item.tool.replace(/@$/, '').replace(/_/g, ' ')} ↗`) : null;
+    const value = typeof item.value === 'number' ?
+      (item.unit === 'ms' ? fmtMs(item.value) : `${fmtNumber(item.value)}${item.unit ? ` ${item.unit}` : ''}`) :
+      (item.value === undefined ? '' : String(item.value));
+    return h('tr', {},
+      h('td', {class: 'kind', text: item.kind || ''}),
+      h('td', {class: 'name'}, h('code', {text: item.name || ''}),
+        item.detail ? h('div', {class: 'muted', text: item.detail}) : null),
+      h('td', {class: 'num', text: value}),
+      h('td', {text: [where, timing].filter(Boolean).join(' · ')}),
+      h('td', {}, link));
+  });
+  return h('div', {class: 'evidence'},
+    h('h4', {text: 'Evidence'}),
+    h('div', {class: 'table-wrap'}, h('table', {},
+      h('thead', {}, h('tr', {},
+        ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
+      h('tbody', {}, rows))));
+}
+
+/** One finding: a button header (aria-expanded) and a collapsible body. */
+export function findingView(finding, context, expanded) {
+  const bodyId = nextId('finding-body');
+  const headId = nextId('finding-head');
+  const saving = Number(finding.estimated_savings_ms_per_step) || 0;
+  const stepMean = context.stepMeanMs;
+  const savingText = saving > 0 ?
+    `saves ≈ ${fmtMs(saving)}/step${stepMean ? ` (${Math.round((100 * saving) / stepMean)} %)` : ''}` : '';
+  const button = h('button', {
+    type: 'button', class: 'finding-toggle', id: headId,
+    'aria-expanded': expanded ? 'true' : 'false', 'aria-controls': bodyId,
+  },
+  h('span', {class: 'chevron', 'aria-hidden': 'true'}),
+  severityBadge(finding.severity),
+  h('span', {class: 'finding-title', text: finding.title || humanize(finding.check)}),
+  h('span', {class: 'saving', text: savingText}));
+  const body = h('div', {class: 'finding-body', id: bodyId, role: 'region', 'aria-labelledby': headId},
+    finding.summary ? h('p', {class: 'finding-summary', text: finding.summary}) : null,
+    metricsView(finding.metrics),
+    evidenceView(finding.evidence, context),
+    fixesView(finding.fixes));
+  body.hidden = !expanded;
+  button.addEventListener('click', () => {
+    const open = button.getAttribute('aria-expanded') !== 'true';
+    button.setAttribute('aria-expanded', open ? 'true' : 'false');
+    body.hidden = !open;
+  });
+  return h('li', {class: `finding sev-border-${finding.severity}`, 'data-check': finding.check,
+    'data-severity': finding.severity}, h('h3', {class: 'finding-head'}, button), body);
+}
+
+export function findingsView(report, context) {
+  const ranked = rankFindings(report.findings);
+  const actionable = ranked.filter((f) => ['critical', 'warning', 'info'].includes(f.severity));
+  const passed = ranked.filter((f) => !['critical', 'warning', 'info'].includes(f.severity));
+  const section = h('section', {class: 'findings', 'aria-label': 'Findings'});
+  section.appendChild(h('h2', {text: actionable.length ?
+    `Findings (${actionable.length}), most valuable first` : 'Findings'}));
+  if (!ranked.length) {
+    section.appendChild(h('p', {class: 'muted', text: 'No checks produced findings for this session.'}));
+    return section;
+  }
+  if (!actionable.length) {
+    section.appendChild(h('p', {class: 'good', text: 'Nothing to fix: every check passed or does not apply.'}));
+  }
+  section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
+    actionable.map((finding, index) => findingView(finding, context, index === 0))));
+  if (passed.length) {
+    section.appendChild(h('details', {class: 'passed'},
+      h('summary', {text: `Passed or not applicable (${passed.length})`}),
+      h('ol', {class: 'finding-list'}, passed.map((finding) => findingView(finding, context, false)))));
+  }
+  return section;
+}
+
+// -- compare ---------------------------------------------------------------------------------
+
+const STATUS_ORDER = ['worse', 'new', 'better', 'fixed', 'unchanged'];
+
+export function compareView(result, labels) {
+  const section = h('section', {class: 'compare', 'aria-label': 'Comparison', 'data-testid': 'compare'});
+  const delta = Number(result.step_time_delta_ms);
+  const percent = Number(result.step_time_delta_percent);
+  const faster = delta < 0;
+  const base = result.base || {};
+  const next = result.new || {};
+  const baseStep = base.steps ? base.steps.mean_ms : base.step_time_ms;
+  const newStep = next.steps ? next.steps.mean_ms : next.step_time_ms;
+  section.appendChild(h('div', {class: 'summary'},
+    h('div', {class: 'card'}, h('div', {class: 'card-label', text: 'Base'}),
+      h('div', {class: 'big', text: fmtMs(baseStep)}), h('div', {class: 'muted', text: labels.base})),
+    h('div', {class: 'card'}, h('div', {class: 'card-label', text: 'This session'}),
+      h('div', {class: 'big', text: fmtMs(newStep)}), h('div', {class: 'muted', text: labels.current})),
+    h('div', {class: `card ${Number.isFinite(delta) ? (faster ? 'delta-good' : delta > 0 ? 'delta-bad' : '') : ''}`},
+      h('div', {class: 'card-label', text: 'Step time change'}),
+      h('div', {class: 'big', 'data-testid': 'step-delta', text: Number.isFinite(delta) ?
+        `${delta > 0 ? '+' : ''}${fmtMs(delta)}` : '–'}),
+      h('div', {class: 'muted', text: Number.isFinite(percent) ?
+        `${percent > 0 ? '+' : ''}${percent.toFixed(1)} % ${faster ? '(faster)' : delta > 0 ? '(slower)' : ''}` : ''}))));
+  const checks = [...(result.checks || [])].sort((a, b) =>
+    STATUS_ORDER.indexOf(a.status) - STATUS_ORDER.indexOf(b.status));
+  const rows = checks.map((check) => {
+    const deltas = Object.entries(check.metric_deltas || {}).map(([name, value]) =>
+      `${humanize(name)} ${typeof value === 'number' && value > 0 ? '+' : ''}${fmtMetric(name, value)}`);
+    return h('tr', {'data-status': check.status},
+      h('td', {}, h('span', {class: `badge status-${check.status}`, text: check.status})),
+      h('td', {text: humanize(check.check)}),
+      h('td', {}, check.base_severity ? severityBadge(check.base_severity) : '–'),
+      h('td', {}, check.new_severity ? severityBadge(check.new_severity) : '–'),
+      h('td', {class: 'muted', text: deltas.join(', ')}));
+  });
+  section.appendChild(h('div', {class: 'table-wrap'}, h('table', {class: 'compare-table'},
+    h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', 'Metric changes']
+      .map((title) => h('th', {scope: 'col', text: title})))),
+    h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', {colspan: '5', text: 'No checks to compare.'}))))));
+  return section;
+}

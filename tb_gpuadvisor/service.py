@@ -1,0 +1,372 @@
+"""The plain functions behind the Advisor routes.
+
+Routes in `plugin.py` only translate HTTP to calls on `AdvisorService`:
+listing sessions, answering a report (from cache, or "pending" while a worker
+analyzes it) and comparing two sessions.  Everything here works on file paths
+and dicts, so it is tested without a web server.
+
+Safety: every run/session/host value comes from the URL.  It is checked as a
+name (not absolute, no `..` component, no NUL) before any path is built, and
+the resolved capture folder must lie inside one of the log roots; only then
+is anything stat'ed or read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Iterator, Sequence
+
+from tb_gpuadvisor import metadata
+
+# Analyzing a session is CPU-bound and protobuf parsing holds the GIL; two
+# workers keep one slow capture from blocking the others without starving the
+# TensorBoard request threads on small machines.
+DEFAULT_WORKERS = 2
+# How long a report request waits for a fresh analysis before answering 202:
+# a small capture then comes back in the first response, a big one is polled.
+DEFAULT_WAIT_S = 1.0
+# Finished reports kept in memory (each is a few tens of kB of JSON).
+CACHE_SIZE = 64
+# Used for progress estimates until the first analysis has been timed.
+INITIAL_BYTES_PER_S = 2e6
+
+Analyzer = Callable[[Any], dict]
+_URL_RE = re.compile(r"[a-zA-Z][0-9a-zA-Z.]*://")
+_DRIVE_RE = re.compile(r"[a-zA-Z]:")
+
+
+class BadRequest(ValueError):
+    """A request value is malformed or tries to leave the log directory (HTTP 400)."""
+
+
+class NotFound(LookupError):
+    """The run, session or host does not exist (HTTP 404)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LogRoot:
+    """One directory TensorBoard was pointed at.
+
+    `prefix` is the run-name prefix TensorBoard gives that directory's runs:
+    empty for `--logdir`, the group name for `--logdir_spec name:path`.
+    """
+
+    prefix: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """An analysis that has not finished yet; `progress` goes to the client."""
+
+    progress: dict
+
+
+def roots_from_flags(logdir: str | None, logdir_spec: str | None) -> list[LogRoot]:
+    """Log roots for `--logdir DIR` or `--logdir_spec [name:]DIR,...`.
+
+    TensorBoard leaves `context.logdir` empty when only `--logdir_spec` is
+    given, so the spec is parsed here with the flag's documented rules: a
+    leading `name:` names the group unless the entry starts with `/` or is a
+    URL or a Windows drive path.
+    """
+    if logdir:
+        return [LogRoot("", _normalize_root(logdir))]
+    roots: list[LogRoot] = []
+    for entry in (logdir_spec or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, path = "", entry
+        if (
+            ":" in entry
+            and not entry.startswith("/")
+            and not _URL_RE.match(entry)
+            and not os.path.splitdrive(entry)[0]
+        ):
+            name, _, path = entry.partition(":")
+        roots.append(LogRoot(name.strip("/"), _normalize_root(path)))
+    return roots
+
+
+def _normalize_root(path: str) -> str:
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" in path:
+        return path
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def check_name(kind: str, value: str | None) -> str:
+    """Returns `value` if it is a safe relative name, else raises BadRequest.
+
+    Rejected before any file system access: missing/empty values, absolute
+    paths (POSIX, UNC, drive letters or URLs), any `..` component and NUL bytes.
+    """
+    if value is None or value == "":
+        raise BadRequest(f"missing {kind}")
+    if "\x00" in value:
+        raise BadRequest(f"invalid {kind}")
+    if value.startswith(("/", "\\")) or os.path.isabs(value) or _DRIVE_RE.match(value) or "://" in value:
+        raise BadRequest(f"{kind} must be relative to the log directory")
+    parts = value.replace("\\", "/").split("/")
+    if any(part == ".." for part in parts):
+        raise BadRequest(f"{kind} must not contain '..'")
+    return value
+
+
+def _inside(root: str, path: str) -> bool:
+    root_real = os.path.realpath(root)
+    path_real = os.path.realpath(path)
+    return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _join_run(prefix: str, run: str) -> str:
+    if not prefix:
+        return run
+    return prefix if run in ("", ".") else f"{prefix}/{run}"
+
+
+def _split_run(root: LogRoot, run: str) -> str | None:
+    """The run name inside `root`, or None when `run` is not one of its runs."""
+    if not root.prefix:
+        return run
+    if run == root.prefix:
+        return "."
+    if run.startswith(root.prefix + "/"):
+        return run[len(root.prefix) + 1:]
+    return None
+
+
+@dataclasses.dataclass
+class _Job:
+    """One analysis, finished or not, for one (session, hosts, files) state."""
+
+    fingerprint: tuple
+    future: Future
+    size_bytes: int
+    submitted: float
+    started: float | None = None
+    finished: float | None = None
+
+
+class AdvisorService:
+    """Session listing, cached analyses and comparisons for a set of log roots."""
+
+    def __init__(
+        self,
+        roots: Sequence[LogRoot],
+        *,
+        workers: int = DEFAULT_WORKERS,
+        wait_s: float = DEFAULT_WAIT_S,
+        analyze: Analyzer | None = None,
+    ) -> None:
+        self._roots = list(roots)
+        self._wait_s = wait_s
+        self._analyze = analyze
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpu_advisor")
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[tuple, _Job] = OrderedDict()
+        self._bytes_per_s = INITIAL_BYTES_PER_S
+
+    # -- listing ----------------------------------------------------------------
+
+    def runs(self) -> list[dict]:
+        """Every session under the roots: [{"run", "session", "hosts"}], sorted."""
+        from tb_gpuadvisor import discovery
+
+        listed = []
+        for root in self._roots:
+            try:
+                refs = discovery.find_sessions(root.path)
+            except (discovery.DiscoveryError, OSError):
+                continue
+            for ref in refs:
+                listed.append(
+                    {
+                        "run": _join_run(root.prefix, ref.run),
+                        "session": ref.session,
+                        "hosts": list(ref.hosts),
+                    }
+                )
+        listed.sort(key=lambda item: (item["run"], item["session"]))
+        return listed
+
+    def has_sessions(self) -> bool:
+        """True as soon as one capture file is seen; never parses anything."""
+        if any(True for _ in self._capture_dirs()):
+            return True
+        return any(self._remote_sessions())
+
+    def _remote_sessions(self) -> Iterator[Any]:
+        """Sessions under remote roots (fsspec lists them; nothing is read)."""
+        from tb_gpuadvisor import discovery
+
+        for root in self._roots:
+            if "://" not in root.path:
+                continue
+            try:
+                yield from discovery.find_sessions(root.path)
+            except (discovery.DiscoveryError, OSError):
+                continue
+
+    def _capture_dirs(self) -> Iterator[str]:
+        """Session folders holding a capture, found by a lazy directory walk."""
+        profile_tail = os.sep + os.path.join(*metadata.PROFILE_DIR)
+        for root in self._roots:
+            if "://" in root.path:
+                continue
+            for dirpath, dirnames, _ in os.walk(root.path):
+                if not dirpath.endswith(profile_tail):
+                    continue
+                for session in dirnames:
+                    session_dir = os.path.join(dirpath, session)
+                    if _has_capture(session_dir):
+                        yield session_dir
+                dirnames[:] = []
+
+    # -- resolving ---------------------------------------------------------------
+
+    def resolve(self, run: str | None, session: str | None, host: str | None = None) -> Any:
+        """The SessionRef for URL values, restricted to `host` when one is given.
+
+        Raises BadRequest for unsafe values (nothing is touched on disk) and
+        NotFound for names that are safe but unknown.
+        """
+        from tb_gpuadvisor import discovery
+
+        run = check_name("run", run)
+        session = check_name("session", session)
+        if "/" in session.replace("\\", "/"):
+            raise BadRequest("session must be a single folder name")
+        if host is not None:
+            host = check_name("host", host)
+        for root in self._roots:
+            inner = _split_run(root, run)
+            if inner is None:
+                continue
+            try:
+                ref = discovery.resolve_session(root.path, inner, session)
+            except discovery.UnsafePathError as exc:
+                raise BadRequest(str(exc)) from exc
+            except LookupError:
+                continue
+            if ref.fs is None and not _inside(root.path, ref.path):
+                raise BadRequest("session resolves outside the log directory")
+            if host is None:
+                return ref
+            if host not in ref.hosts:
+                raise NotFound(f"unknown host {host!r} in {run}/{session}")
+            return dataclasses.replace(ref, hosts=(host,))
+        raise NotFound(f"unknown run/session {run}/{session}")
+
+    # -- reports -------------------------------------------------------------------
+
+    def report(self, run: str | None, session: str | None, host: str | None = None) -> dict | Pending:
+        """The session object for run/session (one host or all), or Pending."""
+        ref = self.resolve(run, session, host)
+        job = self._job_for(ref, run, host)
+        return self._outcome(job, self._wait_s)
+
+    def compare(
+        self,
+        run: str | None,
+        session: str | None,
+        base_run: str | None,
+        base_session: str | None,
+    ) -> dict | Pending:
+        """compare_sessions(base, new) once both analyses are done, else Pending."""
+        new_ref = self.resolve(run, session)
+        base_ref = self.resolve(base_run, base_session)
+        new_job = self._job_for(new_ref, run, None)
+        base_job = self._job_for(base_ref, base_run, None)
+        deadline = time.monotonic() + self._wait_s
+        new = self._outcome(new_job, self._wait_s)
+        base = self._outcome(base_job, max(0.0, deadline - time.monotonic()))
+        pending = [item for item in (new, base) if isinstance(item, Pending)]
+        if pending:
+            return Pending(min((p.progress for p in pending), key=lambda p: p["fraction"]))
+        from tb_gpuadvisor.compare import compare_sessions
+
+        return compare_sessions(base, new)
+
+    def _job_for(self, ref: Any, run: str, host: str | None) -> _Job:
+        """The cached job for this session state, or a newly submitted one."""
+        stamp = ref.stat_key()
+        key = (run, ref.session, host)
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.fingerprint == stamp:
+                self._jobs.move_to_end(key)
+                return job
+            size = sum(size for _, size, _ in stamp)
+            job = _Job(stamp, Future(), size, time.monotonic())
+            self._jobs[key] = job
+            self._jobs.move_to_end(key)
+            while len(self._jobs) > CACHE_SIZE:
+                self._jobs.popitem(last=False)
+        listed_ref = dataclasses.replace(ref, run=run)
+        self._pool.submit(self._run_job, job, listed_ref)
+        return job
+
+    def _run_job(self, job: _Job, ref: Any) -> None:
+        job.started = time.monotonic()
+        try:
+            result = self._analyzer()(ref)
+        except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
+            result = {
+                "run": ref.run,
+                "session": ref.session,
+                "hosts": list(ref.hosts),
+                "findings": [],
+                "errors": [f"analysis failed: {type(exc).__name__}: {exc}"],
+            }
+        job.finished = time.monotonic()
+        elapsed = job.finished - job.started
+        if elapsed > 0.05 and job.size_bytes:
+            with self._lock:
+                self._bytes_per_s = 0.5 * self._bytes_per_s + 0.5 * (job.size_bytes / elapsed)
+        job.future.set_result(result)
+
+    def _analyzer(self) -> Analyzer:
+        if self._analyze is None:
+            from tb_gpuadvisor.report import analyze_session
+
+            self._analyze = analyze_session
+        return self._analyze
+
+    def _outcome(self, job: _Job, wait_s: float) -> dict | Pending:
+        try:
+            return job.future.result(timeout=wait_s)
+        except FutureTimeout:
+            return Pending(self._progress(job))
+
+    def _progress(self, job: _Job) -> dict:
+        """What the client shows while waiting; `fraction` is an estimate from bytes."""
+        now = time.monotonic()
+        if job.started is None:
+            return {"stage": "queued", "elapsed_s": round(now - job.submitted, 2),
+                    "bytes": job.size_bytes, "fraction": 0.0}
+        expected = max(job.size_bytes / self._bytes_per_s, 0.1)
+        fraction = min(0.95, (now - job.started) / expected)
+        return {"stage": "analyzing", "elapsed_s": round(now - job.submitted, 2),
+                "bytes": job.size_bytes, "fraction": round(fraction, 3)}
+
+    def close(self) -> None:
+        """Stops the workers (tests; TensorBoard never unloads plugins)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _has_capture(session_dir: str) -> bool:
+    try:
+        return any(name.endswith(metadata.XPLANE_SUFFIX) for name in os.listdir(session_dir))
+    except OSError:
+        return False
+
