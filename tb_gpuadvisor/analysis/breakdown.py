@@ -3,7 +3,8 @@
 For every active GPU (or, on a CPU-only capture, every host) each step period
 is split into disjoint parts that add up to the step duration:
 
-- ``compute``: kernels running (``compute_low`` is the part in 16-bit kernels);
+- ``compute``: kernels running (``compute_low`` is the part in 16-bit or narrower
+  kernels, by the name patterns of ``analysis.kernels``);
 - ``collective``: collective kernels (NCCL, AllReduce...) not overlapped by compute;
 - ``copy``: copies and memsets not hidden behind compute or collectives;
 - idle, attributed by what the host was doing while the device had nothing to do,
@@ -25,11 +26,11 @@ loop over events.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.analysis.kernels import is_collective_kernel, is_low_precision_kernel
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import (
@@ -37,33 +38,15 @@ from tb_gpuadvisor.model.timeline import (
     HostModel, SessionModel, Steps,
 )
 
-# Kernels that compute in 16-bit floating point (fp16 or bf16), recognised by name.
-# - explicit type tokens: "fp16", "f16" (cuBLAS/cuDNN/CUTLASS "f16f16_f16f32", "_f16_"),
-#   "bf16", "bfloat16", "half" (Eigen::half, __half in templated TF kernels), "hgemm";
-# - Tensor Core MMA shapes with a half-precision accumulator: "h884", "h1688", "h16816";
-#   the "s884"/"s1688"/"s16816" variants accumulate in fp32 and take fp16 inputs only when
-#   the name also carries one of the type tokens above (otherwise they may be TF32), so they
-#   need no pattern of their own;
-# - "hmma" (half-precision MMA instruction kernels) and cuBLASLt Hopper "nvjet_h*"/"nvjet_b*"
-#   (first letter = input type: h half, b bf16; "nvjet_tst" is TF32 and stays 32-bit).
-# XProf counts bf16 kernels as 32-bit; here bf16 is 16-bit, which is what matters for
-# Tensor Core throughput and memory traffic.  int8 kernels are not counted (not training).
-LOW_PRECISION_KERNEL = re.compile(
-    r"fp16|f16|bfloat16|half|hgemm|h884|h1688|h16816|hmma|nvjet_[hb]", re.IGNORECASE)
-
-
-def is_low_precision_kernel(name: str) -> bool:
-    return bool(LOW_PRECISION_KERNEL.search(name))
-
-
 def op_key(op_name: str) -> str:
     """The op's node name without its type suffix ("scope/MatMul:MatMul" -> "scope/MatMul").
 
     Device events carry the TF op as "scope/name:Type" (or just the node name), host
     events as "scope/name:Type"; comparing node names links the two.
     """
-    head, sep, tail = op_name.rpartition(":")
-    return head if sep and "/" not in tail else op_name
+    base = op_name.split("#", 1)[0]
+    head, sep, tail = base.rpartition(":")
+    return head if sep and "/" not in tail else base
 
 
 @dataclass
@@ -238,14 +221,19 @@ def _split(device: Device, windows: Intervals, steps: Steps, compute: Intervals,
 
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
-    kernel = dev.kind == DeviceEventKind.KERNEL
+    # Kernel-name classes (16-bit, collectives) live in analysis.kernels, shared with the
+    # precision and collectives checks so the breakdown and those checks agree.
+    is_kernel = dev.kind == DeviceEventKind.KERNEL
+    collective = (dev.kind == DeviceEventKind.COLLECTIVE) | (
+        is_kernel & _by_name(dev.names, is_collective_kernel)[dev.name])
+    kernel = is_kernel & ~collective
     low = kernel & _by_name(dev.names, is_low_precision_kernel)[dev.name]
     activity = host.activity
     h_start, h_end = activity.start_ps, activity.end_ps
     return _split(
         dev.device, windows, steps,
         compute=_set(start, end, kernel), compute_low=_set(start, end, low),
-        collective=_set(start, end, dev.kind == DeviceEventKind.COLLECTIVE),
+        collective=_set(start, end, collective),
         copy=_set(start, end, dev.mask(*COPY_KINDS)),
         waits=_set(h_start, h_end, activity.kind == HostEventKind.INPUT_WAIT),
         launch=_set(h_start, h_end, _dispatch_mask(activity, dev)))
