@@ -1,0 +1,116 @@
+"""From a session on disk to the contract's session object (see shared/design/contract.md).
+
+``analyze_session`` never raises for a bad capture: unreadable hosts, a check
+that fails, or a session with no steps become entries in ``errors`` and the
+rest of the report is still produced, so one bad session never hides others.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks import Finding, Severity, all_checks
+from tb_gpuadvisor.discovery import SessionRef
+from tb_gpuadvisor.metadata import SCHEMA_VERSION
+from tb_gpuadvisor.model import PS_PER_MS, SessionModel, load_session
+
+# Findings a user should act on, in the order they are ranked before savings.
+ACTIONABLE = (Severity.CRITICAL, Severity.WARNING)
+
+
+def _steps_json(model: SessionModel) -> dict:
+    steps = model.steps
+    out: dict = {"count": len(steps), "source": steps.source}
+    if steps.marker_name:
+        out["marker"] = steps.marker_name
+    if len(steps):
+        ms = steps.duration_ps / PS_PER_MS
+        out.update(mean_ms=round(float(ms.mean()), 3), min_ms=round(float(ms.min()), 3),
+                   max_ms=round(float(ms.max()), 3), std_ms=round(float(ms.std()), 3),
+                   numbers=[int(n) for n in steps.number])
+    return out
+
+
+def _devices_json(model: SessionModel) -> list[dict]:
+    out = []
+    for dev in model.devices:
+        item = dev.device.to_json()
+        item["events"] = len(dev)
+        item["active"] = bool(len(dev))
+        out.append(item)
+    return out
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Actionable findings first, biggest estimated saving first; then by severity."""
+    def key(f: Finding) -> tuple:
+        actionable = f.severity in ACTIONABLE
+        return (not actionable, -f.estimated_savings_ms_per_step if actionable else 0.0,
+                -f.severity.weight, f.check)
+    return sorted(findings, key=key)
+
+
+def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
+    top = next((f for f in ranked if f.severity in ACTIONABLE), None)
+    if top is None:
+        return None
+    saving = top.estimated_savings_ms_per_step
+    share = f" ({100 * saving / mean_step_ms:.0f}% of the mean step)" if mean_step_ms else ""
+    return {"check": top.check,
+            "why": f"{top.title}. Fixing it has the largest estimated saving: "
+                   f"{saving:.2f} ms per step{share}."}
+
+
+def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
+    findings: list[Finding] = []
+    errors: list[dict] = []
+    for check in all_checks():
+        try:
+            findings.append(check.run(analysis))
+        except Exception as err:  # one broken check must not hide the others
+            errors.append({"check": check.id, "message": f"check failed: {err!r}",
+                           "trace": traceback.format_exc(limit=3)})
+    return findings, errors
+
+
+def session_json(model: SessionModel) -> dict:
+    analysis = Analysis(model)
+    errors = list(model.errors)
+    out = {
+        "run": model.run, "session": model.session, "hosts": [h.name for h in model.hosts],
+        "framework": model.framework, "devices": _devices_json(model), "steps": _steps_json(model),
+    }
+    try:
+        out["breakdown"] = analysis.breakdown.to_json()
+    except Exception as err:
+        errors.append({"message": f"step breakdown failed: {err!r}"})
+    findings, check_errors = run_checks(analysis)
+    ranked = rank_findings(findings)
+    out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
+    out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)
+    out["errors"] = errors + check_errors
+    out["warnings"] = list(model.warnings)
+    return out
+
+
+def analyze_session(ref: SessionRef) -> dict:
+    """The contract session object for REF; problems become ``errors`` entries."""
+    try:
+        model = load_session(ref)
+    except Exception as err:  # never let one session take the whole report down
+        return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
+                "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
+                "errors": [{"message": f"could not analyse the session: {err!r}"}], "warnings": []}
+    if not model.hosts:
+        return dict(session_json(model), hosts=list(ref.hosts))
+    return session_json(model)
+
+
+def build_report(refs: list[SessionRef]) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "sessions": [analyze_session(ref) for ref in refs]}
+
+
+def worst_severity(report: dict) -> Severity | None:
+    severities = [Severity(f["severity"]) for s in report["sessions"] for f in s["findings"]]
+    return max(severities, key=lambda s: s.weight) if severities else None

@@ -1,0 +1,164 @@
+"""The timeline model: devices, device/host activity, steps and their sources."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth import build_training_session, write_session
+
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.model import DeviceEventKind, HostEventKind, PS_PER_MS, load_session
+
+
+def _load(tmp_path, synth, hosts=("h",)):
+    write_session(tmp_path, "run", "s", {h: synth.space for h in hosts})
+    (ref,) = find_sessions(str(tmp_path))
+    return load_session(ref)
+
+
+@pytest.mark.parametrize("marker,source", [
+    ("keras3", "keras"), ("keras2", "steps_line"), ("r", "custom_loop"),
+    ("steps_line", "steps_line"), ("none", "inferred"),
+])
+def test_every_marker_style_finds_every_step(tmp_path, marker, source):
+    synth = build_training_session(steps=7, step_ms=12.0, marker=marker)
+    model = _load(tmp_path, synth)
+    assert model.steps.source == source
+    assert len(model.steps) == 7
+    planted = np.array([s.duration_ms for s in synth.truth.steps])
+    measured = model.steps.duration_ps / PS_PER_MS
+    # Periods run marker start to marker start; only the last one is bounded by its activity.
+    assert np.allclose(measured[:-1], planted[:-1], rtol=0.02)
+
+
+def test_markers_win_over_inference_and_keras2_without_steps_line(tmp_path):
+    synth = build_training_session(steps=4, marker="keras2", derived_lines=False)
+    model = _load(tmp_path, synth)
+    assert (model.steps.source, len(model.steps), model.steps.marker_name) == ("keras2", 4, "TraceContext")
+
+
+def test_devices_and_properties(tmp_path):
+    synth = build_training_session(steps=3, gpus=4, cc=(8, 0))
+    model = _load(tmp_path, synth)
+    assert [d.device.name for d in model.gpus] == [f"/device:GPU:{i}" for i in range(4)]
+    dev = model.gpus[0].device
+    assert dev.compute_capability == "8.0" and dev.sm_count and dev.memory_bytes
+    assert len(model.active_gpus) == 4
+
+
+def test_device_activity_kinds_bytes_ops_and_correlation(tmp_path):
+    synth = build_training_session(steps=3, gpus=2, memcpy_frac=0.1, h2d_bytes=3 << 20)
+    model = _load(tmp_path, synth)
+    gpu = model.gpus[0]
+    h2d = gpu.kind == DeviceEventKind.MEMCPY_H2D
+    assert h2d.any() and set(gpu.nbytes[h2d].tolist()) == {3 << 20}
+    assert (gpu.kind == DeviceEventKind.COLLECTIVE).any()
+    kernels = gpu.kind == DeviceEventKind.KERNEL
+    assert (gpu.op[kernels] >= 0).all()
+    assert all(":" in gpu.ops[i] for i in np.unique(gpu.op[kernels]))
+    host = model.hosts[0].activity
+    launch_ids = set(host.correlation_id[host.kind == HostEventKind.LAUNCH].tolist())
+    assert set(gpu.correlation_id.tolist()) <= launch_ids
+    assert (gpu.step >= 0).all()
+
+
+def test_cupti_plane_launches_are_host_activity(tmp_path):
+    synth = build_training_session(steps=3, launch_api="cuLaunchKernel", cupti_plane=True, marker="keras3")
+    model = _load(tmp_path, synth)
+    host = model.hosts[0].activity
+    launch_names = {host.names[i] for i in np.unique(host.name[host.kind == HostEventKind.LAUNCH])}
+    assert "cuLaunchKernel" in launch_names
+
+
+def test_input_wait_is_classified(tmp_path):
+    synth = build_training_session(steps=5, input_wait_frac=0.3, marker="r")
+    model = _load(tmp_path, synth)
+    host = model.hosts[0].activity
+    wait = host.kind == HostEventKind.INPUT_WAIT
+    planted = sum(s.input_ms for s in synth.truth.steps)
+    assert host.dur_ps[wait].sum() / PS_PER_MS == pytest.approx(planted, rel=0.01)
+
+
+def test_jax_capture(tmp_path):
+    synth = build_training_session(steps=5, framework="jax", marker="none")
+    model = _load(tmp_path, synth)
+    assert model.framework == "jax"
+    assert model.steps.source == "inferred" and len(model.steps) == 5
+
+
+def test_multi_host_session_shares_one_timeline(tmp_path):
+    synth = build_training_session(steps=4, gpus=2)
+    model = _load(tmp_path, synth, hosts=("w0", "w1"))
+    assert [h.name for h in model.hosts] == ["w0", "w1"]
+    assert len(model.gpus) == 4 and len(model.steps) == 4
+
+
+def test_bad_host_is_an_error_and_the_good_host_loads(tmp_path):
+    good = build_training_session(steps=3).space.SerializeToString()
+    write_session(tmp_path, "run", "s", {"good": good, "bad": good[: len(good) // 2]})
+    (ref,) = find_sessions(str(tmp_path))
+    model = load_session(ref)
+    assert [h.name for h in model.hosts] == ["good"]
+    assert model.errors[0]["host"] == "bad" and "truncated" in model.errors[0]["message"]
+    assert len(model.steps) == 3
+
+
+def test_gpu_plane_without_events(tmp_path):
+    synth = build_training_session(steps=3, gpus=1)
+    space = synth.space
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU"):
+            del plane.lines[:]
+    write_session(tmp_path, "run", "s", {"h": space})
+    (ref,) = find_sessions(str(tmp_path))
+    model = load_session(ref)
+    assert len(model.gpus) == 1 and not model.active_gpus and len(model.gpus[0]) == 0
+
+
+# ----------------------------------------------------------------- real captures
+
+def _corpus_model(corpus, run_prefix):
+    refs = [r for r in find_sessions(str(corpus)) if r.run.startswith(run_prefix)]
+    assert refs, run_prefix
+    return [load_session(r) for r in refs]
+
+
+def test_every_corpus_capture_loads(corpus):
+    for ref in find_sessions(str(corpus)):
+        model = load_session(ref)
+        assert not model.errors, (ref.run, model.errors)
+        assert model.framework in ("tensorflow", "jax")
+
+
+def test_rtx5000_series(corpus):
+    models = _corpus_model(corpus, "keras-cnn-rtx5000/")
+    assert len(models) == 7
+    for model in models:
+        assert len(model.steps) == 21 and model.steps.source == "steps_line"
+        (gpu,) = model.gpus
+        assert (gpu.device.compute_capability, gpu.device.sm_count) == ("7.5", 48)
+        assert model.framework == "tensorflow"
+
+
+def test_bert_8xv100(corpus):
+    (model,) = _corpus_model(corpus, "bert-8xv100")
+    assert len(model.gpus) == 8
+    assert {g.device.compute_capability for g in model.gpus} == {"7.0"}
+    assert {g.device.sm_count for g in model.gpus} == {80}
+    with_events = [g.device.name for g in model.gpus if len(g)]
+    assert with_events == ["/device:GPU:1", "/device:GPU:4", "/device:GPU:6"]
+    assert len(model.steps) == 1
+
+
+def test_empty_gpu_trace_and_tpu(corpus):
+    (empty,) = _corpus_model(corpus, "keras-cnn-rtx5000-empty-gpu-trace")
+    assert len(empty.gpus) == 1 and len(empty.gpus[0]) == 0
+    (tpu,) = _corpus_model(corpus, "jax-tpu-v6e")
+    assert not tpu.gpus and {d.device.kind for d in tpu.devices} == {"tpu"}
+    assert tpu.framework == "jax" and len(tpu.steps) > 1
+
+
+def test_amd_capture(corpus):
+    (model,) = _corpus_model(corpus, "jax-mi300x-amd")
+    assert {g.device.vendor for g in model.gpus} == {"AMD"}
+    assert model.framework == "jax"

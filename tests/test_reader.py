@@ -1,0 +1,68 @@
+"""The capture reader: planes decoded one at a time, every bad file a clear CaptureError."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from synth import build_training_session, garbage, truncated
+
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, index_space
+from tb_gpuadvisor.xspace.schema import XSpace
+
+
+def _space_bytes(**kw) -> bytes:
+    return build_training_session(steps=3, **kw).space.SerializeToString()
+
+
+def test_planes_round_trip_through_our_schema(tmp_path):
+    data = _space_bytes(gpus=2)
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(data)
+    with CaptureFile(str(path)) as capture:
+        names = [plane.name for plane in capture.planes()]
+    assert names == [plane.name for plane in XSpace.FromString(data).planes]
+    assert "/host:CPU" in names and "/device:GPU:1" in names
+
+
+def test_space_level_strings_are_read():
+    space = XSpace(hostnames=["worker-0"], errors=["CUPTI error"], warnings=["dropped 12 events"])
+    index = index_space(space.SerializeToString())
+    assert (index.hostnames, index.errors, index.warnings) == (["worker-0"], ["CUPTI error"],
+                                                               ["dropped 12 events"])
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.77, 0.999])
+def test_truncated_capture_is_a_clear_error(tmp_path, keep):
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(truncated(_space_bytes(), keep))
+    with pytest.raises(CaptureError, match="truncated|corrupt"):
+        with CaptureFile(str(path)) as capture:
+            list(capture.planes())
+
+
+def test_zero_byte_file(tmp_path):
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(b"")
+    with pytest.raises(CaptureError, match="empty"):
+        CaptureFile(str(path))
+
+
+def test_garbage_bytes(tmp_path):
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(garbage())
+    with pytest.raises(CaptureError):
+        with CaptureFile(str(path)) as capture:
+            list(capture.planes())
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(CaptureError, match="does not exist"):
+        CaptureFile(str(tmp_path / "nope.xplane.pb"))
+    if os.geteuid() == 0:
+        pytest.skip("root reads files regardless of permissions")
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(_space_bytes())
+    path.chmod(0)
+    with pytest.raises(CaptureError, match="permission"):
+        CaptureFile(str(path))
