@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.model.timeline import DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, SessionModel
 
 # Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
 # h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/
@@ -210,3 +210,71 @@ def _transposes_next_to_conv(dev: DeviceActivity, kernel: np.ndarray, has_op: np
         near[1:] |= c[:-1]
         out[idx[t & near]] = True
     return out
+
+
+def tensor_core_speedup(device: Device) -> float:
+    """Assumed speed-up of Tensor-Core-eligible work moved from 32-bit to 16-bit math.
+
+    The model behind every precision/Tensor Core saving: Volta and Turing (cc 7.x) run
+    fp32 GEMMs on CUDA cores and fp16 on Tensor Cores, about 3x faster (the TensorFlow
+    guide's "up to 3x"); Ampere and newer (cc >= 8.0) already run fp32 matmuls as TF32 on
+    Tensor Cores by default, so fp16/bf16 gains about 2x; AMD CDNA matrix cores (gfx9xx)
+    about 2x. GPUs without matrix units gain nothing (1.0).
+    """
+    major = device.cc_major
+    if major is None:
+        return 1.0
+    if (device.vendor or "").upper() == "AMD":
+        return 2.0 if major >= 9 else 1.0
+    if major >= 8:
+        return 2.0
+    if major == 7:
+        return 3.0
+    return 1.0
+
+
+def has_tensor_cores(device: Device) -> bool:
+    return tensor_core_speedup(device) > 1.0
+
+
+def step_windows(model: SessionModel) -> tuple[np.ndarray, np.ndarray, int]:
+    """Windows [lo, hi) the device checks measure in, and how many steps they stand for.
+
+    The session's step periods when it has steps; otherwise the span of all device
+    activity counted as one step, so per-step numbers stay meaningful on captures
+    without markers.
+    """
+    steps = model.steps
+    if len(steps):
+        return steps.start_ps.astype(np.int64), steps.end_ps.astype(np.int64), len(steps)
+    devices = [dev for dev in model.devices if len(dev)]
+    if not devices:
+        return np.empty(0, np.int64), np.empty(0, np.int64), 0
+    lo = min(int(dev.start_ps.min()) for dev in devices)
+    hi = max(int(dev.end_ps.max()) for dev in devices)
+    return np.array([lo], np.int64), np.array([hi], np.int64), 1
+
+
+def in_steps(dev: DeviceActivity, model: SessionModel) -> np.ndarray:
+    """Events of ``dev`` that count for per-step numbers (all of them when there are no steps)."""
+    if len(model.steps) and dev.step.size == len(dev):
+        return dev.step >= 0
+    return np.ones(len(dev), bool)
+
+
+def top_by_time(keys: np.ndarray, durations: np.ndarray, limit: int) -> list[tuple[int, int, int]]:
+    """(key, total duration, count) of the ``limit`` keys with the most time, largest first."""
+    if keys.size == 0:
+        return []
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    totals = np.bincount(inverse, weights=durations.astype(np.float64))
+    counts = np.bincount(inverse)
+    order = np.argsort(-totals, kind="stable")[:limit]
+    return [(int(uniq[i]), int(totals[i]), int(counts[i])) for i in order if totals[i] > 0]
+
+
+def device_label(model: SessionModel, dev: DeviceActivity) -> str:
+    """A device's name, prefixed by its host when the session spans several hosts."""
+    if len(model.hosts) > 1:
+        return f"{dev.device.host}{dev.device.name}"
+    return dev.device.name

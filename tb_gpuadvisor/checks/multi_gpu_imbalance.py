@@ -1,0 +1,197 @@
+"""multi_gpu_imbalance: does every GPU replica do the same amount of work?
+
+## What it measures
+For every GPU that ran kernels, its busy time per step outside collectives: the union of
+its kernel and copy intervals (all streams) inside the step periods, with NCCL/AllReduce
+kernels left out because they wait for the slowest replica. ``imbalance_percent`` =
+(max - min) / max of those per-GPU times; ``straggler_device`` is the busiest GPU. Also
+the overlap of the GPUs' busy time (``min_overlap_percent``: the least-overlapping pair,
+as a share of the less busy GPU's time) to spot GPUs that run one after another instead of
+together, and GPU planes of the capture that ran no kernels at all.
+
+## Why it matters
+In synchronous data-parallel training every step waits for the slowest replica at the
+gradient AllReduce, so the extra work of one GPU (often GPU:0, which also does the host's
+extra work) is paid by all of them. GPUs whose busy periods barely overlap usually have
+control dependencies between them and run serially. Critical at >= 20%, warning at >= 10%;
+fewer than two GPUs with kernels: not applicable.
+
+## How to fix
+Give every replica the same work: let ``tf.distribute.MirroredStrategy`` split a global
+batch that is a multiple of the replica count, keep per-replica ops (metrics, summaries,
+checkpoints) off GPU:0, recheck the input pipeline for the larger global batch, and
+dedicate launch threads per GPU with ``TF_GPU_THREAD_MODE=gpu_private``.
+
+Savings model: the straggler brought to the mean, i.e. (max - mean) per-GPU busy time per
+step, because the other replicas wait for it at the next synchronisation. When GPUs run
+serially (pairwise overlap < 30%), the larger of that and the time their combined busy
+span exceeds the busiest GPU's busy time (what running them side by side would save).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.model import intervals
+from tb_gpuadvisor.model.timeline import PS_PER_MS
+
+CHECK_ID = "multi_gpu_imbalance"
+CRITICAL_AT, WARNING_AT = 20.0, 10.0
+SERIAL_OVERLAP_BELOW = 30.0   # pairwise overlap (percent of the less busy GPU) that means "serial"
+
+FIXES = [
+    Fix("Let MirroredStrategy split one global batch evenly: scale the batch with the number of "
+        "replicas so every GPU gets the same per-replica batch.",
+        "strategy = tf.distribute.MirroredStrategy()\n"
+        "per_replica_batch = 64\n"
+        "global_batch = per_replica_batch * strategy.num_replicas_in_sync\n"
+        "dataset = dataset.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)\n"
+        "with strategy.scope():\n    model = build_model()\n    model.compile(...)",
+        "https://www.tensorflow.org/guide/distributed_training"),
+    Fix("Give each GPU its own kernel-launch threads so one busy GPU does not starve the others "
+        "of host time (set before TensorFlow starts).",
+        "export TF_GPU_THREAD_MODE=gpu_private\nexport TF_GPU_THREAD_COUNT=2",
+        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+    Fix("Keep extra work off GPU:0: compute metrics and summaries inside the replicated step "
+        "(strategy.run) rather than on the default device, and check that no op is pinned with "
+        "tf.device('/GPU:0').",
+        "@tf.function\ndef train_step(iterator):\n"
+        "    per_replica_loss = strategy.run(step_fn, args=(next(iterator),))\n"
+        "    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)",
+        "https://www.tensorflow.org/guide/distributed_training"),
+]
+
+
+def busy_intervals(dev, model) -> intervals.Intervals:
+    """Union of one GPU's kernel and copy intervals inside the steps, collectives excluded."""
+    cls = kernels.classify(dev)
+    keep = kernels.in_steps(dev, model) & ~cls.collective
+    return intervals.union(dev.start_ps[keep], dev.end_ps[keep])
+
+
+@register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
+def check(analysis) -> Finding:
+    model = analysis.model
+    active = model.active_gpus
+    planes = model.gpus
+    idle = [dev for dev in planes if dev not in active]
+    if len(active) < 2:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE,
+                       "Fewer than two GPUs ran kernels",
+                       f"{len(active)} of {len(planes)} GPU(s) in this capture ran kernels, so there "
+                       "are no replicas to compare.",
+                       {"active_gpus": len(active), "gpu_planes": len(planes)})
+    lo, hi, steps = kernels.step_windows(model)
+    busy = {id(dev): busy_intervals(dev, model) for dev in active}
+    per_step = {id(dev): intervals.per_bin_total(busy[id(dev)], lo, hi) for dev in active}
+    means = np.array([per_step[id(dev)].sum() / steps for dev in active], float)
+    top, bottom = int(np.argmax(means)), int(np.argmin(means))
+    imbalance = float(100.0 * (means[top] - means[bottom]) / means[top]) if means[top] > 0 else 0.0
+    straggler = active[top]
+    balance_ms = float(means[top] - means.mean()) / PS_PER_MS
+    savings_ms = balance_ms
+    min_overlap, serial_pairs = _overlaps(active, busy)
+    if serial_pairs:
+        # Work that could run side by side runs in sequence: the step would shrink by the
+        # time the GPUs' combined busy span exceeds the busiest GPU's own busy time.
+        combined = intervals.union(np.concatenate([busy[id(d)][0] for d in active]),
+                                   np.concatenate([busy[id(d)][1] for d in active]))
+        serial_ms = (intervals.total(combined) / steps - float(means[top])) / PS_PER_MS
+        savings_ms = max(savings_ms, serial_ms)
+    labels = {id(dev): kernels.device_label(model, dev) for dev in active}
+    metrics = {
+        "imbalance_percent": round(imbalance, 2),
+        "straggler_device": labels[id(straggler)],
+        "active_gpus": len(active),
+        "gpu_planes": len(planes),
+        "max_busy_ms_per_step": round(float(means[top]) / PS_PER_MS, 3),
+        "min_busy_ms_per_step": round(float(means[bottom]) / PS_PER_MS, 3),
+        "min_overlap_percent": round(min_overlap, 1),
+    }
+    evidence = _device_evidence(analysis, active, per_step, means, lo, hi, labels, top)
+    for a, b, share in serial_pairs:
+        evidence.append(Evidence("device", f"{labels[id(a)]} / {labels[id(b)]}", round(share, 1),
+                                 "% overlap", detail="these GPUs are busy one after another rather "
+                                 "than together: look for control dependencies between them",
+                                 tool="trace_viewer@"))
+    for dev in idle:
+        copies = len(dev)
+        evidence.append(Evidence("device", kernels.device_label(model, dev), 0.0, "ms/step",
+                                 detail=f"no kernels ({copies} copies only)" if copies else "no events",
+                                 device=dev.device.name, host=dev.device.host))
+    severity = severity_by_threshold(imbalance, CRITICAL_AT, WARNING_AT)
+    if serial_pairs and severity is Severity.OK:
+        severity = Severity.WARNING
+    if idle and severity is Severity.OK:
+        severity = Severity.INFO
+    names = ", ".join(labels[id(dev)] for dev in active)
+    summary = (f"Across {len(active)} GPUs ({names}) the busiest, {labels[id(straggler)]}, works "
+               f"{means[top] / PS_PER_MS:.2f} ms per step outside collectives and the least busy "
+               f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
+               f"for the straggler at every gradient AllReduce; evening out the work would save about "
+               f"{balance_ms:.2f} ms per step.")
+    if serial_pairs:
+        summary += (f" Some GPUs overlap only {min_overlap:.0f}% of their busy time, so they run one "
+                    f"after another instead of in parallel; running them together would save about "
+                    f"{savings_ms:.2f} ms per step.")
+    if idle:
+        idle_names = ", ".join(kernels.device_label(model, d) for d in idle)
+        summary += (f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({idle_names}): either the "
+                    "training uses fewer GPUs than the machine has, or the profiler traced only some "
+                    "of them.")
+    if imbalance >= WARNING_AT:
+        title = f"{labels[id(straggler)]} works {imbalance:.0f}% more than the least busy GPU"
+    elif serial_pairs:
+        title = f"GPUs run one after another instead of together ({min_overlap:.0f}% overlap)"
+    elif idle:
+        title = f"Only {len(active)} of {len(planes)} GPUs ran kernels; they are balanced within {imbalance:.0f}%"
+    else:
+        title = f"GPU work is balanced within {imbalance:.0f}%"
+    fixes = FIXES if severity in (Severity.WARNING, Severity.CRITICAL) else []
+    if idle:
+        fixes = fixes + [Fix("If the job should use every GPU, check which devices the strategy sees.",
+                             "print(tf.config.list_physical_devices('GPU'))\n"
+                             "strategy = tf.distribute.MirroredStrategy()\n"
+                             "print(strategy.num_replicas_in_sync)",
+                             "https://www.tensorflow.org/guide/gpu")]
+    return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
+                   evidence, fixes)
+
+
+def _overlaps(active, busy) -> tuple[float, list]:
+    """Smallest pairwise overlap (percent of the less busy GPU) and the pairs that look serial."""
+    smallest = 100.0
+    serial = []
+    for a, b in itertools.combinations(active, 2):
+        ta, tb = intervals.total(busy[id(a)]), intervals.total(busy[id(b)])
+        if min(ta, tb) == 0:
+            continue
+        share = 100.0 * intervals.total(intervals.intersect(busy[id(a)], busy[id(b)])) / min(ta, tb)
+        smallest = min(smallest, share)
+        if share < SERIAL_OVERLAP_BELOW:
+            serial.append((a, b, share))
+    return smallest, serial
+
+
+def _device_evidence(analysis, active, per_step, means, lo, hi, labels, top) -> list[Evidence]:
+    """One item per GPU, busiest first; the straggler's points at its most lopsided step."""
+    mean_all = float(means.mean())
+    stack = np.vstack([per_step[id(dev)] for dev in active])
+    worst_step = int(np.argmax(stack[top] - stack.min(axis=0))) if stack.shape[1] else 0
+    out = []
+    for i in np.argsort(-means, kind="stable"):
+        dev = active[int(i)]
+        item = Evidence("device", labels[id(dev)], round(float(means[i]) / PS_PER_MS, 3), "ms/step",
+                        detail=f"{100.0 * means[i] / mean_all:.0f}% of the mean busy time (excluding collectives)"
+                        if mean_all else None,
+                        device=dev.device.name, host=dev.device.host)
+        if int(i) == top and lo.size:
+            item.start_ms = round(analysis.to_ms(float(lo[worst_step])), 3)
+            item.end_ms = round(analysis.to_ms(float(hi[worst_step])), 3)
+            item.tool = "trace_viewer@"
+        out.append(item)
+    return out

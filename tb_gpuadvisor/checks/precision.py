@@ -1,0 +1,130 @@
+"""precision: how much GPU compute runs in 16-bit floating point.
+
+## What it measures
+``low_precision_percent``: the time of 16-bit kernels (fp16 or bf16; fp8 and int8 count too)
+as a share of all GPU compute-kernel time inside the profiled steps, summed over every GPU
+(copies and collectives excluded). A kernel's precision is read from its name (``half``,
+``fp16``, ``bf16``, ``h884``/``h1688`` MMA shapes ...). Also reported per GPU, with the
+32-bit kernels of Tensor-Core-eligible ops (MatMul, Conv, BatchMatMul, Einsum, RNN) that
+cost the most.
+
+## Why it matters
+GPUs with Tensor Cores (compute capability 7.0 and newer) multiply 16-bit matrices several
+times faster than 32-bit ones, and memory-bound kernels move half the bytes. A model trained
+in float32 on such a GPU leaves most of its math throughput unused. Warning when less than
+10% of compute is 16-bit on a GPU with compute capability >= 7.0; older GPUs have no
+Tensor Cores, so there the check only informs.
+
+## How to fix
+Turn on Keras mixed precision (``mixed_float16``; ``mixed_bfloat16`` on Ampere and newer,
+which needs no loss scaling), keep the last layer's output in float32, and if dynamic loss
+scaling shows up as host gaps, use a fixed loss scale.
+
+Savings model: the 32-bit kernel time of Tensor-Core-eligible ops per step times
+(1 - 1/speedup), with speedup 3x on cc 7.x, 2x on cc >= 8.0 (fp32 already uses TF32
+there) and AMD matrix-core GPUs, 1x without Tensor Cores. Elementwise kernels would also
+speed up (half the bytes) but are not counted, so the estimate is conservative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.model.timeline import PS_PER_MS
+
+CHECK_ID = "precision"
+WARNING_BELOW = 10.0
+TOP = 5
+
+MIXED_PRECISION = Fix(
+    "Enable mixed precision before building the model: layers compute in float16 and keep "
+    "float32 variables; Keras wraps the optimizer with dynamic loss scaling.",
+    'import keras\nkeras.mixed_precision.set_global_policy("mixed_float16")\n\n'
+    "model = build_model()\n"
+    "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
+    'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
+    "https://www.tensorflow.org/guide/mixed_precision")
+
+FIXES = [
+    MIXED_PRECISION,
+    Fix("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
+        "float32, so no loss scaling is needed.",
+        'keras.mixed_precision.set_global_policy("mixed_bfloat16")',
+        "https://www.tensorflow.org/guide/mixed_precision"),
+    Fix("If the dynamic loss scale's overflow checks show up as host gaps between steps, use a "
+        "fixed (static) loss scale (tf.keras / Keras 2 API).",
+        "optimizer = tf.keras.mixed_precision.LossScaleOptimizer(\n"
+        "    tf.keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",
+        "https://www.tensorflow.org/guide/mixed_precision"),
+]
+
+
+@register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
+def check(analysis) -> Finding:
+    model = analysis.model
+    gpus = model.active_gpus
+    if not gpus:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
+                       "The capture has no GPU kernels, so there is no GPU math whose precision "
+                       "could be measured.")
+    _, _, steps = kernels.step_windows(model)
+    total_ps = low_ps = eligible32_ps = 0
+    savings_ps = 0.0
+    per_gpu: list[Evidence] = []
+    offenders: list[Evidence] = []
+    for dev in gpus:
+        cls = kernels.classify(dev)
+        keep = kernels.in_steps(dev, model)
+        compute = cls.kernel & keep
+        dev_total = int(dev.dur_ps[compute].sum())
+        dev_low = int(dev.dur_ps[compute & cls.low_precision].sum())
+        fp32_eligible = compute & cls.eligible & ~cls.low_precision
+        dev_eligible32 = int(dev.dur_ps[fp32_eligible].sum())
+        total_ps += dev_total
+        low_ps += dev_low
+        eligible32_ps += dev_eligible32
+        speedup = kernels.tensor_core_speedup(dev.device)
+        savings_ps += dev_eligible32 * (1.0 - 1.0 / speedup)
+        share = 100.0 * dev_low / dev_total if dev_total else 0.0
+        per_gpu.append(Evidence("device", dev.device.name, round(share, 1), "% 16-bit",
+                                detail=f"compute capability {dev.device.compute_capability or '?'}, "
+                                       f"{dev_total / PS_PER_MS / steps:.2f} ms compute per step",
+                                device=dev.device.name, host=dev.device.host))
+        for name_idx, dur, count in kernels.top_by_time(dev.name[fp32_eligible],
+                                                        dev.dur_ps[fp32_eligible], TOP):
+            offenders.append(Evidence("kernel", dev.names[name_idx], round(dur / PS_PER_MS / steps, 3),
+                                      "ms/step", detail=f"32-bit kernel of a Tensor-Core-eligible op, "
+                                                        f"{count} launch(es)",
+                                      device=dev.device.name, host=dev.device.host, tool="kernel_stats"))
+    if total_ps == 0:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
+                       "The GPUs ran no compute kernels inside the profiled steps.")
+    percent = 100.0 * low_ps / total_ps
+    capable = [dev for dev in gpus if kernels.has_tensor_cores(dev.device)]
+    cc = ", ".join(sorted({dev.device.compute_capability or "?" for dev in gpus}))
+    metrics = {"low_precision_percent": round(percent, 2),
+               "fp32_eligible_ms_per_step": round(eligible32_ps / PS_PER_MS / steps, 3),
+               "compute_ms_per_step": round(total_ps / PS_PER_MS / steps, 3)}
+    offenders.sort(key=lambda item: -item.value)
+    evidence = offenders[:TOP] + (per_gpu if len(per_gpu) > 1 else [])
+    savings = savings_ps / PS_PER_MS / steps
+    if percent >= WARNING_BELOW:
+        return Finding(CHECK_ID, Severity.OK, f"{percent:.0f}% of GPU compute runs in 16-bit",
+                       f"{percent:.1f}% of GPU kernel time uses 16-bit (fp16/bf16) math, so mixed "
+                       "precision is in effect.", metrics, round(savings, 3), evidence, [])
+    if not capable:
+        return Finding(CHECK_ID, Severity.OK, "32-bit compute on a GPU without Tensor Cores",
+                       f"Only {percent:.1f}% of GPU kernel time is 16-bit, but this GPU (compute "
+                       f"capability {cc}) has no Tensor Cores, so mixed precision would gain little.",
+                       metrics, 0.0, evidence, [])
+    return Finding(
+        CHECK_ID, Severity.WARNING,
+        f"Only {percent:.0f}% of GPU compute is 16-bit on a Tensor Core GPU",
+        f"{100 - percent:.0f}% of GPU kernel time runs in 32-bit on a GPU with compute capability "
+        f"{cc}, whose Tensor Cores only pay off with 16-bit inputs. Matrix multiplications and "
+        f"convolutions spend {metrics['fp32_eligible_ms_per_step']:.2f} ms per step in 32-bit; "
+        f"mixed precision would save about {savings:.2f} ms per step (assumed "
+        f"{kernels.tensor_core_speedup(capable[0].device):.0f}x speed-up of that work).",
+        metrics, round(savings, 3), evidence, FIXES)

@@ -1,0 +1,170 @@
+"""tensor_core: do the ops that could use Tensor Cores actually use them?
+
+## What it measures
+Tensor-Core-eligible ops are MatMul, BatchMatMul (V2/V3), _FusedMatMul, Conv2D/Conv3D and
+their backprop and fused variants, Einsum and the cuDNN RNN ops (plus XLA dot/convolution
+instructions); any kernel that runs on Tensor Cores counts as eligible work too. Over the
+kernel time of that work inside the profiled steps, on every GPU with Tensor Cores:
+``tensor_core_percent`` is the share spent in Tensor Core kernels (recognised by name,
+Hopper's included) and ``eligible_not_using_percent`` the share spent in other kernels.
+Evidence lists the eligible ops that miss Tensor Cores, the time spent converting tensor
+layouts (``nhwcToNchw``/``nchwToNhwc`` kernels, layout-optimizer transposes, Transposes
+next to a convolution) and, when the capture records op shapes, matrix dimensions that are
+not multiples of 8.
+
+## Why it matters
+A GEMM or convolution that runs on CUDA cores instead of Tensor Cores is several times
+slower. It happens when the op computes in float32 (on Volta/Turing), when dimensions are
+not multiples of 8, or when cuDNN picks a non-Tensor-Core algorithm; layout conversions
+around convolutions are pure overhead added when the data layout is not the one the
+GPU kernels prefer.
+
+## How to fix
+Compute in 16-bit (mixed precision), make channel, unit, batch and vocabulary sizes
+multiples of 8, keep convolutions in the channels_last layout, and on Ampere or newer keep
+TF32 enabled for float32 models.
+
+Savings model: the eligible kernel time not on Tensor Cores per step times
+(1 - 1/speedup), speedup 3x on cc 7.x and 2x on cc >= 8.0 (see precision).
+Warning when ``eligible_not_using_percent`` >= 10.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.precision import MIXED_PRECISION
+from tb_gpuadvisor.model.timeline import PS_PER_MS
+
+CHECK_ID = "tensor_core"
+WARNING_AT = 10.0
+TOP = 6
+
+DIMS_FIX = Fix(
+    "Make the dimensions that feed matrix multiplies and convolutions multiples of 8 "
+    "(units, filters, embedding and vocabulary sizes, batch size): Tensor Core kernels are "
+    "only picked for aligned shapes.",
+    "def round_up(n, multiple=8):\n    return (n + multiple - 1) // multiple * multiple\n\n"
+    "vocab_size = round_up(vocab_size)          # pad the vocabulary, e.g. 30522 -> 30528\n"
+    "x = keras.layers.Dense(round_up(1000))(x)   # 1000 units -> 1000 (already aligned)\n"
+    "x = keras.layers.Conv2D(round_up(60), 3, padding=\"same\")(x)  # 60 filters -> 64",
+    "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html")
+LAYOUT_FIX = Fix(
+    "Keep convolutions in the channels_last (NHWC) layout that Tensor Core kernels use, and "
+    "avoid manual transposes around them, so no layout-conversion kernels are needed.",
+    'keras.config.set_image_data_format("channels_last")\n'
+    'x = keras.layers.Conv2D(64, 3, data_format="channels_last")(x)',
+    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+TF32_FIX = Fix(
+    "On Ampere or newer GPUs float32 matmuls and convolutions use Tensor Cores through TF32, "
+    "unless it was switched off; make sure it is on.",
+    "import tensorflow as tf\ntf.config.experimental.enable_tensor_float32_execution(True)",
+    "https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float32_execution")
+
+
+@register(CHECK_ID, "Tensor Core usage", __doc__)
+def check(analysis) -> Finding:
+    model = analysis.model
+    gpus = [dev for dev in model.active_gpus if kernels.has_tensor_cores(dev.device)]
+    if not model.active_gpus:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
+                       "The capture has no GPU kernels.")
+    if not gpus:
+        cc = ", ".join(sorted({d.device.compute_capability or "?" for d in model.active_gpus}))
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU has no Tensor Cores",
+                       f"Tensor Cores arrived with compute capability 7.0; this capture's GPUs "
+                       f"report {cc}.")
+    _, _, steps = kernels.step_windows(model)
+    eligible_ps = tc_ps = not_using_ps = layout_ps = compute_ps = 0
+    savings_ps = 0.0
+    ops_missing: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, set(), ""])
+    layout_items: list[Evidence] = []
+    misaligned: dict[str, list[int]] = {}
+    for dev in gpus:
+        cls = kernels.classify(dev)
+        keep = kernels.in_steps(dev, model)
+        # A kernel on Tensor Cores proves its op was eligible, whatever the op is called.
+        eligible = (cls.eligible | cls.tensor_core) & keep
+        missing = eligible & ~cls.tensor_core
+        dev_missing = int(dev.dur_ps[missing].sum())
+        eligible_ps += int(dev.dur_ps[eligible].sum())
+        tc_ps += int(dev.dur_ps[eligible & cls.tensor_core].sum())
+        not_using_ps += dev_missing
+        dev_compute = int(dev.dur_ps[cls.kernel & keep].sum())
+        compute_ps += dev_compute
+        savings_ps += dev_missing * (1.0 - 1.0 / kernels.tensor_core_speedup(dev.device))
+        for i in np.flatnonzero(missing & (dev.op >= 0)):
+            op = dev.ops[dev.op[i]]
+            entry = ops_missing[(dev.device.name, kernels.op_display_name(op))]
+            entry[0] += int(dev.dur_ps[i])
+            entry[1] += 1
+            entry[2].add(dev.names[dev.name[i]])
+            entry[3] = dev.device.host
+        for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
+            bad = kernels.dims_not_multiple_of_8(op)
+            if bad:
+                misaligned[kernels.op_display_name(op)] = bad
+        layout = cls.layout & keep
+        dev_layout = int(dev.dur_ps[layout].sum())
+        layout_ps += dev_layout
+        if dev_layout:
+            first = np.flatnonzero(layout)[0]
+            layout_items.append(Evidence(
+                "kernel", "layout conversions (NHWC<->NCHW transposes)",
+                round(dev_layout / PS_PER_MS / steps, 3), "ms/step",
+                detail=f"{int(layout.sum())} kernels, {100.0 * dev_layout / max(dev_compute, 1):.1f}% "
+                       f"of compute; first at {analysis.to_ms(float(dev.start_ps[first])):.3f} ms",
+                device=dev.device.name, host=dev.device.host, tool="kernel_stats"))
+    if eligible_ps == 0:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No Tensor-Core-eligible work",
+                       "No GPU kernel belongs to a MatMul, convolution, Einsum or RNN op, so there is "
+                       "nothing that could run on Tensor Cores (or the capture does not record "
+                       "which op launched each kernel).")
+    tc_percent = 100.0 * tc_ps / eligible_ps
+    missing_percent = 100.0 * not_using_ps / eligible_ps
+    metrics = {
+        "tensor_core_percent": round(tc_percent, 2),
+        "eligible_not_using_percent": round(missing_percent, 2),
+        "eligible_ms_per_step": round(eligible_ps / PS_PER_MS / steps, 3),
+        "eligible_ops_not_using": len({name for _, name in ops_missing}),
+        "layout_conversion_ms_per_step": round(layout_ps / PS_PER_MS / steps, 3),
+    }
+    evidence = _op_evidence(ops_missing, steps) + layout_items
+    evidence += [Evidence("op", name, float(dims[0]), "dim", detail="dimension(s) not a multiple of 8: "
+                          + ", ".join(map(str, dims)), tool="tensorflow_stats")
+                 for name, dims in list(misaligned.items())[:TOP]]
+    savings = savings_ps / PS_PER_MS / steps
+    severity = Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK
+    if severity is Severity.OK:
+        return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on Tensor Cores",
+                       f"Matrix multiplications and convolutions spend {tc_percent:.1f}% of their GPU "
+                       "time in Tensor Core kernels.", metrics, round(savings, 3), evidence, [])
+    fixes = [MIXED_PRECISION, DIMS_FIX]
+    if layout_ps:
+        fixes.append(LAYOUT_FIX)
+    if any((dev.device.cc_major or 0) >= 8 for dev in gpus):
+        fixes.append(TF32_FIX)
+    count = metrics["eligible_ops_not_using"]
+    summary = (f"{count} Tensor-Core-eligible op(s) (MatMul, convolution, Einsum, RNN) spend "
+               f"{missing_percent:.0f}% of their {metrics['eligible_ms_per_step']:.2f} ms per step in "
+               f"kernels that do not use Tensor Cores. Running them on Tensor Cores would save about "
+               f"{savings:.2f} ms per step.")
+    if layout_ps:
+        summary += (f" Another {metrics['layout_conversion_ms_per_step']:.2f} ms per step goes to "
+                    "converting tensors between NHWC and NCHW layouts.")
+    return Finding(CHECK_ID, severity,
+                   f"{missing_percent:.0f}% of Tensor-Core-eligible time misses Tensor Cores",
+                   summary, metrics, round(savings, 3), evidence, fixes)
+
+
+def _op_evidence(ops_missing: dict, steps: int) -> list[Evidence]:
+    """The eligible ops with the most kernel time off Tensor Cores."""
+    ranked = sorted(ops_missing.items(), key=lambda item: -item[1][0])[:TOP]
+    return [Evidence("op", name, round(dur / PS_PER_MS / steps, 3), "ms/step",
+                     detail=f"{count} kernel(s) without Tensor Cores, e.g. {sorted(kernel_names)[0][:80]}",
+                     device=device, host=host, tool="kernel_stats")
+            for (device, name), (dur, count, kernel_names, host) in ranked]
