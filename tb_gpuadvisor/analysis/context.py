@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tb_gpuadvisor.checks.base import Evidence
+from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 if TYPE_CHECKING:
@@ -62,3 +64,30 @@ class Analysis:
     def to_ms(ps: float | np.ndarray) -> float | np.ndarray:
         """Picoseconds from the session origin to milliseconds relative to capture start."""
         return ps / PS_PER_MS
+
+    def step_evidence(self, per_step_ps: np.ndarray, detail: str, top: int = 3,
+                      device: str | None = None, host: str | None = None) -> list[Evidence]:
+        """The ``top`` steps with the largest value of a per-step quantity, as evidence items
+        with the step's time range (for a jump into the trace viewer)."""
+        steps = self.model.steps
+        if not len(steps) or per_step_ps.size != len(steps):
+            return []
+        order = np.argsort(-per_step_ps, kind="stable")[:top]
+        return [Evidence(kind="step", name=f"step {int(steps.number[i])}",
+                         value=round(float(per_step_ps[i]) / PS_PER_MS, 3), unit="ms", detail=detail,
+                         device=device, host=host, start_ms=round(steps.start_ps[i] / PS_PER_MS, 3),
+                         end_ms=round(steps.end_ps[i] / PS_PER_MS, 3), tool="trace_viewer@")
+                for i in order if per_step_ps[i] > 0]
+
+    @staticmethod
+    def gap_evidence(gaps: Intervals, detail: str, top: int = 3, device: str | None = None,
+                     host: str | None = None) -> list[Evidence]:
+        """The ``top`` longest intervals of a disjoint set (e.g. idle gaps), longest first."""
+        starts, ends = gaps
+        order = np.argsort(-(ends - starts), kind="stable")[:top]
+        return [Evidence(kind="step", name=f"gap at {starts[i] / PS_PER_MS:.3f} ms",
+                         value=round(float(ends[i] - starts[i]) / PS_PER_MS, 3), unit="ms",
+                         detail=detail, device=device, host=host,
+                         start_ms=round(starts[i] / PS_PER_MS, 3), end_ms=round(ends[i] / PS_PER_MS, 3),
+                         tool="trace_viewer@")
+                for i in order]
