@@ -637,7 +637,7 @@ def build_training_session(
         200.0 if kernel_us is None and kernels_per_step is None else kernel_us,
         kernels_per_step, h2d_bytes, d2h_bytes, fragmentation, gpu_props(cc, vendor),
         launch_api, cupti_plane,
-        marker in ("keras2", "steps_line") if derived_lines is None else derived_lines,
+        marker in ("keras2", "r", "steps_line") if derived_lines is None else derived_lines,
         marker in ("keras2", "r", "steps_line") if group_ids is None else group_ids,
         main_thread or ("python" if marker in ("keras3", "r") or framework == "jax"
                         else "python3"),
