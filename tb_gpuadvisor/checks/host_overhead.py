@@ -1,0 +1,149 @@
+"""host_overhead: do Python, callbacks or eager ops leave the device idle?
+
+## What it measures
+``other_idle_percent``: the share of step time during which the device was idle while the
+host was neither waiting on input nor launching work for it, i.e. running Python, Keras
+callbacks and metrics, ops outside ``tf.function``, host-side conditionals such as dynamic
+loss scaling checks, or nothing at all between steps. On CPU-only captures it is step
+time covered by neither framework ops nor input waits. Measured on the primary device.
+The evidence lists the host activities that overlapped those gaps the most, the longest
+gaps with their time range, and the steps that lost the most time.
+
+## Why it matters
+Every millisecond the host spends between launches is a millisecond the GPU does
+nothing; with a fast GPU this host work often dominates the step. Critical at 15% of
+step time or more, warning from 3%.
+
+## How to fix
+Run several steps per call (``steps_per_execution``), give GPU launches their own
+threads (``TF_GPU_THREAD_MODE=gpu_private``), call callbacks and compute metrics less
+often, keep the whole step (and in custom loops, the loop itself) inside ``tf.function``,
+and replace dynamic loss scaling by a fixed scale when its checks show up between steps.
+
+Savings model: the host gaps are removed entirely, so the step shrinks by the other-idle
+time per step (``estimated_savings_ms_per_step`` = other idle ms per step).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import fixes
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
+
+CHECK_ID = "host_overhead"
+CRITICAL, WARNING = 15.0, 3.0
+TOP = 5
+
+# Host events that explain nothing about a gap: markers and whole-function wrappers span the
+# entire step, launches and input waits are attributed to other checks.
+_NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.EXECUTOR,
+                 HostEventKind.LAUNCH, HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE,
+                 HostEventKind.MEMORY)
+_LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
+
+FEWER_CALLBACKS = Fix(
+    text="Do less per-step work in callbacks and metrics: log to TensorBoard per epoch, drop "
+         "metrics you do not need during training, avoid .numpy() or print in the step.",
+    code="tensorboard = keras.callbacks.TensorBoard(log_dir, update_freq='epoch')\n"
+         "model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'])  # only what you read",
+    doc=fixes.GPU_PERF_GUIDE,
+)
+
+LOOP_IN_GRAPH = Fix(
+    text="In a custom training loop, run the loop over the dataset inside tf.function too, so "
+         "Python is not re-entered between steps.",
+    code="@tf.function\n"
+         "def train_epoch(dataset):\n"
+         "    for x, y in dataset:  # becomes a tf.while_loop\n"
+         "        train_step(x, y)",
+    doc=fixes.FUNCTION_GUIDE,
+)
+
+STATIC_LOSS_SCALE = Fix(
+    text="The step runs dynamic loss scaling, whose finite-check and conditional update add host "
+         "work every step; a fixed loss scale removes it (or use bfloat16, which needs none).",
+    code="optimizer = keras.mixed_precision.LossScaleOptimizer(\n"
+         "    keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",
+    doc="https://www.tensorflow.org/guide/mixed_precision",
+)
+
+
+def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP) -> list[Evidence]:
+    """Host events (by thread and name) with the most time inside the gaps."""
+    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS))
+    if not candidates.size or not gaps[0].size:
+        return []
+    start = activity.start_ps[candidates]
+    overlap = iv.per_bin_total(gaps, start, start + activity.dur_ps[candidates])
+    hit = overlap > 0
+    candidates, overlap = candidates[hit], overlap[hit]
+    if not candidates.size:
+        return []
+    key = activity.thread[candidates].astype(np.int64) * len(activity.names) + activity.name[candidates]
+    uniq, inverse = np.unique(key, return_inverse=True)
+    sums = np.bincount(inverse, weights=overlap)
+    order = np.argsort(-sums, kind="stable")[:top]
+    out = []
+    for i in order:
+        thread, name = divmod(int(uniq[i]), len(activity.names))
+        out.append(Evidence(kind="thread", name=activity.names[name],
+                            value=round(sums[i] / PS_PER_MS / steps, 3), unit="ms/step",
+                            detail=f"on thread {activity.threads[thread]} while the device was idle",
+                            host=activity.host, tool="trace_viewer@"))
+    return out
+
+
+def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
+    names = [n for host in analysis.model.hosts for n in host.activity.names]
+    names += [o for dev in analysis.model.devices for o in dev.ops]
+    return any(_LOSS_SCALE.search(n) for n in names)
+
+
+@register(CHECK_ID, "Host overhead between launches", __doc__)
+def check(analysis: Analysis) -> Finding:
+    breakdown = analysis.breakdown
+    primary = breakdown.primary
+    if primary is None or not analysis.steps_count:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Host overhead not measurable",
+                       "No training steps were found, so host gaps per step cannot be measured "
+                       "(see the profile quality finding).")
+    percent = primary.percent("other")
+    other_ms = analysis.ms_per_step(primary.total("other"))
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+    host = next(h for h in analysis.model.hosts if h.name == primary.host)
+    loss_scale = uses_dynamic_loss_scale(analysis)
+    device = "the host ran no framework op" if breakdown.device_kind == "cpu" else f"{primary.name} sat idle"
+
+    summary = (f"In {percent:.1f}% of step time ({other_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
+               f"{device} while the host was busy with something other than input or kernel launches: "
+               f"Python code, callbacks, metrics, ops run outside tf.function, or gaps between steps.")
+    if loss_scale:
+        summary += " The step uses dynamic loss scaling, whose checks run every step."
+    title = (f"Host overhead idles the device {percent:.1f}% of step time" if severity is not Severity.OK
+             else f"Little host overhead ({percent:.1f}% of step time)")
+
+    evidence = culprits(host.activity, primary.other_set, analysis.steps_count)
+    evidence += analysis.gap_evidence(primary.other_set, "device idle, host busy elsewhere",
+                                      device=primary.name, host=primary.host)
+    evidence += analysis.step_evidence(primary.other, "host overhead in this step",
+                                       device=primary.name, host=primary.host)
+
+    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, FEWER_CALLBACKS, fixes.TF_FUNCTION,
+                LOOP_IN_GRAPH]
+    if loss_scale:
+        fix_list.insert(0, STATIC_LOSS_SCALE)
+    if breakdown.device_kind == "cpu":
+        fix_list.remove(fixes.GPU_PRIVATE_THREADS)
+    return Finding(
+        check=CHECK_ID, severity=severity, title=title, summary=summary,
+        metrics={"other_idle_percent": round(percent, 2), "other_idle_ms_per_step": round(other_ms, 3)},
+        estimated_savings_ms_per_step=other_ms, evidence=evidence,
+        fixes=fix_list if severity is not Severity.OK else [],
+    )

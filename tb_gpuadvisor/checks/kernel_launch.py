@@ -1,0 +1,119 @@
+"""kernel_launch: is the GPU starved by kernel launch latency?
+
+## What it measures
+``launch_percent``: the share of step time during which the GPU was idle while the host
+was launching kernels or dispatching ops for it (CUDA launch calls linked to this GPU by
+correlation id, executor op dispatch), and not waiting on input. Also
+``median_kernel_us`` (median compute-kernel duration) and ``kernels_per_step``, and as
+evidence the ops with the most tiny kernels (shorter than 20 us) per step.
+Measured on the primary GPU; the other GPUs are listed as evidence.
+
+## Why it matters
+Launching a kernel costs the host roughly 20-40 us. When most kernels finish faster
+than that, the GPU runs a kernel, waits for the next launch, runs it, and so on: the
+step is bound by the CPU's launch rate, not by the GPU. This is typical of small batches
+and of models made of many small element-wise ops. Critical at 15% of step time or
+more, warning from 3%.
+
+## How to fix
+Give each kernel more work (a larger batch), fuse small ops (XLA ``jit_compile=True``,
+vectorised code instead of Python loops over tensors), and make sure the step runs as a
+``tf.function`` graph rather than op by op.
+
+Savings model: the launch gaps close, i.e. the GPU runs its kernels back to back, so the
+step shrinks by the launch idle time per step (``estimated_savings_ms_per_step`` =
+launch ms per step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import fixes
+from tb_gpuadvisor.analysis.breakdown import DeviceBreakdown
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.kernels import op_type
+from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, register, severity_by_threshold
+from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind
+
+CHECK_ID = "kernel_launch"
+CRITICAL, WARNING = 15.0, 3.0
+TINY_KERNEL_PS = 20 * PS_PER_US     # shorter than the cost of launching the next one
+TOP = 5
+
+
+def _step_kernels(dev: DeviceActivity) -> np.ndarray:
+    return (dev.kind == DeviceEventKind.KERNEL) & (dev.step >= 0)
+
+
+def tiny_ops(dev: DeviceActivity, steps: int, top: int = TOP) -> list[Evidence]:
+    """Ops (or kernels, when the capture names no op) launching the most tiny kernels per step."""
+    tiny = np.flatnonzero(_step_kernels(dev) & (dev.dur_ps < TINY_KERNEL_PS))
+    if not tiny.size:
+        return []
+    has_op = dev.op[tiny] >= 0
+    op_types = np.array([op_type(o) for o in dev.ops] or [""], dtype=object)
+    labels = np.where(has_op, op_types[np.where(has_op, dev.op[tiny], 0)],
+                      np.array(dev.names, dtype=object)[dev.name[tiny]])
+    uniq, inverse, counts = np.unique(labels.astype(str), return_inverse=True, return_counts=True)
+    durations = np.bincount(inverse, weights=dev.dur_ps[tiny])
+    order = np.argsort(-counts, kind="stable")[:top]
+    return [Evidence(kind="op", name=str(uniq[i]), value=round(counts[i] / steps, 1), unit="kernels/step",
+                     detail=f"mean {durations[i] / counts[i] / PS_PER_US:.1f} us per kernel, "
+                            f"{durations[i] / PS_PER_MS / steps:.3f} ms per step",
+                     device=dev.device.name, host=dev.device.host, tool="tensorflow_stats")
+            for i in order]
+
+
+def _other_devices(analysis: Analysis, primary: DeviceBreakdown) -> list[Evidence]:
+    return [Evidence(kind="device", name=dev.name, value=round(dev.percent("launch"), 2), unit="%",
+                     detail=f"{analysis.ms_per_step(dev.total('launch')):.3f} ms per step idle while launching",
+                     device=dev.name, host=dev.host)
+            for dev in analysis.breakdown.devices if dev is not primary]
+
+
+@register(CHECK_ID, "Kernel launch overhead", __doc__)
+def check(analysis: Analysis) -> Finding:
+    breakdown = analysis.breakdown
+    primary = breakdown.primary
+    if breakdown.device_kind != "gpu" or primary is None:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU kernels to assess",
+                       "The capture has no GPU that ran kernels, so kernel launch overhead does not apply.")
+    if not analysis.steps_count:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Launch overhead not measurable",
+                       "No training steps were found, so launch gaps per step cannot be measured "
+                       "(see the profile quality finding).")
+    dev = next(d for d in analysis.model.active_gpus
+               if d.device.name == primary.name and d.device.host == primary.host)
+    kernels = _step_kernels(dev)
+    median_us = float(np.median(dev.dur_ps[kernels])) / PS_PER_US if kernels.any() else 0.0
+    per_step = int(kernels.sum()) / analysis.steps_count
+    tiny_share = 100.0 * float(np.mean(dev.dur_ps[kernels] < TINY_KERNEL_PS)) if kernels.any() else 0.0
+    percent = primary.percent("launch")
+    launch_ms = analysis.ms_per_step(primary.total("launch"))
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+
+    summary = (f"{primary.name} sat idle {percent:.1f}% of step time ({launch_ms:.2f} ms of a "
+               f"{analysis.mean_step_ms:.2f} ms step) while the host was launching its kernels. "
+               f"It ran {per_step:.0f} kernels per step with a median of {median_us:.1f} us; "
+               f"{tiny_share:.0f}% of them are shorter than the ~20 us it takes to launch one. ")
+    if severity is Severity.OK:
+        summary += "Kernels are long enough to keep the GPU fed."
+        title = f"Kernel launches keep up ({percent:.1f}% of step time)"
+    else:
+        summary += "The GPU finishes kernels faster than the CPU can launch them."
+        title = f"GPU waits on kernel launches {percent:.1f}% of step time"
+
+    evidence = tiny_ops(dev, analysis.steps_count)
+    evidence += analysis.gap_evidence(primary.launch_set, "GPU idle while the host launches kernels",
+                                      device=primary.name, host=primary.host)
+    evidence += _other_devices(analysis, primary)
+
+    return Finding(
+        check=CHECK_ID, severity=severity, title=title, summary=summary,
+        metrics={"launch_percent": round(percent, 2), "launch_ms_per_step": round(launch_ms, 3),
+                 "median_kernel_us": round(median_us, 2), "kernels_per_step": round(per_step, 1),
+                 "tiny_kernel_percent": round(tiny_share, 1)},
+        estimated_savings_ms_per_step=launch_ms, evidence=evidence,
+        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, fixes.TF_FUNCTION] if severity is not Severity.OK else [],
+    )
