@@ -1,0 +1,183 @@
+"""op_placement: are compute ops running on the host instead of the GPU?
+
+## What it measures
+``host_op_percent``: time-weighted share of op execution that happens on host threads,
+``host op time / (host op time + GPU compute time)`` per step, where host op time is the
+summed duration of framework op events (``scope/name:Type``) on the primary GPU's host
+that launched nothing on a GPU (an op event whose node also ran kernels on a GPU is only
+dispatching them), and GPU compute time is the primary GPU's kernel busy time.
+Bookkeeping ops (Send/Recv, Identity, Const, variable reads, shape ops) and iterator ops
+are left out. XProf's "ops placed on host" counts ops regardless of how long they run;
+weighting by time says how much of the work actually left the GPU.
+
+The evidence names the heaviest host ops, says whether the same op type runs on a GPU
+elsewhere in the capture (so a GPU kernel exists) or is known to have none
+(``tf.unique``, ``tf.py_function``, string ops), and counts the host-device copies that
+start within 100 us of a host op (the copies a misplaced op causes).
+
+## Why it matters
+A matrix multiply or convolution on the CPU is one to two orders of magnitude slower
+than on the GPU, and data has to travel to the host and back around it. Critical at
+50% or more, warning from 10%.
+
+## How to fix
+Log device placement to find the ops TensorFlow put on the CPU; pin the model to the
+GPU (``tf.device`` or ``OneDeviceStrategy``); replace ops that have no GPU kernel, or
+move them into the tf.data pipeline where they run ahead of the step.
+
+Savings model: only host op time during which the GPU sat idle can shorten the step;
+that exposed time shrinks by a stated conservative factor of 10 (GPU vs host speed for
+the ops that have GPU kernels): savings = exposed host op ms per step x (1 - 1/10).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import fixes
+from tb_gpuadvisor.analysis.breakdown import op_key
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.kernels import op_type
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.timeline import (
+    PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
+)
+
+CHECK_ID = "op_placement"
+CRITICAL, WARNING = 50.0, 10.0
+GPU_SPEEDUP = 10.0
+COPY_WINDOW_PS = 100 * PS_PER_US
+TOP = 5
+
+# Ops that move or describe data rather than compute; they run on the host by design.
+BOOKKEEPING_OPS = frozenset({
+    "_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
+    "Identity", "IdentityN", "NoOp", "Const", "Placeholder", "VarHandleOp", "ReadVariableOp",
+    "AssignVariableOp", "Shape", "ShapeN", "Size", "Rank", "Reshape", "ExpandDims", "Squeeze",
+    "StopGradient", "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "OptionalGetValue", "OptionalHasValue", "MultiDeviceIteratorGetNextFromShard",
+})
+# Op types TensorFlow has no GPU kernel for (the guide's example is tf.unique).
+HOST_ONLY_OPS = frozenset({
+    "Unique", "UniqueV2", "UniqueWithCounts", "PyFunc", "EagerPyFunc", "StringSplit",
+    "StringSplitV2", "StringToNumber", "RegexReplace", "DecodeJpeg", "DecodePng", "DecodeImage",
+    "ParseExample", "ParseExampleV2",
+})
+
+FIND_CPU_OPS = Fix(
+    text="Make TensorFlow fail instead of silently falling back to the CPU, to find ops without "
+         "a GPU kernel; replace them or move them into the tf.data pipeline.",
+    code="tf.config.set_soft_device_placement(False)\n"
+         "with tf.device('/GPU:0'):\n"
+         "    loss = train_step(x, y)  # raises for ops that cannot run on the GPU",
+    doc=fixes.GPU_GUIDE,
+)
+
+
+def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity]) -> np.ndarray:
+    """Framework op events inside steps that executed on the host (dispatched no GPU work)."""
+    device_ops = {op_key(o) for dev in gpus for o in dev.ops}
+
+    def runs_on_host(name: str) -> bool:
+        return (":" in name and " " not in name and op_type(name) not in BOOKKEEPING_OPS
+                and op_key(name) not in device_ops)
+
+    table = np.fromiter((runs_on_host(n) for n in activity.names), bool, len(activity.names))
+    return (activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0) & table[activity.name]
+
+
+def _op_evidence(activity: HostActivity, idx: np.ndarray, gpu_types: set[str], steps: int) -> list[Evidence]:
+    types = np.array([op_type(activity.names[i]) for i in activity.name[idx]], dtype=object).astype(str)
+    uniq, inverse, counts = np.unique(types, return_inverse=True, return_counts=True)
+    time_ps = np.bincount(inverse, weights=activity.dur_ps[idx])
+    out = []
+    for i in np.argsort(-time_ps, kind="stable")[:TOP]:
+        name = str(uniq[i])
+        if name in gpu_types:
+            note = "runs on the GPU elsewhere in this capture, so a GPU kernel exists"
+        elif name in HOST_ONLY_OPS:
+            note = "has no GPU kernel in TensorFlow"
+        else:
+            note = "runs only on the host in this capture"
+        out.append(Evidence(kind="op", name=name, value=round(time_ps[i] / PS_PER_MS / steps, 3),
+                            unit="ms/step", detail=f"{counts[i] / steps:.1f} calls per step; {note}",
+                            host=activity.host, tool="tensorflow_stats"))
+    return out
+
+
+def _nearby_copies(dev: DeviceActivity, op_set: iv.Intervals) -> np.ndarray:
+    """Host-device copies in steps that start within COPY_WINDOW_PS of a host op."""
+    copies = np.flatnonzero(dev.mask(DeviceEventKind.MEMCPY_H2D, DeviceEventKind.MEMCPY_D2H) & (dev.step >= 0))
+    if not copies.size or not op_set[0].size:
+        return copies[:0]
+    near_s, near_e = iv.union(op_set[0] - COPY_WINDOW_PS, op_set[1] + COPY_WINDOW_PS)
+    starts = dev.start_ps[copies]
+    slot = np.searchsorted(near_s, starts, side="right") - 1
+    inside = (slot >= 0) & (starts < near_e[np.clip(slot, 0, None)])
+    return copies[inside]
+
+
+@register(CHECK_ID, "Ops placed on the host", __doc__)
+def check(analysis: Analysis) -> Finding:
+    breakdown = analysis.breakdown
+    primary = breakdown.primary
+    if breakdown.device_kind != "gpu" or primary is None:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU to place ops on",
+                       "The capture has no GPU that ran kernels, so op placement between host and GPU "
+                       "does not apply.")
+    if not analysis.steps_count:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Op placement not measurable",
+                       "No training steps were found, so op time per step cannot be measured "
+                       "(see the profile quality finding).")
+    host = next(h for h in analysis.model.hosts if h.name == primary.host)
+    gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
+    activity = host.activity
+    idx = np.flatnonzero(host_op_mask(activity, gpus))
+    steps = analysis.steps_count
+    host_ps = int(activity.dur_ps[idx].sum())
+    gpu_ps = primary.total("compute")
+    percent = 100.0 * host_ps / (host_ps + gpu_ps) if host_ps + gpu_ps else 0.0
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+
+    op_set = iv.union(activity.start_ps[idx], activity.end_ps[idx])
+    windows = iv.union(analysis.model.steps.start_ps, analysis.model.steps.end_ps)
+    gpu_idle = iv.subtract(windows, primary.busy_set)
+    exposed_ms = analysis.ms_per_step(iv.total(iv.intersect(op_set, gpu_idle)))
+    savings = exposed_ms * (1.0 - 1.0 / GPU_SPEEDUP)
+
+    dev = next(d for d in gpus if d.device.name == primary.name)
+    copies = _nearby_copies(dev, op_set)
+    copies_per_step = copies.size / steps
+    copy_mb = float(dev.nbytes[copies].sum()) / 1e6 / steps
+
+    host_ms = host_ps / PS_PER_MS / steps
+    summary = (f"{percent:.1f}% of op execution time runs on host threads instead of the GPU "
+               f"({host_ms:.2f} ms of host ops per step against {analysis.ms_per_step(gpu_ps):.2f} ms "
+               f"of kernels on {primary.name}). ")
+    if idx.size:
+        summary += (f"{exposed_ms:.2f} ms of it per step leaves the GPU idle" if exposed_ms >= 0.005 else
+                    "It overlaps GPU work, so it does not lengthen the step today, but it holds host cores "
+                    "the input pipeline and launches need")
+        summary += f"; {copies_per_step:.1f} host-device copies per step ({copy_mb:.2f} MB) start next to host ops."
+    else:
+        summary += "No compute op runs on the host."
+    title = (f"{percent:.1f}% of op time runs on the host" if severity is not Severity.OK
+             else f"Ops run on the GPU ({percent:.1f}% of op time on host)")
+
+    gpu_types = {op_type(o) for d in analysis.model.active_gpus for o in d.ops}
+    evidence = _op_evidence(activity, idx, gpu_types, steps) if idx.size else []
+    if copies.size:
+        evidence.append(Evidence(kind="kernel", name="MemcpyH2D/MemcpyD2H", value=round(copies_per_step, 1),
+                                 unit="copies/step", detail=f"{copy_mb:.2f} MB per step, starting within "
+                                 "100 us of a host op", device=primary.name, host=primary.host,
+                                 tool="trace_viewer@"))
+
+    return Finding(
+        check=CHECK_ID, severity=severity, title=title, summary=summary,
+        metrics={"host_op_percent": round(percent, 2), "host_op_ms_per_step": round(host_ms, 3),
+                 "exposed_host_op_ms_per_step": round(exposed_ms, 3),
+                 "host_op_copies_per_step": round(copies_per_step, 2)},
+        estimated_savings_ms_per_step=savings, evidence=evidence,
+        fixes=[fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS] if severity is not Severity.OK else [],
+    )
