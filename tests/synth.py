@@ -41,7 +41,10 @@ are idle during the first two::
   event always ends exactly when its device op starts and lasts
   ``max(gap, 3 us)``).  On GPUs ``g >= 1`` the first gap is longer by
   ``launch_skew_ms`` (the launch thread is late), so GPU idle while launching
-  is ``L`` on GPU:0 and ``L + skew`` on the others.
+  is ``L`` on GPU:0 and ``L + skew`` on the others.  The first device op of
+  GPU g then starts ``skew + L/n_ops(g) - L/n_ops(0)`` after GPU:0's (the
+  per-op gap depends on each GPU's op count); ``GpuStepTruth.first_op_start_ms``
+  has the exact value.
 * **Copies**: ``memcpy_frac * T`` of copy time per step per GPU, not
   overlapped by any kernel, split between one ``MemcpyH2D`` (``h2d_bytes``)
   and, when ``d2h_bytes > 0``, one ``MemcpyD2H`` in proportion to bytes.
