@@ -1,0 +1,184 @@
+"""collectives: how much of the step goes to gradient AllReduce and other collectives?
+
+## What it measures
+On every GPU, collective kernels (NCCL/RCCL, XLA all-reduce/all-gather/reduce-scatter) inside
+the profiled steps. ``collective_percent``: their busy time (union over streams) as a share
+of the step time, averaged over GPUs; ``exposed_collective_percent``: the part not hidden
+behind the same GPU's compute; ``allreduce_calls_per_step``: AllReduce kernels per step per
+GPU. When the capture records the allocations of the model's variable initializers, the
+parameter count gives the AllReduce time to expect: parameters x 4 bytes (gradients are
+reduced in float32 even under mixed precision) / link bandwidth, with an assumed
+50 GB/s link (between PCIe 4.0 x16 and NVLink); otherwise the finding says it cannot.
+
+## Why it matters
+Every synchronous data-parallel step waits for its gradient AllReduce. Its cost depends on
+the model size, not the batch size, so it is amortised by larger batches; AllReduce calls
+beyond one per gradient bucket add a synchronisation across all devices each. Warning when
+collectives take >= 15% of the step.
+
+## How to fix
+Raise the per-replica batch size to amortise communication, remove AllReduce calls outside
+the gradient reduction (metrics reduced every step, manual ``all_reduce`` in the loop), and
+let the cross-device ops pack gradients into few buckets.
+
+Savings model: the AllReduce time above params x 4 B / bandwidth when the parameter count
+is known; otherwise the exposed collective time above 5% of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.model import intervals
+from tb_gpuadvisor.model.timeline import PS_PER_MS
+
+CHECK_ID = "collectives"
+WARNING_AT = 15.0
+ASSUMED_LINK_BYTES_PER_S = 50e9
+ACCEPTABLE_FRACTION = 0.05     # exposed collective time treated as the unavoidable cost
+BYTES_PER_GRADIENT = 4
+TOP = 5
+
+FIXES = [
+    Fix("Increase the per-replica batch: the AllReduce cost per step stays the same while each "
+        "step does more work.",
+        "strategy = tf.distribute.MirroredStrategy()\n"
+        "global_batch = 128 * strategy.num_replicas_in_sync   # larger per-replica batch\n"
+        "dataset = dataset.batch(global_batch, drop_remainder=True)",
+        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+    Fix("Pack gradients into few AllReduce calls and avoid extra cross-replica reductions inside "
+        "the step (e.g. reduce metrics once per epoch, not per step).",
+        "strategy = tf.distribute.MirroredStrategy(\n"
+        "    cross_device_ops=tf.distribute.NcclAllReduce(num_packs=1))",
+        "https://www.tensorflow.org/api_docs/python/tf/distribute/NcclAllReduce"),
+]
+
+
+@dataclass
+class _GpuCollectives:
+    """One GPU's collective work inside the steps (times in ps, totals over all steps)."""
+
+    dev: object
+    mask: np.ndarray          # collective events in steps
+    busy_ps: int
+    exposed_ps: int           # collective time not overlapped by the GPU's compute
+    allreduce_calls: int
+    calls: int
+    allreduce_ps: int
+
+
+def parameter_bytes(model) -> int | None:
+    """Bytes of the model's variables, read from the allocations of their initializers.
+
+    Variables are created once, before training, so this is only known when the capture
+    covers model construction; the allocations of one GPU's allocator are used.
+    """
+    for host in model.hosts:
+        mem = host.memory
+        if not len(mem) or not mem.ops:
+            continue
+        init_ops = np.array(["/Initializer/" in op for op in mem.ops], bool)
+        for index, allocator in enumerate(mem.allocators):
+            if not allocator.startswith("GPU_"):
+                continue
+            rows = mem.is_alloc & (mem.allocator == index) & (mem.op >= 0)
+            rows &= init_ops[np.where(mem.op >= 0, mem.op, 0)]
+            total = int(mem.requested_bytes[rows].sum())
+            if total:
+                return total
+    return None
+
+
+@register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
+def check(analysis) -> Finding:
+    model = analysis.model
+    active = model.active_gpus
+    if not active:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU work",
+                       "The capture has no GPU kernels.")
+    lo, hi, steps = kernels.step_windows(model)
+    step_ps = float((hi - lo).sum())
+    rows = []
+    for dev in active:
+        cls = kernels.classify(dev)
+        keep = kernels.in_steps(dev, model)
+        coll = cls.collective & keep
+        coll_busy = intervals.union(dev.start_ps[coll], dev.end_ps[coll])
+        compute = intervals.union(dev.start_ps[cls.kernel & keep], dev.end_ps[cls.kernel & keep])
+        exposed = intervals.subtract(coll_busy, compute)
+        rows.append(_GpuCollectives(dev, coll, intervals.total(coll_busy), intervals.total(exposed),
+                                    int((cls.allreduce & keep).sum()), int(coll.sum()),
+                                    int(dev.dur_ps[cls.allreduce & keep].sum())))
+    if not any(row.calls for row in rows):
+        if len(active) < 2:
+            return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Single GPU: no collectives",
+                           "One GPU ran all the work, so there is no gradient communication to assess.")
+        return Finding(CHECK_ID, Severity.OK, "No collective kernels found",
+                       f"{len(active)} GPUs ran kernels but none was an NCCL/AllReduce collective inside "
+                       "the profiled steps.", {"collective_percent": 0.0, "allreduce_calls_per_step": 0.0})
+    n = len(rows)
+    percent = 100.0 * sum(row.busy_ps for row in rows) / n / step_ps if step_ps else 0.0
+    exposed_percent = 100.0 * sum(row.exposed_ps for row in rows) / n / step_ps if step_ps else 0.0
+    calls = sum(row.allreduce_calls for row in rows) / n / steps
+    allreduce_ms = sum(row.allreduce_ps for row in rows) / n / steps / PS_PER_MS
+    step_ms = step_ps / steps / PS_PER_MS
+    metrics = {"collective_percent": round(percent, 2), "exposed_collective_percent": round(exposed_percent, 2),
+               "allreduce_calls_per_step": round(calls, 2),
+               "collective_ms_per_step": round(sum(row.busy_ps for row in rows) / n / steps / PS_PER_MS, 3)}
+    param_bytes = parameter_bytes(model)
+    if param_bytes:
+        # Variables (and so gradients) are float32: their bytes are parameters x 4.
+        expected_ms = param_bytes / ASSUMED_LINK_BYTES_PER_S * 1e3
+        metrics["parameters"] = param_bytes // BYTES_PER_GRADIENT
+        metrics["expected_allreduce_ms"] = round(expected_ms, 3)
+        savings = max(0.0, allreduce_ms - expected_ms)
+        expectation = (f"With about {param_bytes // BYTES_PER_GRADIENT:,} parameters, an AllReduce at "
+                       f"{ASSUMED_LINK_BYTES_PER_S / 1e9:.0f} GB/s should take about {expected_ms:.2f} ms; "
+                       f"it takes {allreduce_ms:.2f} ms per step.")
+    else:
+        exposed_ms = exposed_percent / 100.0 * step_ms
+        savings = max(0.0, exposed_ms - ACCEPTABLE_FRACTION * step_ms)
+        expectation = ("The capture does not record the model's parameter count (variables are created "
+                       "before profiling starts), so the AllReduce time cannot be compared with "
+                       "parameters x 4 bytes / bandwidth.")
+    evidence = _evidence(model, analysis, rows, steps)
+    severity = Severity.WARNING if percent >= WARNING_AT else Severity.OK
+    summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
+               f"hidden behind compute), with {calls:.1f} AllReduce call(s) per step per GPU. {expectation}")
+    title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
+             else f"Collectives take {percent:.1f}% of each step")
+    return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
+                   FIXES if severity is Severity.WARNING else [])
+
+
+def _evidence(model, analysis, rows, steps) -> list[Evidence]:
+    out = []
+    longest = None
+    for row in rows:
+        dev, coll, busy, exposed, ar_calls, calls = (row.dev, row.mask, row.busy_ps, row.exposed_ps,
+                                                     row.allreduce_calls, row.calls)
+        label = kernels.device_label(model, dev)
+        out.append(Evidence("device", label, round(busy / steps / PS_PER_MS, 3), "ms/step",
+                            detail=f"{calls / steps:.1f} collective call(s) per step, "
+                                   f"{ar_calls / steps:.1f} AllReduce; {exposed / steps / PS_PER_MS:.3f} ms "
+                                   "not overlapped with compute",
+                            device=dev.device.name, host=dev.device.host))
+        if coll.any():
+            i = int(np.flatnonzero(coll)[np.argmax(dev.dur_ps[coll])])
+            if longest is None or dev.dur_ps[i] > longest[1]:
+                longest = (dev, int(dev.dur_ps[i]), i, label)
+        for name_idx, dur, count in kernels.top_by_time(dev.name[coll], dev.dur_ps[coll], TOP):
+            out.append(Evidence("kernel", dev.names[name_idx], round(dur / steps / PS_PER_MS, 3), "ms/step",
+                                detail=f"{count} call(s)", device=dev.device.name, host=dev.device.host,
+                                tool="kernel_stats"))
+    if longest is not None:
+        dev, dur, i, label = longest
+        out.append(Evidence("kernel", f"longest collective on {label}", round(dur / PS_PER_MS, 3), "ms",
+                            detail=dev.names[dev.name[i]][:120], device=dev.device.name,
+                            host=dev.device.host, start_ms=round(analysis.to_ms(float(dev.start_ps[i])), 3),
+                            end_ms=round(analysis.to_ms(float(dev.end_ps[i])), 3), tool="trace_viewer@"))
+    return out

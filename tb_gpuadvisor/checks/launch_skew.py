@@ -1,0 +1,167 @@
+"""launch_skew: do all GPUs start a step together, or do some wait for the host?
+
+## What it measures
+For every step and every GPU that ran kernels in it, the start of the GPU's first kernel
+relative to the earliest first kernel of any GPU in that step. ``skew_ms`` is the mean, over
+steps, of the largest such delay; ``skew_percent`` is that delay as a share of the mean step
+time. Evidence names the late GPUs and, by following each kernel's correlation id back to
+the host call that launched it, the host threads that launch work for each GPU (threads
+that serve several GPUs are where the contention is).
+
+## Why it matters
+With many independent ops to schedule, the host can spend several threads keeping one GPU
+busy and start another GPU's kernels late; in synchronous training the late GPU then delays
+every replica at the next AllReduce. Warning when the skew is >= 10% of the step time;
+fewer than two GPUs with kernels: not applicable.
+
+## How to fix
+Give each GPU private launch threads with ``TF_GPU_THREAD_MODE=gpu_private`` (two threads
+per GPU by default, ``TF_GPU_THREAD_COUNT`` to change it), and keep the input pipeline off
+those threads.
+
+Savings model: the skew removed, ``skew_ms`` per step, because the late GPU's delay carries
+through the step's synchronisation points.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
+
+CHECK_ID = "launch_skew"
+WARNING_AT = 10.0
+TOP_THREADS = 3
+
+FIXES = [
+    Fix("Launch each GPU's kernels from its own host threads (set before TensorFlow starts).",
+        "export TF_GPU_THREAD_MODE=gpu_private\n"
+        "export TF_GPU_THREAD_COUNT=2   # threads per GPU; raise it if one GPU still lags",
+        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+    Fix("The same from Python, before any TensorFlow op runs.",
+        'import os\nos.environ["TF_GPU_THREAD_MODE"] = "gpu_private"\n'
+        'os.environ["TF_GPU_THREAD_COUNT"] = "2"\nimport tensorflow as tf',
+        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+]
+SERIAL_FIX = Fix(
+    "Look in the trace viewer for what the late GPU waits on: ops that read another replica's "
+    "tensors, tf.control_dependencies across devices or variables placed on one GPU; run the "
+    "replicated step with strategy.run so replicas are independent until the gradient AllReduce.",
+    "with strategy.scope():\n    model = build_model()        # variables mirrored on every GPU\n"
+    "per_replica = strategy.run(train_step, args=(batch,))",
+    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+
+
+def first_kernel_per_step(dev, model, windows: int) -> np.ndarray:
+    """Start of the device's first compute or collective kernel in each window (int64 max if none)."""
+    lo, _, _ = kernels.step_windows(model)
+    first = np.full(windows, np.iinfo(np.int64).max, np.int64)
+    cls = kernels.classify(dev)
+    mask = (cls.kernel | cls.collective) & kernels.in_steps(dev, model)
+    if not mask.any():
+        return first
+    if len(model.steps):
+        idx = dev.step[mask].astype(np.int64)
+    else:
+        idx = np.zeros(int(mask.sum()), np.int64)
+    np.minimum.at(first, idx, dev.start_ps[mask])
+    return first
+
+
+@register(CHECK_ID, "GPU launch skew", __doc__)
+def check(analysis) -> Finding:
+    model = analysis.model
+    active = model.active_gpus
+    if len(active) < 2:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs ran kernels",
+                       f"{len(active)} GPU(s) ran kernels, so there is no skew between GPUs to measure.")
+    lo, hi, windows = kernels.step_windows(model)
+    firsts = np.vstack([first_kernel_per_step(dev, model, windows) for dev in active])
+    present = firsts != np.iinfo(np.int64).max
+    usable = present.sum(axis=0) >= 2
+    if not usable.any():
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No step ran kernels on two GPUs",
+                       "No profiled step has kernels on more than one GPU, so their start times "
+                       "cannot be compared.")
+    earliest = np.where(present, firsts, np.iinfo(np.int64).max).min(axis=0)
+    delay = np.where(present, firsts - earliest, 0)          # per GPU, per step
+    skew = delay.max(axis=0)[usable]
+    step_ps = (hi - lo)[usable]
+    skew_ms = float(skew.mean()) / PS_PER_MS
+    step_ms = float(step_ps.mean()) / PS_PER_MS
+    percent = 100.0 * skew_ms / step_ms if step_ms else 0.0
+    labels = [kernels.device_label(model, dev) for dev in active]
+    mean_delay = np.array([delay[i][usable & present[i]].mean() if (usable & present[i]).any() else 0.0
+                           for i in range(len(active))]) / PS_PER_MS
+    late = int(np.argmax(mean_delay))
+    worst = int(np.flatnonzero(usable)[int(np.argmax(skew))])
+    metrics = {"skew_ms": round(skew_ms, 3), "skew_percent": round(percent, 2),
+               "late_device": labels[late], "steps_compared": int(usable.sum())}
+    evidence = []
+    for i in np.argsort(-mean_delay, kind="stable"):
+        dev = active[int(i)]
+        item = Evidence("device", labels[int(i)], round(float(mean_delay[i]), 3), "ms",
+                        detail="mean delay of the first kernel of a step after the earliest GPU's",
+                        device=dev.device.name, host=dev.device.host)
+        if int(i) == late:
+            item.start_ms = round(analysis.to_ms(float(earliest[worst])), 3)
+            item.end_ms = round(analysis.to_ms(float(firsts[late][worst])), 3)
+            item.tool = "trace_viewer@"
+        evidence.append(item)
+    evidence += _launch_threads(model, active, labels)
+    if percent < WARNING_AT:
+        return Finding(CHECK_ID, Severity.OK, f"GPUs start each step within {skew_ms:.2f} ms of each other",
+                       f"The first kernels of a step start on all GPUs within {skew_ms:.2f} ms "
+                       f"({percent:.1f}% of the step).", metrics, round(skew_ms, 3), evidence, [])
+    summary = (f"In each step the GPUs start their first kernel up to {skew_ms:.2f} ms apart "
+               f"({percent:.0f}% of the {step_ms:.2f} ms step); {labels[late]} is the latest. The late "
+               "GPU holds every replica back at the next synchronisation; removing the skew would save "
+               f"about {skew_ms:.2f} ms per step.")
+    fixes = FIXES
+    if any(item.kind == "thread" and "gpu_private" in item.name for item in evidence):
+        # Private launch threads are already in use, so thread contention is not the cause.
+        summary += (" Each GPU already has private launch threads (TF_GPU_THREAD_MODE=gpu_private), so "
+                    "the delay comes from the late GPU's work depending on the other's (control "
+                    "dependencies or cross-device copies), not from thread contention.")
+        fixes = [SERIAL_FIX]
+    else:
+        summary += " The host launches work for one GPU before the others."
+    return Finding(CHECK_ID, Severity.WARNING,
+                   f"{labels[late]} starts each step {mean_delay[late]:.2f} ms late",
+                   summary, metrics, round(skew_ms, 3), evidence, fixes)
+
+
+def _launch_threads(model, active, labels) -> list[Evidence]:
+    """Host threads that launched each GPU's kernels, joined through correlation ids."""
+    by_thread: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for host in model.hosts:
+        act = host.activity
+        launch = act.mask(HostEventKind.LAUNCH) & (act.correlation_id >= 0)
+        if not launch.any():
+            continue
+        corr = act.correlation_id[launch]
+        order = np.argsort(corr, kind="stable")
+        corr_sorted, thread_sorted = corr[order], act.thread[launch][order]
+        for dev, label in zip(active, labels):
+            if dev.device.host != host.name:
+                continue
+            ids = dev.correlation_id[(dev.correlation_id >= 0) & kernels.classify(dev).kernel]
+            pos = np.clip(np.searchsorted(corr_sorted, ids), 0, max(corr_sorted.size - 1, 0))
+            hit = corr_sorted[pos] == ids
+            for thread, count in zip(*np.unique(thread_sorted[pos[hit]], return_counts=True)):
+                by_thread[(host.name, act.threads[int(thread)])][label] += int(count)
+    items = []
+    for (host, thread), counts in by_thread.items():
+        gpus = sorted(counts)
+        items.append(Evidence(
+            "thread", thread, sum(counts.values()), "launches",
+            detail=("launches for " + ", ".join(f"{g} ({counts[g]})" for g in gpus)
+                    + ("; shared between GPUs" if len(gpus) > 1 else "")),
+            host=host))
+    # Threads that serve several GPUs first (that is where launches contend), then the busiest.
+    items.sort(key=lambda item: ("shared" not in (item.detail or ""), -item.value))
+    return items[:TOP_THREADS * len(active)]

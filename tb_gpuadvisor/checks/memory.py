@@ -1,0 +1,147 @@
+"""memory: how close does GPU memory come to its capacity?
+
+## What it measures
+From TensorFlow's allocator records (``MemoryAllocation``/``MemoryDeallocation`` events of
+the ``GPU_<n>_bfc`` allocators): ``peak_percent``, the allocator's peak bytes in use as a
+share of the GPU's memory size, on the GPU where it is highest; the fragmentation reported
+at the moment of highest use; and the allocator's limit (bytes allocated + bytes still
+available), which shows how much of the GPU TensorFlow claims for itself.
+
+## Why it matters
+A peak near capacity means the next larger batch or model change will fail with
+out-of-memory, and fragmentation makes that happen earlier. A low peak means the GPU could
+hold a larger batch, which keeps it busier per step and amortises per-step overheads. By
+default TensorFlow reserves nearly all of a GPU's memory when it starts, so other processes
+(or a second job) cannot share it. Warning at >= 90%; info below 30% (room for a larger batch).
+
+## How to fix
+Near capacity: smaller batch, mixed precision (halves activation memory), or cap the
+allocator with a logical device memory limit. Low peak: raise the batch size (and the
+learning rate with it). To share a GPU: enable memory growth.
+
+Savings model: none (0 ms); the finding is about headroom, not time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+
+CHECK_ID = "memory"
+WARNING_AT = 90.0
+LOW_BELOW = 30.0
+RESERVES_ALL_AT = 85.0      # allocator limit as % of device memory that means "claims it all"
+GIB = 1024 ** 3
+_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+
+GROWTH_FIX = Fix(
+    "Let TensorFlow allocate GPU memory as needed instead of reserving it all at start-up.",
+    'gpus = tf.config.list_physical_devices("GPU")\nfor gpu in gpus:\n'
+    "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+    "# or, without code changes:  export TF_FORCE_GPU_ALLOW_GROWTH=true",
+    "https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth")
+JAX_GROWTH_FIX = Fix(
+    "JAX preallocates 75% of each GPU at start-up; allocate on demand or lower the fraction.",
+    "export XLA_PYTHON_CLIENT_PREALLOCATE=false\n# or: export XLA_PYTHON_CLIENT_MEM_FRACTION=.50",
+    "https://jax.readthedocs.io/en/latest/gpu_memory_allocation.html")
+LIMIT_FIX = Fix(
+    "Cap how much memory TensorFlow may use on a GPU (a hard limit, in MB).",
+    'gpus = tf.config.list_physical_devices("GPU")\n'
+    "tf.config.set_logical_device_configuration(\n"
+    "    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)])",
+    "https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth")
+NEAR_FULL_FIX = Fix(
+    "Reduce peak memory: a smaller batch, or mixed precision, which stores activations in 16-bit.",
+    'keras.mixed_precision.set_global_policy("mixed_float16")\n'
+    "batch_size //= 2   # and rebuild the dataset with it",
+    "https://www.tensorflow.org/guide/mixed_precision")
+LARGER_BATCH_FIX = Fix(
+    "Raise the batch size until peak memory approaches ~80% of the GPU; scale the learning "
+    "rate with it.",
+    "batch_size *= 2\nlearning_rate *= 2\n"
+    "dataset = dataset.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)",
+    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+
+
+@dataclass
+class AllocatorPeak:
+    host: str
+    device: str
+    capacity: int
+    peak: int                 # allocator peak bytes in use
+    fragmentation: float      # at the record with the most bytes allocated
+    limit: int                # bytes allocated + bytes available (what the allocator may use)
+    peak_ms: float
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.peak / self.capacity
+
+
+def allocator_peaks(analysis) -> list[AllocatorPeak]:
+    """Peak use of each GPU allocator that has records and a known device memory size."""
+    model = analysis.model
+    out = []
+    for host in model.hosts:
+        mem = host.memory
+        gpus = {dev.device.index: dev.device for dev in host.devices if dev.device.kind == "gpu"}
+        for index, name in enumerate(mem.allocators):
+            match = _ALLOCATOR.match(name)
+            device = gpus.get(int(match.group(1))) if match else None
+            rows = np.flatnonzero(mem.allocator == index)
+            if device is None or not device.memory_bytes or rows.size == 0:
+                continue
+            at_max = rows[int(np.argmax(mem.bytes_allocated[rows]))]
+            peak = int(max(mem.peak_bytes_in_use[rows].max(), mem.bytes_allocated[rows].max()))
+            out.append(AllocatorPeak(
+                host.name, device.name, int(device.memory_bytes), peak,
+                float(mem.fragmentation[at_max]),
+                int(mem.bytes_allocated[at_max] + mem.bytes_available[at_max]),
+                float(analysis.to_ms(float(mem.time_ps[at_max])))))
+    return out
+
+
+@register(CHECK_ID, "GPU memory headroom", __doc__)
+def check(analysis) -> Finding:
+    peaks = allocator_peaks(analysis)
+    if not peaks:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
+                       "The capture has no GPU allocator records (or no GPU memory size), so peak "
+                       "memory cannot be measured. TensorFlow records them when the profiler's memory "
+                       "tracking is on (the default for tf.profiler captures of GPU runs).")
+    worst = max(peaks, key=lambda p: p.percent)
+    growth_fix = JAX_GROWTH_FIX if analysis.model.framework == "jax" else GROWTH_FIX
+    claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]
+    metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
+               "capacity_gib": round(worst.capacity / GIB, 3),
+               "fragmentation_percent": round(100.0 * worst.fragmentation, 2),
+               "allocator_limit_percent": round(100.0 * worst.limit / worst.capacity, 1)}
+    evidence = [Evidence("device", p.device, round(p.percent, 1), "% of memory",
+                         detail=f"peak {p.peak / GIB:.2f} GiB of {p.capacity / GIB:.2f} GiB; fragmentation "
+                                f"{100.0 * p.fragmentation:.1f}% at the highest use; allocator may use "
+                                f"{p.limit / GIB:.2f} GiB",
+                         device=p.device, host=p.host, start_ms=round(p.peak_ms, 3), tool="memory_profile")
+                for p in sorted(peaks, key=lambda p: -p.percent)]
+    reserve_note = ""
+    if claims_all:
+        reserve_note = (f" The allocator may take {100.0 * worst.limit / worst.capacity:.0f}% of the GPU; "
+                        "unless memory growth is on it reserves that at start-up, so no other process "
+                        "can share the GPU.")
+    where = f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB of {worst.capacity / GIB:.2f} GiB ({worst.percent:.0f}%)"
+    if worst.percent >= WARNING_AT:
+        return Finding(CHECK_ID, Severity.WARNING, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
+                       f"{where}, with {100.0 * worst.fragmentation:.1f}% fragmentation at that moment: a "
+                       "larger batch or model will run out of memory." + reserve_note,
+                       metrics, 0.0, evidence, [NEAR_FULL_FIX, LIMIT_FIX])
+    if worst.percent < LOW_BELOW:
+        fixes = [LARGER_BATCH_FIX] + ([growth_fix] if claims_all else [])
+        return Finding(CHECK_ID, Severity.INFO, f"GPU memory peaks at only {worst.percent:.0f}%: room for a larger batch",
+                       f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
+                       "overheads over more examples." + reserve_note, metrics, 0.0, evidence, fixes)
+    return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
+                   f"{where}: neither close to running out nor mostly unused." + reserve_note,
+                   metrics, 0.0, evidence, [growth_fix] if claims_all else [])
