@@ -217,7 +217,7 @@ def test_copies_host_ops_and_memory(planted):
         (copy_iv if name.startswith("Memcpy") else kernels).append(iv)
     assert _overlap(_union(copy_iv), _union(kernels)) == 0
     # Host ops: name:Type events on host threads that launch nothing.
-    host_op, launched_op = 0, 0
+    host_op = 0
     for plane, line, e, name, stats in iter_events(space, "/host:CPU"):
         if ":" in name and "/" in name and "correlation_id" not in stats:
             host_op += e.duration_ps
