@@ -1,0 +1,150 @@
+"""memcpy: are host-device copies eating step time?
+
+## What it measures
+``memcpy_percent``: the share of step time during which the primary GPU was copying
+(``MemcpyH2D``/``D2H``/``D2D``/``P2P`` and memsets) and running no kernel at the same
+time, i.e. copy time not hidden behind compute. ``h2d_mb_per_step`` and
+``d2h_mb_per_step``: megabytes (10^6 bytes) moved per step in each direction, from the
+copies' ``memcpy_details``. The evidence lists the copies (by op when the capture names
+it) with the most exposed time, their volume and achieved bandwidth.
+
+## Why it matters
+PCIe moves data one to two orders of magnitude slower than GPU memory. A copy the GPU
+must wait for (the batch arriving, a result fetched to the host for a Python decision or
+a metric) stalls everything behind it. Critical at 15% of step time or more, warning
+from 5%.
+
+## How to fix
+Overlap the input transfer with the previous step (prefetch to the device), send compact
+data (uint8 images, cast on the GPU), and avoid host round trips inside the step
+(``.numpy()``, printing tensors, ops placed on the CPU between GPU ops).
+
+Savings model: exposed copy time disappears (copies overlap compute), so the step
+shrinks by the exposed copy ms per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gpuadvisor.analysis import fixes
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
+
+CHECK_ID = "memcpy"
+CRITICAL, WARNING = 15.0, 5.0
+TOP = 5
+_DIRECTION = {DeviceEventKind.MEMCPY_H2D: "H2D", DeviceEventKind.MEMCPY_D2H: "D2H",
+              DeviceEventKind.MEMCPY_D2D: "D2D", DeviceEventKind.MEMCPY_P2P: "P2P",
+              DeviceEventKind.MEMCPY_OTHER: "copy", DeviceEventKind.MEMSET: "memset"}
+
+PREFETCH_TO_DEVICE = Fix(
+    text="Copy the next batch to the GPU while the current step runs: make device prefetch the "
+         "last stage of the input pipeline.",
+    code="dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)\n"
+         "dataset = dataset.apply(tf.data.experimental.prefetch_to_device('/gpu:0'))",
+    doc=fixes.DATA_GUIDE,
+)
+
+COMPACT_INPUT = Fix(
+    text="Transfer compact data and convert on the GPU: uint8 images are a quarter of the bytes "
+         "of float32 ones.",
+    code="dataset = dataset.map(lambda img, label: (tf.cast(img, tf.uint8), label))\n"
+         "# in the model, on the GPU:\n"
+         "x = keras.layers.Rescaling(1.0 / 255)(inputs)",
+    doc=fixes.GPU_PERF_GUIDE,
+)
+
+NO_ROUND_TRIPS = Fix(
+    text="Keep the step on the GPU: avoid .numpy(), Python conditionals on tensor values and "
+         "printing inside the step; accumulate metrics on the device and read them once per epoch.",
+    code="@tf.function\n"
+         "def train_step(x, y):\n"
+         "    loss = ...\n"
+         "    loss_metric.update_state(loss)   # stays on the GPU\n"
+         "    return loss                      # no loss.numpy() per step",
+    doc=fixes.GPU_PERF_GUIDE,
+)
+
+
+def copy_evidence(dev: DeviceActivity, exposed: iv.Intervals, steps: int) -> list[Evidence]:
+    """Copy groups (direction and op, or the copy's own name) with the most exposed time."""
+    idx = np.flatnonzero(dev.mask(*COPY_KINDS) & (dev.step >= 0))
+    if not idx.size:
+        return []
+    start = dev.start_ps[idx]
+    exposed_ps = iv.per_bin_total(exposed, start, start + dev.dur_ps[idx])
+    ops = np.array(dev.ops or [""], dtype=object)
+    names = np.array(dev.names, dtype=object)
+    kind_names = np.array([_DIRECTION.get(k, "") for k in DeviceEventKind], dtype=object)
+    op_named = np.array([bool(o) for o in dev.ops] or [False])
+    has_op = (dev.op[idx] >= 0) & op_named[np.clip(dev.op[idx], 0, None)]
+    label = np.where(has_op, kind_names[dev.kind[idx]] + " for " + ops[np.where(has_op, dev.op[idx], 0)],
+                     names[dev.name[idx]]).astype(str)
+    uniq, inverse, counts = np.unique(label, return_inverse=True, return_counts=True)
+    exposed_sum = np.bincount(inverse, weights=exposed_ps)
+    bytes_sum = np.bincount(inverse, weights=dev.nbytes[idx])
+    dur_sum = np.bincount(inverse, weights=dev.dur_ps[idx])
+    out = []
+    for i in np.argsort(-exposed_sum, kind="stable")[:TOP]:
+        rate = bytes_sum[i] / (dur_sum[i] / 1e12) / 1e9 if dur_sum[i] else 0.0
+        out.append(Evidence(kind="op", name=str(uniq[i]), value=round(exposed_sum[i] / PS_PER_MS / steps, 3),
+                            unit="ms/step", detail=f"{counts[i] / steps:.1f} copies and {bytes_sum[i] / 1e6 / steps:.2f} MB "
+                            f"per step at {rate:.1f} GB/s; exposed time shown",
+                            device=dev.device.name, host=dev.device.host, tool="trace_viewer@"))
+    return out
+
+
+def _megabytes_per_step(dev: DeviceActivity, kind: DeviceEventKind, steps: int) -> float:
+    return float(dev.nbytes[(dev.kind == kind) & (dev.step >= 0)].sum()) / 1e6 / steps
+
+
+@register(CHECK_ID, "Host-device copies", __doc__)
+def check(analysis: Analysis) -> Finding:
+    breakdown = analysis.breakdown
+    primary = breakdown.primary
+    if breakdown.device_kind != "gpu" or primary is None:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU copies to assess",
+                       "The capture has no GPU that ran kernels, so host-device copies do not apply.")
+    if not analysis.steps_count:
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Copy time not measurable",
+                       "No training steps were found, so copy time per step cannot be measured "
+                       "(see the profile quality finding).")
+    steps = analysis.steps_count
+    dev = next(d for d in analysis.model.active_gpus
+               if d.device.name == primary.name and d.device.host == primary.host)
+    percent = primary.percent("copy")
+    copy_ms = analysis.ms_per_step(primary.total("copy"))
+    h2d = _megabytes_per_step(dev, DeviceEventKind.MEMCPY_H2D, steps)
+    d2h = _megabytes_per_step(dev, DeviceEventKind.MEMCPY_D2H, steps)
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+
+    summary = (f"{primary.name} spent {percent:.1f}% of step time ({copy_ms:.2f} ms of a "
+               f"{analysis.mean_step_ms:.2f} ms step) copying data with no kernel running alongside. "
+               f"Per step it received {h2d:.2f} MB from the host and sent {d2h:.2f} MB back.")
+    d2h_events = np.flatnonzero((dev.kind == DeviceEventKind.MEMCPY_D2H) & (dev.step >= 0))
+    d2h_exposed = int(iv.per_bin_total(primary.copy_set, dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
+    if severity is not Severity.OK and d2h_exposed > 0.2 * primary.total("copy"):
+        summary += " Device-to-host copies inside a step usually mean a value is read on the host mid-step."
+    title = (f"Copies stall the GPU {percent:.1f}% of step time" if severity is not Severity.OK
+             else f"Copies are hidden behind compute ({percent:.1f}% of step time exposed)")
+
+    evidence = copy_evidence(dev, primary.copy_set, steps)
+    evidence += analysis.gap_evidence(primary.copy_set, "copy with no kernel running",
+                                      device=primary.name, host=primary.host)
+    evidence += [Evidence(kind="device", name=other.name, value=round(other.percent("copy"), 2), unit="%",
+                          detail="exposed copy time on this GPU", device=other.name, host=other.host)
+                 for other in breakdown.devices if other is not primary]
+
+    fix_list = [PREFETCH_TO_DEVICE, COMPACT_INPUT, NO_ROUND_TRIPS]
+    if d2h_exposed > 0.5 * primary.total("copy"):
+        fix_list = [NO_ROUND_TRIPS, PREFETCH_TO_DEVICE, COMPACT_INPUT]
+    return Finding(
+        check=CHECK_ID, severity=severity, title=title, summary=summary,
+        metrics={"memcpy_percent": round(percent, 2), "memcpy_ms_per_step": round(copy_ms, 3),
+                 "h2d_mb_per_step": round(h2d, 3), "d2h_mb_per_step": round(d2h, 3)},
+        estimated_savings_ms_per_step=copy_ms, evidence=evidence,
+        fixes=fix_list if severity is not Severity.OK else [],
+    )
