@@ -1,7 +1,7 @@
 """Packaging for tb-gpuadvisor: a TensorBoard plugin and CLI that turn profiler
 captures into ranked GPU performance fixes."""
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -29,6 +29,9 @@ setup(
     ],
     package_dir={"tb_gpuadvisor.frontend": "frontend"},
     package_data={"tb_gpuadvisor.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSE*"]},
+    # The C event decoder is optional: without a compiler the pure-Python decoder is used.
+    ext_modules=[Extension("tb_gpuadvisor.xspace._wire", ["tb_gpuadvisor/xspace/_wire.c"],
+                           optional=True)],
     install_requires=[
         "tensorboard>=2.12",
         "protobuf>=4.21",

@@ -1,0 +1,197 @@
+"""An XPlane's events as numpy columns, with the stats a caller asks for.
+
+The C decoder (``_wire.c``) walks the wire bytes once; when it was not built
+(no compiler at install time) the same columns come from protobuf message
+objects, slower but identical.  Either way the plane's small fields (name,
+metadata maps, plane stats) are parsed with the protobuf runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.xspace.schema import XPlane
+
+try:
+    from tb_gpuadvisor.xspace import _wire
+except ImportError:  # built without a C compiler
+    _wire = None
+
+# Stat value kinds, as the C decoder reports them.
+INT64, UINT64, REF, STR, DOUBLE, BYTES = 1, 2, 3, 4, 5, 6
+
+
+@dataclass
+class Line:
+    id: int
+    name: str
+    display_name: str
+    timestamp_ns: int
+    first: int        # index of the line's first event in the plane's columns
+    count: int
+
+
+@dataclass
+class StatColumn:
+    """Sparse values of one stat: which events carry it, and how."""
+
+    event: np.ndarray   # int64 event indices
+    kind: np.ndarray    # int8 value kinds (INT64, UINT64, REF, STR, DOUBLE, BYTES)
+    value: np.ndarray   # int64 raw values (string index for STR, bits for DOUBLE)
+
+    def ints(self, n_events: int, strings: list[str], missing: int = -1) -> np.ndarray:
+        """Dense int64 column; numeric strings are converted, other values are missing."""
+        out = np.full(n_events, missing, np.int64)
+        numeric = (self.kind == INT64) | (self.kind == UINT64)
+        out[self.event[numeric]] = self.value[numeric]
+        for i in np.flatnonzero(self.kind == STR):
+            text = strings[int(self.value[i])]
+            if text.lstrip("-").isdigit():
+                out[self.event[i]] = int(text)
+        return out
+
+    def texts(self, stat_names: dict[int, str], strings: list[str]) -> tuple[np.ndarray, list[str]]:
+        """(event indices, their string values) for STR and REF values."""
+        keep = (self.kind == STR) | (self.kind == REF)
+        values = [strings[int(v)] if k == STR else stat_names.get(int(v), "")
+                  for k, v in zip(self.kind[keep].tolist(), self.value[keep].tolist())]
+        return self.event[keep], values
+
+    def floats(self, n_events: int) -> np.ndarray:
+        out = np.zeros(n_events, np.float64)
+        double = self.kind == DOUBLE
+        out[self.event[double]] = self.value[double].view(np.float64)
+        numeric = (self.kind == INT64) | (self.kind == UINT64)
+        out[self.event[numeric]] = self.value[numeric]
+        return out
+
+
+@dataclass
+class DecodedPlane:
+    shell: XPlane                 # the plane without its lines
+    stat_names: dict[int, str]
+    lines: list[Line]
+    metadata_id: np.ndarray       # int64 per event, lines concatenated in order
+    offset_ps: np.ndarray
+    duration_ps: np.ndarray
+    stats: dict[str, StatColumn]
+    strings: list[str]
+
+    @property
+    def n_events(self) -> int:
+        return int(self.metadata_id.size)
+
+    def line_index(self) -> np.ndarray:
+        """Index into ``lines`` of every event."""
+        return np.repeat(np.arange(len(self.lines)), [line.count for line in self.lines])
+
+
+def _empty_column() -> StatColumn:
+    return StatColumn(np.empty(0, np.int64), np.empty(0, np.int8), np.empty(0, np.int64))
+
+
+def _shell(buf, spans) -> XPlane:
+    try:
+        return XPlane.FromString(b"".join(bytes(buf[a:b]) for a, b in spans))
+    except DecodeError as err:
+        raise CaptureError(f"a plane's header is corrupt: {err}") from None
+
+
+def _columns(st_event, st_slot, st_type, st_value, wanted_names: list[str]) -> dict[str, StatColumn]:
+    event = np.frombuffer(st_event, np.int64)
+    slot = np.frombuffer(st_slot, np.int8)
+    kind = np.frombuffer(st_type, np.int8)
+    value = np.frombuffer(st_value, np.int64)
+    out = {}
+    for i, name in enumerate(wanted_names):
+        pick = slot == i
+        out[name] = StatColumn(event[pick], kind[pick], value[pick]) if pick.any() else _empty_column()
+    return out
+
+
+def _decode_fast(buf, span: tuple[int, int], wanted: tuple[str, ...]) -> DecodedPlane:
+    start, stop = span
+    view = buf[start:stop]
+    try:
+        spans = _wire.decode_plane(view, b"", False)[0]
+        shell = _shell(view, spans)
+        stat_names = {sid: meta.name for sid, meta in shell.stat_metadata.items()}
+        ids = {name: sid for sid, name in stat_names.items() if name in wanted}
+        names = list(ids)
+        wanted_ids = np.asarray([ids[n] for n in names], np.int64).tobytes()
+        (_, lines, md, off, dur, st_event, st_slot, st_type, st_value,
+         strings) = _wire.decode_plane(view, wanted_ids, True)
+    except ValueError as err:
+        raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
+    columns = _columns(st_event, st_slot, st_type, st_value, names)
+    for name in wanted:
+        columns.setdefault(name, _empty_column())
+    return DecodedPlane(shell, stat_names, [Line(*line) for line in lines], np.frombuffer(md, np.int64),
+                        np.frombuffer(off, np.int64), np.frombuffer(dur, np.int64), columns, strings)
+
+
+_VALUE_FIELDS = {"int64_value": INT64, "uint64_value": UINT64, "ref_value": REF, "str_value": STR,
+                 "double_value": DOUBLE, "bytes_value": BYTES}
+
+
+def _decode_objects(buf, span: tuple[int, int], wanted: tuple[str, ...]) -> DecodedPlane:
+    """The same columns through protobuf message objects (no C decoder)."""
+    start, stop = span
+    try:
+        plane = XPlane.FromString(buf[start:stop])
+    except DecodeError as err:
+        raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
+    stat_names = {sid: meta.name for sid, meta in plane.stat_metadata.items()}
+    wanted_ids = {sid: name for sid, name in stat_names.items() if name in wanted}
+    lines, md, off, dur, strings = [], [], [], [], []
+    rows: dict[str, list[tuple[int, int, int]]] = {name: [] for name in wanted}
+    for line in plane.lines:
+        lines.append(Line(line.id, line.name, line.display_name, line.timestamp_ns, len(md), len(line.events)))
+        for event in line.events:
+            index = len(md)
+            md.append(event.metadata_id)
+            off.append(event.offset_ps)
+            dur.append(event.duration_ps)
+            for stat in event.stats:
+                name = wanted_ids.get(stat.metadata_id)
+                field = stat.WhichOneof("value") if name else None
+                if field is None:
+                    continue
+                kind = _VALUE_FIELDS[field]
+                value = getattr(stat, field)
+                if kind == STR:
+                    strings.append(value)
+                    value = len(strings) - 1
+                elif kind == DOUBLE:
+                    value = int(np.float64(value).view(np.int64))
+                elif kind == BYTES:
+                    value = 0
+                elif kind == UINT64:
+                    value = int(np.uint64(value).astype(np.int64))
+                rows[name].append((index, kind, value))
+    columns = {}
+    for name, found in rows.items():
+        if found:
+            event, kind, value = zip(*found)
+            columns[name] = StatColumn(np.asarray(event, np.int64), np.asarray(kind, np.int8),
+                                       np.asarray(value, np.int64))
+        else:
+            columns[name] = _empty_column()
+    del plane.lines[:]
+    return DecodedPlane(plane, stat_names, lines, np.asarray(md, np.int64), np.asarray(off, np.int64),
+                        np.asarray(dur, np.int64), columns, strings)
+
+
+def decode_plane(buf, span: tuple[int, int], wanted: tuple[str, ...], fast: bool = True) -> DecodedPlane:
+    """Decode the plane at SPAN of BUF with the WANTED stats (by stat name)."""
+    if fast and _wire is not None:
+        return _decode_fast(buf, span, wanted)
+    return _decode_objects(buf, span, wanted)
+
+
+def has_fast_decoder() -> bool:
+    return _wire is not None
