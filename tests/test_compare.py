@@ -1,0 +1,130 @@
+"""Comparing two sessions: statuses, deltas, regressions, renderings and real analyses."""
+
+from __future__ import annotations
+
+import pytest
+
+import synth
+from tb_gpuadvisor.compare import (
+    METRIC_TOLERANCE, compare_sessions, has_regression, render_comparison_markdown, render_comparison_text,
+)
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.report import analyze_session
+
+
+def finding(check: str, severity: str, savings: float = 0.0, **metrics) -> dict:
+    return {"check": check, "severity": severity, "title": f"{check} title", "summary": "",
+            "metrics": metrics, "estimated_savings_ms_per_step": savings, "evidence": [], "fixes": []}
+
+
+def session(name: str, mean_ms: float | None, *findings: dict) -> dict:
+    steps = {"count": 10, "mean_ms": mean_ms} if mean_ms else {"count": 0}
+    return {"run": "train", "session": name, "steps": steps, "findings": list(findings)}
+
+
+def by_check(result: dict) -> dict[str, dict]:
+    return {c["check"]: c for c in result["checks"]}
+
+
+BASE = session(
+    "before", 20.0,
+    finding("input_bound", "critical", 6.0, input_percent=31.0),
+    finding("kernel_launch", "warning", 1.0, launch_percent=8.0, median_kernel_us=12.0),
+    finding("memcpy", "ok", 0.2, memcpy_percent=2.0),
+    finding("precision", "warning", 3.0, low_precision_percent=0.0),
+    finding("tensor_core", "warning", 2.0, eligible_not_using_percent=40.0, tensor_core_percent=60.0),
+    finding("host_overhead", "ok", 0.1, other_idle_percent=0.2),
+    finding("memory", "info", 0.0, peak_percent=20.0),
+    finding("collectives", "ok", 0.0, collective_percent=4.0),
+)
+NEW = session(
+    "after", 15.0,
+    finding("input_bound", "warning", 1.5, input_percent=9.0),             # critical -> warning
+    finding("kernel_launch", "warning", 1.4, launch_percent=12.5, median_kernel_us=10.0),  # same sev, metric up
+    finding("memcpy", "warning", 1.2, memcpy_percent=7.0),                 # ok -> warning
+    finding("precision", "ok", 0.0, low_precision_percent=64.0),           # warning -> ok
+    finding("tensor_core", "warning", 1.9, eligible_not_using_percent=39.0, tensor_core_percent=61.0),
+    finding("host_overhead", "ok", 0.1, other_idle_percent=0.3 + METRIC_TOLERANCE),
+    finding("memory", "ok", 0.0, peak_percent=70.0),
+    finding("launch_skew", "warning", 2.0, skew_percent=12.0),             # only in the new session
+)
+
+
+def test_statuses_follow_severity_then_metric():
+    result = compare_sessions(BASE, NEW)
+    status = {check: c["status"] for check, c in by_check(result).items()}
+    assert status == {
+        "input_bound": "better", "kernel_launch": "worse", "memcpy": "new", "precision": "fixed",
+        "tensor_core": "unchanged", "host_overhead": "worse", "memory": "unchanged",
+        "collectives": "unchanged", "launch_skew": "new",
+    }
+    assert result["regressions"] == 4
+
+
+def test_deltas_and_step_time():
+    result = compare_sessions(BASE, NEW)
+    checks = by_check(result)
+    assert result["step_time_delta_ms"] == pytest.approx(-5.0)
+    assert result["step_time_delta_percent"] == pytest.approx(-25.0)
+    assert checks["kernel_launch"]["metric_deltas"] == {"launch_percent": 4.5, "median_kernel_us": -2.0}
+    assert checks["input_bound"]["savings_delta_ms"] == pytest.approx(-4.5)
+    assert checks["launch_skew"]["base_severity"] is None and checks["launch_skew"]["metric_deltas"] == {}
+    assert checks["collectives"]["new_severity"] is None
+    assert (result["base"]["session"], result["new"]["session"]) == ("before", "after")
+
+
+def test_precision_direction_is_reversed():
+    """More 16-bit compute is an improvement, less is a regression."""
+    before = session("a", 10.0, finding("precision", "ok", low_precision_percent=60.0))
+    after = session("b", 10.0, finding("precision", "ok", low_precision_percent=40.0))
+    assert by_check(compare_sessions(before, after))["precision"]["status"] == "worse"
+    assert by_check(compare_sessions(after, before))["precision"]["status"] == "better"
+
+
+def test_has_regression_threshold():
+    result = compare_sessions(BASE, NEW)
+    assert has_regression(result, "warning")
+    assert not has_regression(result, "critical")
+    worse = compare_sessions(BASE, session("c", 25.0, finding("input_bound", "critical", input_percent=40.0)))
+    assert by_check(worse)["input_bound"]["status"] == "worse"
+    assert has_regression(worse, "critical")
+
+
+def test_no_steps_means_no_step_delta():
+    result = compare_sessions(session("a", None), session("b", 12.0))
+    assert result["step_time_delta_ms"] is None and result["checks"] == []
+    assert "not comparable" in render_comparison_text(result)
+
+
+def test_renderings_list_every_check():
+    result = compare_sessions(BASE, NEW)
+    text = render_comparison_text(result)
+    markdown = render_comparison_markdown(result)
+    for check in by_check(result):
+        assert check in text and f"`{check}`" in markdown
+    assert "20.00 ms -> 15.00 ms" in text and "Regressions: 4" in text
+    assert markdown.startswith("### GPU Advisor") and "| new | `memcpy` |" in markdown
+    # changes come before unchanged checks
+    assert text.index("fixed") < text.index("unchanged")
+
+
+def _analysed(tmp_path, name: str, **planted) -> dict:
+    capture = synth.build_training_session(steps=4, cc=(8, 0), fp16_frac=0.5, **planted)
+    (ref,) = find_sessions(str(capture.write(tmp_path, run=name)))
+    return analyze_session(ref)
+
+
+def test_compare_synthetic_captures(tmp_path):
+    skewed = _analysed(tmp_path, "skewed", gpus=2, step_ms=10.0, launch_skew_ms=1.5,
+                       gpu_compute_scale={1: 1.15})
+    fixed = _analysed(tmp_path, "fixed", gpus=2, step_ms=10.0, gpu_compute_scale={1: 1.15})
+    bigger = _analysed(tmp_path, "bigger", gpus=2, step_ms=10.0, launch_skew_ms=1.5,
+                       gpu_compute_scale={1: 1.4})
+    first = by_check(compare_sessions(skewed, fixed))
+    assert first["launch_skew"]["status"] == "fixed"
+    assert first["launch_skew"]["metric_deltas"]["skew_ms"] == pytest.approx(-1.5, abs=0.1)
+    second = compare_sessions(skewed, bigger)
+    imbalance = by_check(second)["multi_gpu_imbalance"]
+    assert (imbalance["base_severity"], imbalance["new_severity"]) == ("warning", "critical")
+    assert imbalance["status"] == "worse" and has_regression(second, "critical")
+    assert by_check(second)["launch_skew"]["status"] == "unchanged"
