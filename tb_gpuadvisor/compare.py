@@ -25,7 +25,7 @@ from tb_gpuadvisor.checks.base import Severity
 
 METRIC_TOLERANCE = 2.0      # percentage points
 
-# check id -> (main metric, +1 when larger is worse / -1 when larger is better)
+# check id -> (main metric, +1 when larger is worse, -1 when larger is better, 0 no direction)
 MAIN_METRIC: dict[str, tuple[str, int]] = {
     "input_bound": ("input_percent", 1),
     "kernel_launch": ("launch_percent", 1),
@@ -37,6 +37,7 @@ MAIN_METRIC: dict[str, tuple[str, int]] = {
     "multi_gpu_imbalance": ("imbalance_percent", 1),
     "collectives": ("collective_percent", 1),
     "launch_skew": ("skew_percent", 1),
+    "memory": ("peak_percent", 0),
 }
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
@@ -64,7 +65,7 @@ def _status(check: str, base: dict | None, new: dict | None) -> str:
     if _is_problem(base_sev) and _weight(base_sev) != _weight(new_sev):
         return "worse" if _weight(new_sev) > _weight(base_sev) else "better"
     metric, direction = MAIN_METRIC.get(check, (None, 0))
-    if not (metric and base and new):
+    if not (metric and direction and base and new):
         return "unchanged"
     before, after = base["metrics"].get(metric), new["metrics"].get(metric)
     if not (_number(before) and _number(after)):
@@ -146,6 +147,13 @@ def _value(value) -> str:
     return f"{value:.1f}" if _number(value) else str(value)
 
 
+def _metric_change(check: dict, arrow: str) -> str:
+    """ "name before -> after", or "" when the check has no main metric on either side."""
+    if not check["main_metric"] or (check["base_value"] is None and check["new_value"] is None):
+        return ""
+    return f"{check['main_metric']} {_value(check['base_value'])} {arrow} {_value(check['new_value'])}"
+
+
 def _ordered(result: dict) -> list[dict]:
     return sorted(result["checks"], key=lambda c: STATUSES.index(c["status"]))
 
@@ -156,10 +164,8 @@ def render_comparison_text(result: dict) -> str:
             f"{result['new']['run']}/{result['new']['session']}")
     lines = [head, _step_line(result), f"Regressions: {result['regressions']}", ""]
     for c in _ordered(result):
-        metric = (f"{c['main_metric']} {_value(c['base_value'])} -> {_value(c['new_value'])}"
-                  if c["main_metric"] else "")
         severity = f"{c['base_severity'] or '-'} -> {c['new_severity'] or '-'}"
-        lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<28} {metric}")
+        lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<34} {_metric_change(c, '->')}".rstrip())
     return "\n".join(lines)
 
 
@@ -172,8 +178,9 @@ def render_comparison_markdown(result: dict) -> str:
              "| status | check | severity | main metric | saving change (ms/step) |",
              "|---|---|---|---|---|"]
     for c in _ordered(result):
-        metric = (f"`{c['main_metric']}` {_value(c['base_value'])} → {_value(c['new_value'])}"
-                  if c["main_metric"] else "")
+        metric = _metric_change(c, "→")
+        if metric:
+            metric = f"`{c['main_metric']}`{metric[len(c['main_metric']):]}"
         lines.append(f"| {c['status']} | `{c['check']}` | {c['base_severity'] or '-'} → "
                      f"{c['new_severity'] or '-'} | {metric} | {c['savings_delta_ms']:+.2f} |")
     return "\n".join(lines) + "\n"
