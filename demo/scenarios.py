@@ -160,6 +160,9 @@ def run_custom_loop(settings: Settings) -> None:
         return loss
 
     batches = iter(wl.fast_pipeline(images, labels))
+    # A throwaway session first, as Keras' callback does: the first profiler start is slow to set up.
+    tf.profiler.experimental.start("")
+    tf.profiler.experimental.stop(save=False)
     for _ in range(settings.warmup):
         train_step(*next(batches))
     tf.profiler.experimental.start(str(settings.capture_dir))

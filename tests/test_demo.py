@@ -1,0 +1,101 @@
+"""End to end: every demo scenario trains on the CPU, and the Advisor finds what was planted.
+
+The demo runs once per test session (``--all`` in short mode, one child process
+per scenario), then each capture goes through ``report.analyze_session`` exactly
+as the CLI and the Advisor tab would.  The expectations below are about the
+captures; the Advisor never sees a scenario's name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.report import analyze_session
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = ("healthy", "input_bound", "host_overhead", "launch_bound",
+             "host_placement", "fp32", "multi_gpu", "custom_loop")
+PROFILED_STEPS, WARMUP_STEPS = 4, 2
+FIRES = {"warning", "critical"}
+
+
+@pytest.fixture(scope="session")
+def demo_logdir(tmp_path_factory) -> Path:
+    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
+        pytest.skip("the demo needs tensorflow and keras (pip install '.[demo]')")
+    logdir = tmp_path_factory.mktemp("demo_logs")
+    command = [sys.executable, "-m", "demo.train", "--all", "--logdir", str(logdir),
+               "--steps", str(PROFILED_STEPS), "--warmup", str(WARMUP_STEPS)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return logdir
+
+
+@pytest.fixture(scope="session")
+def reports(demo_logdir: Path) -> dict[str, dict]:
+    """One analyzed session per scenario, keyed by the scenario (the run's first path part)."""
+    sessions = {}
+    for ref in find_sessions(str(demo_logdir)):
+        scenario, _, rest = ref.run.partition("/")
+        assert rest == "train" and scenario not in sessions, f"unexpected run layout {ref.run!r}"
+        sessions[scenario] = analyze_session(ref)
+    return sessions
+
+
+def _finding(session: dict, check: str) -> dict:
+    matches = [f for f in session["findings"] if f["check"] == check]
+    assert len(matches) == 1, f"{check} missing from {[f['check'] for f in session['findings']]}"
+    return matches[0]
+
+
+def test_every_scenario_wrote_one_readable_capture(reports: dict[str, dict], demo_logdir: Path):
+    assert sorted(reports) == sorted(SCENARIOS)
+    for name, session in reports.items():
+        assert session["errors"] == [], name
+        record = json.loads((demo_logdir / name / "demo_scenario.json").read_text())
+        assert record["scenario"] == name and record["profiled_steps"] == PROFILED_STEPS
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_steps_found_with_the_marker_the_trainer_used(reports: dict[str, dict], scenario: str):
+    steps = reports[scenario]["steps"]
+    assert steps["source"] == ("custom_loop" if scenario == "custom_loop" else "keras")
+    assert steps["count"] == PROFILED_STEPS
+    assert steps["mean_ms"] > 0
+
+
+def test_input_bound_is_critical_on_the_slow_pipeline(reports: dict[str, dict]):
+    finding = _finding(reports["input_bound"], "input_bound")
+    assert finding["severity"] == "critical", finding["metrics"]
+
+
+def test_input_bound_is_ok_on_healthy(reports: dict[str, dict]):
+    finding = _finding(reports["healthy"], "input_bound")
+    assert finding["severity"] == "ok", finding["metrics"]
+
+
+def test_host_overhead_fires_on_per_batch_python_work(reports: dict[str, dict]):
+    finding = _finding(reports["host_overhead"], "host_overhead")
+    assert finding["severity"] in FIRES, finding["metrics"]
+
+
+def test_op_placement_fires_on_host_pinned_ops(reports: dict[str, dict]):
+    finding = _finding(reports["host_placement"], "op_placement")
+    assert finding["severity"] in FIRES, finding["metrics"]
+
+
+@pytest.mark.parametrize("scenario,check", [("input_bound", "input_bound"),
+                                            ("host_overhead", "host_overhead"),
+                                            ("host_placement", "op_placement")])
+def test_planted_problem_is_ranked_first(reports: dict[str, dict], scenario: str, check: str):
+    session = reports[scenario]
+    ranked = sorted((f for f in session["findings"] if f["severity"] in FIRES), key=lambda f: f["rank"])
+    assert ranked and ranked[0]["check"] == check, [(f["check"], f["severity"]) for f in ranked]
+    assert session["first_fix"]["check"] == check
