@@ -16,12 +16,13 @@ def _load(tmp_path, synth, hosts=("h",)):
     return load_session(ref)
 
 
-@pytest.mark.parametrize("marker,source", [
-    ("keras3", "keras"), ("keras2", "steps_line"), ("r", "custom_loop"),
-    ("steps_line", "steps_line"), ("none", "inferred"),
+@pytest.mark.parametrize("marker,derived,source", [
+    ("keras3", False, "keras"), ("keras2", True, "steps_line"), ("keras2", False, "keras2"),
+    ("r", False, "custom_loop"), ("r", True, "steps_line"), ("steps_line", True, "steps_line"),
+    ("none", False, "inferred"),
 ])
-def test_every_marker_style_finds_every_step(tmp_path, marker, source):
-    synth = build_training_session(steps=7, step_ms=12.0, marker=marker)
+def test_every_marker_style_finds_every_step(tmp_path, marker, derived, source):
+    synth = build_training_session(steps=7, step_ms=12.0, marker=marker, derived_lines=derived)
     model = _load(tmp_path, synth)
     assert model.steps.source == source
     assert len(model.steps) == 7
@@ -71,7 +72,7 @@ def test_cupti_plane_launches_are_host_activity(tmp_path):
 
 
 def test_input_wait_is_classified(tmp_path):
-    synth = build_training_session(steps=5, input_wait_frac=0.3, marker="r")
+    synth = build_training_session(steps=5, input_wait_frac=0.3, marker="r", derived_lines=False)
     model = _load(tmp_path, synth)
     host = model.hosts[0].activity
     wait = host.kind == HostEventKind.INPUT_WAIT

@@ -6,8 +6,6 @@ read becomes an entry in ``SessionModel.errors`` and the others still load.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model.build import HostCapture, read_host
 from tb_gpuadvisor.model.steps import assign_steps, find_steps, framework
@@ -16,21 +14,6 @@ from tb_gpuadvisor.model.timeline import (
     MemoryRecords, SessionModel, Steps, PS_PER_MS, PS_PER_US,
 )
 from tb_gpuadvisor.xspace.reader import CaptureError
-
-
-def _shift(capture: HostCapture, delta_ps: int) -> None:
-    """Move a host's times onto the session's common origin."""
-    if not delta_ps:
-        return
-    capture.activity.start_ps += delta_ps
-    capture.memory.time_ps += delta_ps
-    for dev in capture.devices:
-        dev.start_ps += delta_ps
-    if capture.steps_line is not None:
-        capture.steps_line.start_ps += delta_ps
-        capture.steps_line.end_ps += delta_ps
-    for start, _, _, _ in capture.xla_modules:
-        start += delta_ps
 
 
 def load_session(ref: SessionRef) -> SessionModel:
@@ -45,7 +28,7 @@ def load_session(ref: SessionRef) -> SessionModel:
     if captures:
         origin = min(c.origin_ns for c, _ in captures)
         for capture, _ in captures:
-            _shift(capture, (capture.origin_ns - origin) * 1000)
+            capture.shift((capture.origin_ns - origin) * 1000)
     host_captures = [c for c, _ in captures]
     steps = find_steps(host_captures)
     assign_steps(steps, host_captures)

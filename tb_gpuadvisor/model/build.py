@@ -1,50 +1,34 @@
 """Turning one host's capture file into column tables.
 
-One pass per plane: each line's events are read into numpy columns, the few
-stats the analyses need are picked out by stat-metadata id, and names are
-interned so classification runs once per distinct name.  Planes are decoded
-one at a time (see xspace.reader) and dropped once converted.
+One pass per plane: the plane's events arrive as numpy columns (see
+xspace.decode), the few stats the analyses need come as sparse columns, and
+names are interned so classification runs once per distinct name.  Planes
+are decoded one at a time and dropped once converted.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
-    Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, MemoryRecords,
+    Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
 )
+from tb_gpuadvisor.xspace.decode import DecodedPlane, decode_plane
 from tb_gpuadvisor.xspace.reader import CaptureFile, Opener
 
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU|XPU|CUSTOM):(\d+)$")
 _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
 
-_INT_VALUE_STATS = ("correlation_id", "group_id", "step_num", "_r")
-_NAME_VALUE_STATS = ("level 0", "tf_op", "hlo_op", "memcpy_details", "kernel_details")
-_MEMORY_INT_STATS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
-                     "requested_bytes")
-
-
-def _stat_value(stat, stat_names: dict[int, str]):
-    kind = stat.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "ref_value":
-        return stat_names.get(stat.ref_value, "")
-    return getattr(stat, kind)
-
-
-def _int_of(stat) -> int:
-    """Integer value of a stat stored as int64, uint64 or a numeric string."""
-    value = stat.int64_value or stat.uint64_value
-    if value:
-        return value
-    if stat.str_value.lstrip("-").isdigit():
-        return int(stat.str_value)
-    return int(stat.double_value)
+_OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
+_DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS
+_MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
+                "requested_bytes")
+_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r", "allocator_name", "fragmentation",
+               "tf_op") + _MEMORY_INTS
 
 
 class _Interner:
@@ -71,30 +55,13 @@ def _map_ids(ids: np.ndarray, lookup: dict[int, int], default: int = -1) -> np.n
     return mapped[inverse]
 
 
-def _line_times(line, base_ps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    events = line.events
-    n = len(events)
-    md = np.fromiter((e.metadata_id for e in events), np.int64, n)
-    start = np.fromiter((e.offset_ps for e in events), np.int64, n) + base_ps
-    dur = np.fromiter((e.duration_ps for e in events), np.int64, n)
-    return md, start, dur
-
-
-@dataclass
-class _Columns:
-    """Per-line arrays collected before one concatenation."""
-
-    parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
-
-    def add(self, **arrays: np.ndarray) -> None:
-        for key, value in arrays.items():
-            self.parts.setdefault(key, []).append(value)
-
-    def finish(self, dtypes: dict[str, type]) -> dict[str, np.ndarray]:
-        out = {key: (np.concatenate(self.parts[key]).astype(dtype, copy=False) if self.parts.get(key)
-                     else np.empty(0, dtype)) for key, dtype in dtypes.items()}
-        order = np.argsort(out["start_ps"], kind="stable")
-        return {key: value[order] for key, value in out.items()}
+def _stat_value(stat, stat_names: dict[int, str]):
+    kind = stat.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "ref_value":
+        return stat_names.get(stat.ref_value, "")
+    return getattr(stat, kind)
 
 
 @dataclass
@@ -108,6 +75,16 @@ class StepsLine:
 
 
 @dataclass
+class XlaModules:
+    """Executions of XLA modules on a device (the "XLA Modules" line)."""
+
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    name: np.ndarray
+    names: list[str]
+
+
+@dataclass
 class HostCapture:
     """What one capture file yields before session-level step finding."""
 
@@ -116,9 +93,25 @@ class HostCapture:
     memory: MemoryRecords
     devices: list[DeviceActivity]
     steps_line: StepsLine | None
-    xla_modules: list[tuple[np.ndarray, np.ndarray, list[str], np.ndarray]]
+    xla_modules: list[XlaModules]
     warnings: list[str]
     origin_ns: int
+
+    def shift(self, delta_ps: int) -> None:
+        """Move every time by DELTA_PS (onto a session-wide origin)."""
+        if not delta_ps:
+            return
+        self.activity.start_ps += delta_ps
+        self.memory.time_ps += delta_ps
+        for dev in self.devices:
+            dev.start_ps += delta_ps
+        for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
+            table.start_ps += delta_ps
+            table.end_ps += delta_ps
+
+    def earliest_ps(self) -> int | None:
+        starts = [a.start_ps[0] for a in [self.activity, *self.devices] if len(a)]
+        return int(min(starts)) if starts else None
 
 
 def _device_of(plane, host: str, stat_names: dict[int, str]) -> Device:
@@ -140,8 +133,87 @@ def _device_of(plane, host: str, stat_names: dict[int, str]) -> Device:
     )
 
 
-def _stat_ids(stat_names: dict[int, str], wanted: tuple[str, ...]) -> dict[int, str]:
-    return {sid: name for sid, name in stat_names.items() if name in wanted}
+def _starts(dp: DecodedPlane, origin_ns: int) -> np.ndarray:
+    """Absolute event starts: each line's timestamp plus the event offsets."""
+    bases = np.fromiter(((line.timestamp_ns - origin_ns) * 1000 for line in dp.lines), np.int64, len(dp.lines))
+    return dp.offset_ps + np.repeat(bases, [line.count for line in dp.lines])
+
+
+def _line_mask(dp: DecodedPlane, keep) -> np.ndarray:
+    return np.repeat(np.fromiter((keep(line) for line in dp.lines), bool, len(dp.lines)),
+                     [line.count for line in dp.lines])
+
+
+def _metadata_defaults(dp: DecodedPlane, ops: _Interner, details: _Interner) -> tuple[dict, dict]:
+    """Newer captures keep a kernel's op and kernel_details on its event metadata."""
+    md_op: dict[int, int] = {}
+    md_details: dict[int, int] = {}
+    for mid, meta in dp.shell.event_metadata.items():
+        for stat in meta.stats:
+            name = dp.stat_names.get(stat.metadata_id)
+            if name in _OP_STATS and mid not in md_op:
+                md_op[mid] = ops.add(_stat_value(stat, dp.stat_names) or "")
+            elif name == "kernel_details":
+                md_details[mid] = details.add(_stat_value(stat, dp.stat_names) or "")
+    return md_op, md_details
+
+
+def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
+    device = _device_of(dp.shell, host, dp.stat_names)
+    names, ops, streams, details = _Interner(), _Interner(), _Interner(), _Interner()
+    metadata = dp.shell.event_metadata
+    md_name = {mid: names.add(meta.name) for mid, meta in metadata.items()}
+    md_op, md_details = _metadata_defaults(dp, ops, details)
+    start = _starts(dp, origin_ns)
+    line_of = dp.line_index()
+    n = dp.n_events
+
+    steps_line = None
+    modules: list[XlaModules] = []
+    for i, line in enumerate(dp.lines):
+        if line.name == classify.STEPS_LINE and line.count:
+            steps_line = _steps_line(dp, slice(line.first, line.first + line.count), start)
+        elif line.name == classify.XLA_MODULES_LINE and line.count:
+            sel = slice(line.first, line.first + line.count)
+            module_names = _Interner()
+            ids = {mid: module_names.add(meta.name) for mid, meta in metadata.items()}
+            modules.append(XlaModules(start[sel], start[sel] + dp.duration_ps[sel],
+                                      _map_ids(dp.metadata_id[sel], ids), module_names.strings))
+
+    is_tpu = device.kind == "tpu"
+    keep = _line_mask(dp, lambda line: line.name == classify.TPU_OPS_LINE if is_tpu
+                      else line.name not in classify.DERIVED_DEVICE_LINES)
+    op = _map_ids(dp.metadata_id, md_op)
+    for stat in reversed(_OP_STATS):            # preferred stats written last
+        found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
+        op = np.where(found >= 0, found, op)
+    det = _map_ids(dp.metadata_id, md_details)
+    found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
+    det = np.where(found >= 0, found, det)
+    copy_details = _Interner()
+    copy_idx = dp.stats["memcpy_details"].interned(n, dp.stat_names, dp.strings, copy_details.add)
+    sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
+                        len(copy_details.strings))
+    nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0)
+    line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
+                              np.int32, len(dp.lines))
+
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(start[order], kind="stable")]
+    name_idx = _map_ids(dp.metadata_id[order], md_name)
+    kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
+                               len(names.strings))
+    activity = DeviceActivity(
+        device=device, start_ps=start[order], dur_ps=dp.duration_ps[order].copy(),
+        kind=kind_of_name[name_idx] if order.size else np.empty(0, np.int8),
+        stream=line_stream[line_of[order]] if order.size else np.empty(0, np.int32),
+        name=name_idx, op=op[order],
+        correlation_id=dp.stats["correlation_id"].ints(n, dp.strings)[order],
+        group_id=dp.stats["group_id"].ints(n, dp.strings)[order],
+        nbytes=nbytes[order].astype(np.int64), details=det[order], names=names.strings,
+        ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
+        step=np.full(order.size, -1, np.int32))
+    return activity, steps_line, modules
 
 
 def _memcpy_bytes(details: str) -> int:
@@ -149,89 +221,13 @@ def _memcpy_bytes(details: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _build_device(plane, host: str, origin_ns: int, stat_names: dict[int, str]):
-    device = _device_of(plane, host, stat_names)
-    names, ops, streams, details = _Interner(), _Interner(), _Interner(), _Interner()
-    wanted = _stat_ids(stat_names, _INT_VALUE_STATS + _NAME_VALUE_STATS)
-    md_name = {mid: names.add(meta.name) for mid, meta in plane.event_metadata.items()}
-    # Newer captures keep per-kernel facts (op, kernel_details) in the event metadata.
-    md_op: dict[int, int] = {}
-    md_details: dict[int, int] = {}
-    for mid, meta in plane.event_metadata.items():
-        for stat in meta.stats:
-            key = wanted.get(stat.metadata_id)
-            if key in ("level 0", "tf_op", "hlo_op"):
-                md_op[mid] = ops.add(_stat_value(stat, stat_names) or "")
-            elif key == "kernel_details":
-                md_details[mid] = details.add(_stat_value(stat, stat_names) or "")
-    cols = _Columns()
-    steps_line = None
-    xla_modules = []
-    is_tpu = device.kind == "tpu"
-    for line in plane.lines:
-        base_ps = (line.timestamp_ns - origin_ns) * 1000
-        if line.name == classify.STEPS_LINE:
-            steps_line = _steps_line(line, base_ps, plane, stat_names, wanted)
-            continue
-        if line.name == classify.XLA_MODULES_LINE:
-            md, start, dur = _line_times(line, base_ps)
-            xla_modules.append((start, dur, [plane.event_metadata[m].name for m in md.tolist()], md))
-            continue
-        if line.name in classify.DERIVED_DEVICE_LINES or (is_tpu and line.name != classify.TPU_OPS_LINE):
-            continue
-        md, start, dur = _line_times(line, base_ps)
-        n = md.size
-        if n == 0:
-            continue
-        corr = np.full(n, -1, np.int64)
-        group = np.full(n, -1, np.int64)
-        op = _map_ids(md, md_op)
-        det = _map_ids(md, md_details)
-        nbytes = np.zeros(n, np.int64)
-        for i, event in enumerate(line.events):
-            for stat in event.stats:
-                key = wanted.get(stat.metadata_id)
-                if key is None:
-                    continue
-                if key == "correlation_id":
-                    corr[i] = _int_of(stat)
-                elif key == "group_id":
-                    group[i] = _int_of(stat)
-                elif key in ("level 0", "tf_op", "hlo_op"):
-                    op[i] = ops.add(_stat_value(stat, stat_names) or "")
-                elif key == "memcpy_details":
-                    nbytes[i] = _memcpy_bytes(_stat_value(stat, stat_names) or "")
-                elif key == "kernel_details":
-                    det[i] = details.add(_stat_value(stat, stat_names) or "")
-        cols.add(start_ps=start, dur_ps=dur, md=md, corr=corr, group=group, op=op, det=det,
-                 nbytes=nbytes, stream=np.full(n, streams.add(line.name or f"Stream #{line.id}"), np.int32))
-    data = cols.finish({"start_ps": np.int64, "dur_ps": np.int64, "md": np.int64, "corr": np.int64,
-                        "group": np.int64, "op": np.int32, "det": np.int32, "nbytes": np.int64,
-                        "stream": np.int32})
-    name_idx = _map_ids(data["md"], md_name)
-    kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
-                               len(names.strings))
-    kind = kind_of_name[name_idx] if name_idx.size else np.empty(0, np.int8)
-    activity = DeviceActivity(
-        device=device, start_ps=data["start_ps"], dur_ps=data["dur_ps"], kind=kind,
-        stream=data["stream"], name=name_idx, op=data["op"], correlation_id=data["corr"],
-        group_id=data["group"], nbytes=data["nbytes"], details=data["det"], names=names.strings,
-        ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
-        step=np.full(data["start_ps"].size, -1, np.int32))
-    return activity, steps_line, xla_modules
-
-
-def _steps_line(line, base_ps: int, plane, stat_names, wanted) -> StepsLine:
-    md, start, dur = _line_times(line, base_ps)
-    numbers = []
-    groups = np.full(md.size, -1, np.int64)
-    for i, event in enumerate(line.events):
-        name = plane.event_metadata[event.metadata_id].name
-        numbers.append(int(name) if name.lstrip("-").isdigit() else i)
-        for stat in event.stats:
-            if wanted.get(stat.metadata_id) == "group_id":
-                groups[i] = _int_of(stat)
-    return StepsLine(np.asarray(numbers, np.int64), start, start + dur, groups)
+def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
+    metadata = dp.shell.event_metadata
+    labels = [metadata[int(m)].name if int(m) in metadata else "" for m in dp.metadata_id[sel]]
+    numbers = np.fromiter((int(label) if label.lstrip("-").isdigit() else i for i, label in enumerate(labels)),
+                          np.int64, len(labels))
+    groups = dp.stats["group_id"].ints(dp.n_events, dp.strings)[sel]
+    return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
 class _HostBuilder:
@@ -243,96 +239,82 @@ class _HostBuilder:
         self.threads = _Interner()
         self.allocators = _Interner()
         self.mem_ops = _Interner()
-        self.cols = _Columns()
-        self.mem_rows: list[tuple] = []
+        self.parts: list[dict[str, np.ndarray]] = []
+        self.memory_parts: list[dict[str, np.ndarray]] = []
 
-    def add_plane(self, plane, origin_ns: int, stat_names: dict[int, str]) -> None:
-        wanted = _stat_ids(stat_names, _INT_VALUE_STATS)
-        memory_stat = _stat_ids(stat_names, _MEMORY_INT_STATS + ("allocator_name", "fragmentation", "tf_op"))
-        md_name = {mid: self.names.add(meta.name) for mid, meta in plane.event_metadata.items()}
-        memory_md = {mid for mid, meta in plane.event_metadata.items() if meta.name in classify.MEMORY_EVENTS}
-        alloc_md = {mid for mid, meta in plane.event_metadata.items() if meta.name == "MemoryAllocation"}
-        prefix = "" if plane.name == "/host:CPU" else plane.name.split(":", 1)[1] + "/"
-        for line in plane.lines:
-            base_ps = (line.timestamp_ns - origin_ns) * 1000
-            md, start, dur = _line_times(line, base_ps)
-            n = md.size
-            if n == 0:
-                continue
-            step_num = np.full(n, -1, np.int64)
-            is_root = np.zeros(n, bool)
-            group = np.full(n, -1, np.int64)
-            corr = np.full(n, -1, np.int64)
-            for i, event in enumerate(line.events):
-                if event.metadata_id in memory_md:
-                    self._memory_row(event, int(start[i]), event.metadata_id in alloc_md, memory_stat, stat_names)
-                for stat in event.stats:
-                    key = wanted.get(stat.metadata_id)
-                    if key is None:
-                        continue
-                    value = _int_of(stat)
-                    if key == "step_num":
-                        step_num[i] = value
-                    elif key == "group_id":
-                        group[i] = value
-                    elif key == "correlation_id":
-                        corr[i] = value
-                    else:
-                        is_root[i] = value == 1
-            thread = self.threads.add(prefix + (line.display_name or line.name or str(line.id)))
-            self.cols.add(start_ps=start, dur_ps=dur, name=_map_ids(md, md_name), step_num=step_num,
-                          is_root=is_root, group=group, corr=corr, thread=np.full(n, thread, np.int32))
+    def add_plane(self, dp: DecodedPlane, origin_ns: int) -> None:
+        n = dp.n_events
+        metadata = dp.shell.event_metadata
+        md_name = {mid: self.names.add(meta.name) for mid, meta in metadata.items()}
+        prefix = "" if dp.shell.name == "/host:CPU" else dp.shell.name.split(":", 1)[1] + "/"
+        line_thread = np.fromiter(
+            (self.threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
+            np.int32, len(dp.lines))
+        start = _starts(dp, origin_ns)
+        ints = {name: dp.stats[name].ints(n, dp.strings) for name in ("correlation_id", "group_id", "step_num", "_r")}
+        self.parts.append({
+            "start_ps": start, "dur_ps": dp.duration_ps, "name": _map_ids(dp.metadata_id, md_name),
+            "thread": line_thread[dp.line_index()] if n else np.empty(0, np.int32),
+            "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
+            "corr": ints["correlation_id"],
+        })
+        memory_md = [mid for mid, meta in metadata.items() if meta.name in classify.MEMORY_EVENTS]
+        rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
+        if rows.size:
+            alloc_md = [mid for mid, meta in metadata.items() if meta.name == "MemoryAllocation"]
+            part = {"time_ps": start[rows], "is_alloc": np.isin(dp.metadata_id[rows], alloc_md),
+                    "allocator": dp.stats["allocator_name"].interned(
+                        n, dp.stat_names, dp.strings, self.allocators.add)[rows],
+                    "op": dp.stats["tf_op"].interned(n, dp.stat_names, dp.strings, self.mem_ops.add)[rows],
+                    "fragmentation": dp.stats["fragmentation"].floats(n)[rows]}
+            for name in _MEMORY_INTS:
+                part[name] = np.maximum(dp.stats[name].ints(n, dp.strings)[rows], 0)
+            self.memory_parts.append(part)
 
-    def _memory_row(self, event, time_ps: int, is_alloc: bool, memory_stat, stat_names) -> None:
-        values: dict[str, object] = {}
-        for stat in event.stats:
-            key = memory_stat.get(stat.metadata_id)
-            if key is not None:
-                values[key] = _stat_value(stat, stat_names)
-        self.mem_rows.append((
-            time_ps, self.allocators.add(str(values.get("allocator_name", ""))), is_alloc,
-            *(int(values.get(k) or 0) for k in _MEMORY_INT_STATS),
-            float(values.get("fragmentation") or 0.0),
-            self.mem_ops.add(str(values["tf_op"])) if values.get("tf_op") else -1,
-        ))
+    @staticmethod
+    def _concat(parts: list[dict[str, np.ndarray]], key: str, dtype) -> np.ndarray:
+        arrays = [p[key] for p in parts]
+        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
 
     def finish(self) -> tuple[HostActivity, MemoryRecords]:
-        data = self.cols.finish({"start_ps": np.int64, "dur_ps": np.int64, "name": np.int32,
-                                 "step_num": np.int64, "is_root": bool, "group": np.int64,
-                                 "corr": np.int64, "thread": np.int32})
+        cat = self._concat
+        start = cat(self.parts, "start_ps", np.int64)
+        order = np.argsort(start, kind="stable")
+        col = {key: cat(self.parts, key, dtype)[order] for key, dtype in (
+            ("dur_ps", np.int64), ("name", np.int32), ("thread", np.int32), ("step_num", np.int64),
+            ("is_root", bool), ("group", np.int64), ("corr", np.int64))}
         kind_of_name = np.fromiter((classify.host_event_kind(n) for n in self.names.strings), np.int8,
                                    len(self.names.strings))
-        kind = kind_of_name[data["name"]] if data["name"].size else np.empty(0, np.int8)
+        kind = kind_of_name[col["name"]] if col["name"].size else np.empty(0, np.int8)
         # Events that carry a correlation id are launch/enqueue calls whatever their name
-        # (TensorFlow 2.4 names host launch events after the kernel); _r=1 events are step markers.
-        launch = (data["corr"] >= 0) & (kind != HostEventKind.MEMORY)
-        kind = np.where(launch, np.int8(HostEventKind.LAUNCH), kind)
-        kind = np.where(data["is_root"] & (data["step_num"] >= 0), np.int8(HostEventKind.STEP_MARKER), kind)
+        # (TensorFlow 2.4 names host launch events after the kernel); _r=1 events with a
+        # step number are step markers (FunctionRun also carries _r=1, without step_num).
+        kind = np.where((col["corr"] >= 0) & (kind != HostEventKind.MEMORY), np.int8(HostEventKind.LAUNCH), kind)
+        kind = np.where(col["is_root"] & (col["step_num"] >= 0), np.int8(HostEventKind.STEP_MARKER), kind)
         activity = HostActivity(
-            host=self.host, start_ps=data["start_ps"], dur_ps=data["dur_ps"], thread=data["thread"],
-            name=data["name"], kind=kind.astype(np.int8), step_num=data["step_num"], is_root=data["is_root"],
-            group_id=data["group"], correlation_id=data["corr"], names=self.names.strings,
-            threads=self.threads.strings, step=np.full(data["start_ps"].size, -1, np.int32))
-        rows = sorted(self.mem_rows, key=lambda r: r[0])
-        columns = list(zip(*rows)) if rows else [[]] * 10
+            host=self.host, start_ps=start[order], dur_ps=col["dur_ps"], thread=col["thread"],
+            name=col["name"], kind=kind.astype(np.int8), step_num=col["step_num"], is_root=col["is_root"],
+            group_id=col["group"], correlation_id=col["corr"], names=self.names.strings,
+            threads=self.threads.strings, step=np.full(order.size, -1, np.int32))
+        mem = self.memory_parts
+        time_ps = cat(mem, "time_ps", np.int64)
+        morder = np.argsort(time_ps, kind="stable")
         memory = MemoryRecords(
-            host=self.host, time_ps=np.asarray(columns[0], np.int64), allocator=np.asarray(columns[1], np.int32),
-            is_alloc=np.asarray(columns[2], bool), bytes_allocated=np.asarray(columns[3], np.int64),
-            peak_bytes_in_use=np.asarray(columns[4], np.int64), bytes_reserved=np.asarray(columns[5], np.int64),
-            bytes_available=np.asarray(columns[6], np.int64), requested_bytes=np.asarray(columns[7], np.int64),
-            fragmentation=np.asarray(columns[8], np.float64), op=np.asarray(columns[9], np.int32),
+            host=self.host, time_ps=time_ps[morder], allocator=cat(mem, "allocator", np.int32)[morder],
+            is_alloc=cat(mem, "is_alloc", bool)[morder],
+            **{name: cat(mem, name, np.int64)[morder] for name in _MEMORY_INTS},
+            fragmentation=cat(mem, "fragmentation", np.float64)[morder], op=cat(mem, "op", np.int32)[morder],
             allocators=self.allocators.strings, ops=self.mem_ops.strings)
         return activity, memory
 
 
-def _origin_ns(capture: CaptureFile) -> int:
-    """The earliest line timestamp of the file: the zero of its times."""
-    earliest = None
-    for plane in capture.planes():
-        for line in plane.lines:
-            if line.events and (earliest is None or line.timestamp_ns < earliest):
-                earliest = line.timestamp_ns
-    return earliest or 0
+def _wanted_stats(plane) -> tuple[str, ...] | None:
+    """Which stats to extract from a plane's events; None skips planes we do not model."""
+    if _DEVICE_PLANE.match(plane.name):
+        return _DEVICE_STATS
+    if plane.name in _HOST_PLANES:
+        return _HOST_STATS
+    return None
 
 
 def read_host(path: str, host: str, opener: Opener | None = None) -> HostCapture:
@@ -340,20 +322,31 @@ def read_host(path: str, host: str, opener: Opener | None = None) -> HostCapture
     with CaptureFile(path, opener) as capture:
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
-        origin_ns = _origin_ns(capture) if len(capture.index.plane_spans) > 1 else 0
         builder = _HostBuilder(host)
         devices: list[DeviceActivity] = []
         steps_line = None
-        xla_modules = []
-        for plane in capture.planes():
-            stat_names = {sid: meta.name for sid, meta in plane.stat_metadata.items()}
-            if _DEVICE_PLANE.match(plane.name):
-                activity, line_steps, modules = _build_device(plane, host, origin_ns, stat_names)
+        modules: list[XlaModules] = []
+        origin_ns: int | None = None
+        for span in capture.index.plane_spans:
+            dp = decode_plane(capture.buffer, span, _wanted_stats)
+            if dp is None:
+                continue            # metadata planes, task environment, ...
+            is_device = bool(_DEVICE_PLANE.match(dp.shell.name))
+            if origin_ns is None and any(line.count for line in dp.lines):
+                origin_ns = min(line.timestamp_ns for line in dp.lines if line.count)
+            if is_device:
+                activity, line_steps, plane_modules = _build_device(dp, host, origin_ns or 0)
                 devices.append(activity)
                 steps_line = steps_line or line_steps
-                xla_modules.extend(modules)
-            elif plane.name in _HOST_PLANES:
-                builder.add_plane(plane, origin_ns, stat_names)
+                modules.extend(plane_modules)
+            else:
+                builder.add_plane(dp, origin_ns or 0)
         activity, memory = builder.finish()
     devices.sort(key=lambda d: (d.device.kind, d.device.index))
-    return HostCapture(host, activity, memory, devices, steps_line, xla_modules, warnings, origin_ns)
+    result = HostCapture(host, activity, memory, devices, steps_line, modules, warnings, origin_ns or 0)
+    earliest = result.earliest_ps()
+    if earliest:
+        # Zero is the first recorded event; origin_ns keeps the absolute clock for other hosts.
+        result.shift(-earliest)
+        result.origin_ns += earliest // 1000
+    return result

@@ -78,12 +78,12 @@ def _inferred(hosts: list[HostCapture]) -> Steps | None:
             score = (min(idx.size, 2), int(act.dur_ps[idx].sum()))
             if best is None or score > best[:2]:
                 best = (*score, act.start_ps[idx], act.end_ps[idx], act.names[int(name_id)])
-        for start, dur, names, _ in hc.xla_modules:
-            for module in set(names):
-                pick = np.fromiter((n == module for n in names), bool, len(names))
-                score = (min(int(pick.sum()), 2), int(dur[pick].sum()))
-                if best is None or score > best[:2]:
-                    best = (*score, start[pick], start[pick] + dur[pick], module)
+        for modules in hc.xla_modules:
+            for module_id, module in enumerate(modules.names):
+                pick = modules.name == module_id
+                score = (min(int(pick.sum()), 2), int((modules.end_ps - modules.start_ps)[pick].sum()))
+                if pick.any() and (best is None or score > best[:2]):
+                    best = (*score, modules.start_ps[pick], modules.end_ps[pick], module)
     if best is None:
         return None
     _, _, start, end, name = best
@@ -130,25 +130,35 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
     steps.end_ps = np.maximum(steps.end_ps, steps.start_ps)
 
 
+def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray, missing: int = -2) -> np.ndarray:
+    """values[keys == q] for every query (vectorised dict lookup), MISSING where absent."""
+    if keys.size == 0 or queries.size == 0:
+        return np.full(queries.shape, missing, np.int32)
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    idx = np.clip(np.searchsorted(keys, queries), 0, keys.size - 1)
+    return np.where(keys[idx] == queries, values[idx], missing).astype(np.int32)
+
+
 def assign_steps(steps: Steps, hosts: list[HostCapture]) -> None:
-    """Fill the ``step`` column of every host and device table."""
-    group_to_step = {int(g): i for i, g in enumerate(steps.group_id) if g >= 0}
+    """Fill the ``step`` column of every host and device table.
+
+    A device event belongs to the step of its TensorFlow group when it has one, else
+    to the step in which its launch call ran, else to the step its start falls in.
+    """
+    with_group = steps.group_id >= 0
+    group_keys, group_steps = steps.group_id[with_group], np.flatnonzero(with_group)
     for hc in hosts:
         act = hc.activity
         act.step = steps.locate(act.start_ps)
         launch = act.correlation_id >= 0
-        corr_step = dict(zip(act.correlation_id[launch].tolist(), act.step[launch].tolist()))
+        corr_keys, corr_steps = act.correlation_id[launch], act.step[launch]
         for dev in hc.devices:
             step = steps.locate(dev.start_ps)
-            if corr_step:
-                via_launch = np.fromiter((corr_step.get(c, -2) for c in dev.correlation_id.tolist()),
-                                         np.int32, len(dev))
-                step = np.where(via_launch != -2, via_launch, step)
-            if group_to_step:
-                via_group = np.fromiter((group_to_step.get(g, -2) for g in dev.group_id.tolist()),
-                                        np.int32, len(dev))
-                step = np.where(via_group != -2, via_group, step)
-            dev.step = step.astype(np.int32)
+            via_launch = _lookup(corr_keys, corr_steps, dev.correlation_id)
+            step = np.where(via_launch != -2, via_launch, step)
+            via_group = _lookup(group_keys, group_steps, dev.group_id)
+            dev.step = np.where(via_group != -2, via_group, step).astype(np.int32)
 
 
 def framework(hosts: list[HostCapture]) -> str:
@@ -157,6 +167,6 @@ def framework(hosts: list[HostCapture]) -> str:
     for hc in hosts:
         names += hc.activity.names
         threads += hc.activity.threads
-        for _, _, modules, _ in hc.xla_modules:
-            names += modules[:1]
+        for modules in hc.xla_modules:
+            names += modules.names[:1]
     return classify.framework_from_names(names, threads)

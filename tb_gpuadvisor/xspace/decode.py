@@ -9,6 +9,7 @@ metadata maps, plane stats) are parsed with the protobuf runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -54,12 +55,23 @@ class StatColumn:
                 out[self.event[i]] = int(text)
         return out
 
-    def texts(self, stat_names: dict[int, str], strings: list[str]) -> tuple[np.ndarray, list[str]]:
-        """(event indices, their string values) for STR and REF values."""
-        keep = (self.kind == STR) | (self.kind == REF)
-        values = [strings[int(v)] if k == STR else stat_names.get(int(v), "")
-                  for k, v in zip(self.kind[keep].tolist(), self.value[keep].tolist())]
-        return self.event[keep], values
+    def interned(self, n_events: int, stat_names: dict[int, str], strings: list[str],
+                 intern: Callable[[str], int]) -> np.ndarray:
+        """Dense int32 column of interned string values (-1 where absent).
+
+        Reference values are resolved once per distinct reference, not once per event.
+        """
+        out = np.full(n_events, -1, np.int32)
+        ref = self.kind == REF
+        if ref.any():
+            uniq, inverse = np.unique(self.value[ref], return_inverse=True)
+            ids = np.fromiter((intern(stat_names.get(int(u), "")) for u in uniq), np.int32, uniq.size)
+            out[self.event[ref]] = ids[inverse]
+        text = self.kind == STR
+        if text.any():
+            out[self.event[text]] = np.fromiter((intern(strings[int(i)]) for i in self.value[text]),
+                                                np.int32, int(text.sum()))
+        return out
 
     def floats(self, n_events: int) -> np.ndarray:
         out = np.zeros(n_events, np.float64)
@@ -113,12 +125,18 @@ def _columns(st_event, st_slot, st_type, st_value, wanted_names: list[str]) -> d
     return out
 
 
-def _decode_fast(buf, span: tuple[int, int], wanted: tuple[str, ...]) -> DecodedPlane:
+Chooser = Callable[[XPlane], "tuple[str, ...] | None"]
+
+
+def _decode_fast(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | None:
     start, stop = span
     view = buf[start:stop]
     try:
         spans = _wire.decode_plane(view, b"", False)[0]
         shell = _shell(view, spans)
+        wanted = choose(shell)
+        if wanted is None:
+            return None
         stat_names = {sid: meta.name for sid, meta in shell.stat_metadata.items()}
         ids = {name: sid for sid, name in stat_names.items() if name in wanted}
         names = list(ids)
@@ -138,13 +156,16 @@ _VALUE_FIELDS = {"int64_value": INT64, "uint64_value": UINT64, "ref_value": REF,
                  "double_value": DOUBLE, "bytes_value": BYTES}
 
 
-def _decode_objects(buf, span: tuple[int, int], wanted: tuple[str, ...]) -> DecodedPlane:
+def _decode_objects(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | None:
     """The same columns through protobuf message objects (no C decoder)."""
     start, stop = span
     try:
         plane = XPlane.FromString(buf[start:stop])
     except DecodeError as err:
         raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
+    wanted = choose(plane)
+    if wanted is None:
+        return None
     stat_names = {sid: meta.name for sid, meta in plane.stat_metadata.items()}
     wanted_ids = {sid: name for sid, name in stat_names.items() if name in wanted}
     lines, md, off, dur, strings = [], [], [], [], []
@@ -186,11 +207,15 @@ def _decode_objects(buf, span: tuple[int, int], wanted: tuple[str, ...]) -> Deco
                         np.asarray(dur, np.int64), columns, strings)
 
 
-def decode_plane(buf, span: tuple[int, int], wanted: tuple[str, ...], fast: bool = True) -> DecodedPlane:
-    """Decode the plane at SPAN of BUF with the WANTED stats (by stat name)."""
+def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True) -> DecodedPlane | None:
+    """Decode the plane at SPAN of BUF.
+
+    CHOOSE sees the plane without its lines and returns the stat names to extract
+    from its events, or None to skip the plane without decoding its events.
+    """
     if fast and _wire is not None:
-        return _decode_fast(buf, span, wanted)
-    return _decode_objects(buf, span, wanted)
+        return _decode_fast(buf, span, choose)
+    return _decode_objects(buf, span, choose)
 
 
 def has_fast_decoder() -> bool:
