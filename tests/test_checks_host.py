@@ -1,0 +1,244 @@
+"""The host-side checks on planted problems of varied size, healthy captures and real captures.
+
+Each planted capture states its problem's size; the metric must come back within 3 points
+and the severity must follow the catalogue's thresholds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synth import build_training_session
+
+from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.xspace.schema import XPlane
+
+all_checks()
+GPU_ONLY = ("kernel_launch", "op_placement", "memcpy")
+MINE = ("input_bound", "kernel_launch", "host_overhead", "op_placement", "memcpy", "profile_quality")
+
+
+def load(path: Path) -> Analysis:
+    (ref,) = find_sessions(str(path))
+    return Analysis(load_session(ref))
+
+
+def analyse(tmp_path: Path, **planted):
+    session = build_training_session(**planted)
+    session.write(tmp_path)
+    return load(tmp_path), session.truth
+
+
+def run(analysis: Analysis, check: str):
+    finding = REGISTRY[check].run(analysis)
+    finding.to_json()   # must serialise
+    return finding
+
+
+# --- input_bound ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted, marker, gpus, expected", [
+    (0.35, "keras2", 1, Severity.CRITICAL),
+    (0.12, "r", 1, Severity.WARNING),
+    (0.60, "keras3", 2, Severity.CRITICAL),
+    (0.08, "r", 0, Severity.WARNING),
+    (0.02, "keras2", 1, Severity.OK),
+])
+def test_input_bound_planted(tmp_path, planted, marker, gpus, expected) -> None:
+    analysis, truth = analyse(tmp_path, input_wait_frac=planted, marker=marker, gpus=gpus, steps=5)
+    finding = run(analysis, "input_bound")
+    assert finding.metrics["input_percent"] == pytest.approx(100 * planted, abs=3)
+    assert finding.severity is expected
+    assert finding.estimated_savings_ms_per_step == pytest.approx(truth.mean("input_ms"), rel=0.05)
+    if expected is not Severity.OK:
+        stage = next(e for e in finding.evidence if e.kind == "stage")
+        assert stage.name == "Iterator::Model::ParallelMapV2"
+        assert "ParallelMapV2" in finding.summary
+        assert any("AUTOTUNE" in fix.code for fix in finding.fixes)
+
+
+def test_input_bound_healthy_capture_is_ok(tmp_path) -> None:
+    analysis, _ = analyse(tmp_path, steps=4)
+    finding = run(analysis, "input_bound")
+    assert finding.severity is Severity.OK
+    assert finding.metrics["input_percent"] < 1
+    assert finding.fixes == []
+
+
+# --- kernel_launch ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted, kernel_us, expected", [
+    (0.22, 6.0, Severity.CRITICAL),
+    (0.07, 15.0, Severity.WARNING),
+    (0.0, 400.0, Severity.OK),
+])
+def test_kernel_launch_planted(tmp_path, planted, kernel_us, expected) -> None:
+    analysis, truth = analyse(tmp_path, launch_frac=planted, kernel_us=kernel_us, steps=4, step_ms=12.0)
+    finding = run(analysis, "kernel_launch")
+    assert finding.metrics["launch_percent"] == pytest.approx(100 * planted, abs=3)
+    assert finding.severity is expected
+    assert finding.metrics["median_kernel_us"] == pytest.approx(kernel_us, rel=0.1)
+    assert finding.metrics["kernels_per_step"] == pytest.approx(truth.mean("kernels", 0), rel=0.02)
+    if expected is Severity.CRITICAL:
+        tiny = [e for e in finding.evidence if e.kind == "op"]
+        assert tiny and tiny[0].unit == "kernels/step"
+        assert any("jit_compile=True" in fix.code for fix in finding.fixes)
+
+
+def test_kernel_launch_not_applicable_without_gpu(tmp_path) -> None:
+    analysis, _ = analyse(tmp_path, gpus=0, marker="r", steps=3)
+    for check in GPU_ONLY:
+        assert run(analysis, check).severity is Severity.NOT_APPLICABLE
+
+
+# --- host_overhead ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted, marker, expected", [
+    (0.17, "keras3", Severity.CRITICAL),
+    (0.06, "keras2", Severity.WARNING),
+    (0.31, "r", Severity.CRITICAL),
+])
+def test_host_overhead_planted(tmp_path, planted, marker, expected) -> None:
+    analysis, truth = analyse(tmp_path, host_overhead_frac=planted, marker=marker, steps=5)
+    finding = run(analysis, "host_overhead")
+    assert finding.metrics["other_idle_percent"] == pytest.approx(100 * planted, abs=3)
+    assert finding.severity is expected
+    culprit = next(e for e in finding.evidence if e.kind == "thread")
+    assert culprit.name in {"convert_to_tensor", "tf.constant", "TFE_Py_FastPathExecute_C"}
+    gap = next(e for e in finding.evidence if e.start_ms is not None)
+    assert gap.end_ms > gap.start_ms
+
+
+def test_host_overhead_healthy_is_ok(tmp_path) -> None:
+    analysis, _ = analyse(tmp_path, input_wait_frac=0.1, steps=4)
+    finding = run(analysis, "host_overhead")
+    assert finding.severity is Severity.OK
+    assert finding.metrics["other_idle_percent"] < 1
+
+
+# --- op_placement -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted, expected", [
+    (0.55, Severity.CRITICAL),
+    (0.23, Severity.WARNING),
+    (0.0, Severity.OK),
+])
+def test_op_placement_planted(tmp_path, planted, expected) -> None:
+    analysis, _ = analyse(tmp_path, host_ops_frac=planted, steps=4)
+    finding = run(analysis, "op_placement")
+    assert finding.metrics["host_op_percent"] == pytest.approx(100 * planted, abs=3)
+    assert finding.severity is expected
+    if planted:
+        ops = {e.name: e.detail for e in finding.evidence if e.kind == "op"}
+        assert "no GPU kernel" in ops["Unique"]
+        assert "GPU kernel exists" in ops["MatMul"]
+        # The planted host ops overlap GPU work, so moving them would not shorten the step.
+        assert finding.estimated_savings_ms_per_step == pytest.approx(0, abs=0.05)
+
+
+# --- memcpy -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted, h2d, d2h, expected", [
+    (0.18, 8 << 20, 2 << 20, Severity.CRITICAL),
+    (0.07, 3 << 20, 0, Severity.WARNING),
+    (0.02, 1 << 20, 0, Severity.OK),
+])
+def test_memcpy_planted(tmp_path, planted, h2d, d2h, expected) -> None:
+    analysis, truth = analyse(tmp_path, memcpy_frac=planted, h2d_bytes=h2d, d2h_bytes=d2h, steps=4)
+    finding = run(analysis, "memcpy")
+    assert finding.metrics["memcpy_percent"] == pytest.approx(100 * planted, abs=3)
+    assert finding.severity is expected
+    assert finding.metrics["h2d_mb_per_step"] == pytest.approx(h2d / 1e6, rel=0.01)
+    assert finding.metrics["d2h_mb_per_step"] == pytest.approx(d2h / 1e6, rel=0.01)
+    assert finding.estimated_savings_ms_per_step == pytest.approx(truth.mean("copy_ms", 0), rel=0.05)
+
+
+# --- profile_quality --------------------------------------------------------------------------
+
+def test_profile_quality_healthy(tmp_path) -> None:
+    analysis, _ = analyse(tmp_path, steps=6)
+    finding = run(analysis, "profile_quality")
+    assert finding.severity is Severity.OK
+    assert finding.metrics["capture_kind"] == "gpu"
+
+
+@pytest.mark.parametrize("planted, expected, words", [
+    (dict(steps=6, first_step_factor=3.5), Severity.WARNING, "Warm-up"),
+    (dict(steps=2), Severity.WARNING, "Only 2 steps"),
+    (dict(steps=14), Severity.INFO, "14 steps"),
+    (dict(steps=5, marker="none"), Severity.INFO, "inferred"),
+])
+def test_profile_quality_degraded(tmp_path, planted, expected, words) -> None:
+    analysis, _ = analyse(tmp_path, **planted)
+    finding = run(analysis, "profile_quality")
+    assert finding.severity is expected
+    assert words in finding.title or words in finding.summary
+    assert finding.fixes
+
+
+def test_profile_quality_empty_gpu_trace(tmp_path) -> None:
+    session = build_training_session(gpus=0, marker="r", steps=4)
+    session.space.planes.append(XPlane(id=7, name="/device:GPU:0"))   # a GPU plane without lines
+    session.write(tmp_path)
+    analysis = load(tmp_path)
+    finding = run(analysis, "profile_quality")
+    assert finding.severity is Severity.WARNING
+    assert finding.metrics["capture_kind"] == "gpu_empty"
+    assert "Empty GPU trace" in finding.title
+    assert any("NVreg_RestrictProfilingToAdminUsers=0" in fix.code for fix in finding.fixes)
+
+
+# --- real captures ----------------------------------------------------------------------------
+
+BATCHES = (8, 16, 32, 64, 128, 256, 512)
+
+
+def test_launch_overhead_falls_as_batch_grows(corpus) -> None:
+    series = corpus / "keras-cnn-rtx5000"
+    percents = []
+    for batch in BATCHES:
+        (folder,) = series.glob(f"download{batch}-*")
+        finding = run(load(folder), "kernel_launch")
+        percents.append(finding.metrics["launch_percent"])
+    assert percents == sorted(percents, reverse=True), percents
+    assert percents[0] - percents[-1] > 20
+    assert percents[0] >= 15    # batch 8: launch-bound
+
+
+def test_empty_gpu_trace_capture(corpus) -> None:
+    analysis = load(corpus / "keras-cnn-rtx5000-empty-gpu-trace")
+    quality = run(analysis, "profile_quality")
+    assert quality.severity is Severity.WARNING
+    assert quality.metrics["capture_kind"] == "gpu_empty"
+    for check in GPU_ONLY:
+        assert run(analysis, check).severity is Severity.NOT_APPLICABLE
+
+
+def test_tpu_capture(corpus) -> None:
+    analysis = load(corpus / "jax-tpu-v6e")
+    quality = run(analysis, "profile_quality")
+    assert quality.metrics["capture_kind"] == "tpu"
+    assert "TPU" in quality.summary
+    for check in GPU_ONLY:
+        assert run(analysis, check).severity is Severity.NOT_APPLICABLE
+    for check in ("input_bound", "host_overhead"):
+        finding = run(analysis, check)
+        value = next(iter(finding.metrics.values()))
+        assert 0 <= value <= 100
+
+
+@pytest.mark.parametrize("folder", ["keras-cpu-macbook", "bert-8xv100", "keras-t4", "jax-mi300x-amd"])
+def test_real_captures_give_sane_findings(corpus, folder) -> None:
+    for ref in find_sessions(str(corpus / folder)):
+        analysis = Analysis(load_session(ref))
+        for check in MINE:
+            finding = run(analysis, check)
+            for name, value in finding.metrics.items():
+                if name.endswith("percent") and value is not None:
+                    assert 0 <= value <= 100, (check, name, value)
+            assert finding.estimated_savings_ms_per_step >= 0
+            assert finding.title and finding.summary
