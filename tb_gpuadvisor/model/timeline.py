@@ -84,8 +84,27 @@ class Device:
         return out
 
 
+class _EventColumns:
+    """What device and host event tables share: start/duration/kind columns."""
+
+    start_ps: np.ndarray
+    dur_ps: np.ndarray
+    kind: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.start_ps.size)
+
+    @property
+    def end_ps(self) -> np.ndarray:
+        return self.start_ps + self.dur_ps
+
+    def mask(self, *kinds: int) -> np.ndarray:
+        """Events whose kind is one of KINDS."""
+        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+
+
 @dataclass
-class DeviceActivity:
+class DeviceActivity(_EventColumns):
     """Every event one device executed: kernels, copies, memsets, collectives.
 
     Columns (all the same length, sorted by start):
@@ -118,19 +137,9 @@ class DeviceActivity:
     detail_strings: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
-    def __len__(self) -> int:
-        return int(self.start_ps.size)
-
-    @property
-    def end_ps(self) -> np.ndarray:
-        return self.start_ps + self.dur_ps
-
-    def mask(self, *kinds: DeviceEventKind) -> np.ndarray:
-        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
-
 
 @dataclass
-class HostActivity:
+class HostActivity(_EventColumns):
     """Every event of one host's CPU threads.
 
     Columns (same length, sorted by start):
@@ -158,16 +167,6 @@ class HostActivity:
     names: list[str]
     threads: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
-
-    def __len__(self) -> int:
-        return int(self.start_ps.size)
-
-    @property
-    def end_ps(self) -> np.ndarray:
-        return self.start_ps + self.dur_ps
-
-    def mask(self, *kinds: HostEventKind) -> np.ndarray:
-        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
 
 
 @dataclass
