@@ -237,28 +237,63 @@ def test_memory_peak(tmp_path, peak, severity):
     assert all(item.tool == "memory_profile" for item in finding.evidence)
 
 
-def test_memory_from_hand_built_records():
-    """Peak from the allocator of GPU 1 only; other allocators and hosts' CPUs ignored."""
-    gib = 1024 ** 3
-    dev = _device(["k"], [], [-1], [0], [10])
-    dev.device = Device("/device:GPU:1", "h", "gpu", 1, memory_bytes=16 * gib)
-    mem = MemoryRecords(
-        "h", time_ps=np.array([1, 2, 3], np.int64), allocator=np.array([0, 0, 1], np.int32),
-        is_alloc=np.ones(3, bool), bytes_allocated=np.array([4, 12, 40], np.int64) * gib,
-        peak_bytes_in_use=np.array([4, 12, 40], np.int64) * gib, bytes_reserved=np.zeros(3, np.int64),
-        bytes_available=np.array([4, 2, 0], np.int64) * gib, requested_bytes=np.ones(3, np.int64),
-        fragmentation=np.array([0.0, 0.25, 0.0]), op=np.full(3, -1, np.int32),
-        allocators=["GPU_1_bfc", "gpu_host_bfc"], ops=[])
+def _memory(allocators, ops, rows) -> MemoryRecords:
+    """Allocator records from (time, allocator, bytes_allocated, bytes_available, fragmentation, op, requested)."""
+    cols = list(zip(*rows))
+    return MemoryRecords(
+        "h", time_ps=np.array(cols[0], np.int64), allocator=np.array(cols[1], np.int32),
+        is_alloc=np.ones(len(rows), bool), bytes_allocated=np.array(cols[2], np.int64),
+        peak_bytes_in_use=np.array(cols[2], np.int64), bytes_reserved=np.zeros(len(rows), np.int64),
+        bytes_available=np.array(cols[3], np.int64), requested_bytes=np.array(cols[6], np.int64),
+        fragmentation=np.array(cols[4], float), op=np.array(cols[5], np.int32),
+        allocators=allocators, ops=ops)
+
+
+def _model(devices, mem) -> SessionModel:
     empty_host = HostActivity("h", *(np.empty(0, t) for t in (np.int64, np.int64, np.int32, np.int32,
                                                                np.int8, np.int64, bool, np.int64, np.int64)),
                               names=[], threads=[])
-    model = SessionModel("r", "s", [HostModel("h", "p", empty_host, mem, [dev], 0)],
-                         Steps("none", *(np.empty(0, np.int64) for _ in range(4))), "tensorflow")
-    finding = memory.check(Analysis(model))
+    return SessionModel("r", "s", [HostModel("h", "p", empty_host, mem, devices, 0)],
+                        Steps("none", *(np.empty(0, np.int64) for _ in range(4))), "tensorflow")
+
+
+def test_memory_from_hand_built_records():
+    """Peak from the allocator of GPU 1 only; the host allocator is ignored."""
+    gib = 1024 ** 3
+    dev = _device(["k"], [], [-1], [0], [10])
+    dev.device = Device("/device:GPU:1", "h", "gpu", 1, memory_bytes=16 * gib)
+    mem = _memory(["GPU_1_bfc", "gpu_host_bfc"], [], [
+        (1, 0, 4 * gib, 4 * gib, 0.0, -1, 1), (2, 0, 12 * gib, 2 * gib, 0.25, -1, 1),
+        (3, 1, 40 * gib, 0, 0.0, -1, 1)])
+    finding = memory.check(Analysis(_model([dev], mem)))
     assert finding.metrics["peak_percent"] == pytest.approx(75.0)
     assert finding.metrics["fragmentation_percent"] == pytest.approx(25.0)
     assert finding.metrics["allocator_limit_percent"] == pytest.approx(87.5)
     assert finding.severity is Severity.OK
+
+
+def test_collectives_compare_with_parameter_bytes():
+    """Variables' initializer allocations give params x 4 B; AllReduce above bytes/bandwidth is saving."""
+    names = ["volta_sgemm_128x64_nn", "ncclAllReduceRingLLKernel_sum_f32(ncclColl)"]
+    kinds = [DeviceEventKind.KERNEL, DeviceEventKind.COLLECTIVE]
+    devices = []
+    for index in range(2):
+        dev = _device(names, ["d/MatMul:MatMul"], [0, -1], [0, 1000], [1000, 4000], kinds)
+        dev.device = Device(f"/device:GPU:{index}", "h", "gpu", index, compute_capability="7.0")
+        devices.append(dev)
+    param_bytes = 25_000_000 * 4
+    mem = _memory(["GPU_0_bfc"], ["dense/kernel/Initializer/random_uniform", "d/MatMul"], [
+        (0, 0, param_bytes // 2, 0, 0.0, 0, param_bytes // 2),
+        (1, 0, param_bytes, 0, 0.0, 0, param_bytes // 2),
+        (2, 0, param_bytes + 10, 0, 0.0, 1, 10)])
+    finding = collectives.check(Analysis(_model(devices, mem)))
+    expected_ms = param_bytes / collectives.ASSUMED_LINK_BYTES_PER_S * 1e3     # 2 ms at 50 GB/s
+    assert finding.metrics["parameters"] == 25_000_000
+    assert finding.metrics["expected_allreduce_ms"] == pytest.approx(expected_ms)
+    assert finding.metrics["collective_percent"] == pytest.approx(80.0)
+    assert finding.metrics["allreduce_calls_per_step"] == 1
+    assert finding.severity is Severity.WARNING
+    assert finding.estimated_savings_ms_per_step == pytest.approx(4.0 - expected_ms)
 
 
 # ----------------------------------------------------------------- real captures

@@ -131,7 +131,8 @@ def check(analysis) -> Finding:
         reserve_note = (f" The allocator may take {100.0 * worst.limit / worst.capacity:.0f}% of the GPU; "
                         "unless memory growth is on it reserves that at start-up, so no other process "
                         "can share the GPU.")
-    where = f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB of {worst.capacity / GIB:.2f} GiB ({worst.percent:.0f}%)"
+    where = (f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB of {worst.capacity / GIB:.2f} GiB "
+             f"({worst.percent:.0f}%)")
     if worst.percent >= WARNING_AT:
         return Finding(CHECK_ID, Severity.WARNING, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
                        f"{where}, with {100.0 * worst.fragmentation:.1f}% fragmentation at that moment: a "
@@ -139,7 +140,8 @@ def check(analysis) -> Finding:
                        metrics, 0.0, evidence, [NEAR_FULL_FIX, LIMIT_FIX])
     if worst.percent < LOW_BELOW:
         fixes = [LARGER_BATCH_FIX] + ([growth_fix] if claims_all else [])
-        return Finding(CHECK_ID, Severity.INFO, f"GPU memory peaks at only {worst.percent:.0f}%: room for a larger batch",
+        return Finding(CHECK_ID, Severity.INFO,
+                       f"GPU memory peaks at only {worst.percent:.0f}%: room for a larger batch",
                        f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
                        "overheads over more examples." + reserve_note, metrics, 0.0, evidence, fixes)
     return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {worst.percent:.0f}% of capacity",

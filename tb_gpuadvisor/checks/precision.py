@@ -28,7 +28,6 @@ speed up (half the bytes) but are not counted, so the estimate is conservative.
 
 from __future__ import annotations
 
-import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
@@ -79,6 +78,8 @@ def check(analysis) -> Finding:
         keep = kernels.in_steps(dev, model)
         compute = cls.kernel & keep
         dev_total = int(dev.dur_ps[compute].sum())
+        # bf16 counts as 16-bit here (XProf files it under 32-bit): it is what "mixed_bfloat16"
+        # runs on Ampere+, and calling it 32-bit would tell users to enable what they already use.
         dev_low = int(dev.dur_ps[compute & cls.low_precision].sum())
         fp32_eligible = compute & cls.eligible & ~cls.low_precision
         dev_eligible32 = int(dev.dur_ps[fp32_eligible].sum())
