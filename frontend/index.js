@@ -205,8 +205,9 @@ class AdvisorApp {
     this.show(
       views.errorsView(report),
       views.headerView(report),
+      views.warningsView(report),
       views.firstFixView(report),
-      h('div', {class: deviceChart ? 'charts two' : 'charts'}, views.stepChart(report.breakdown), deviceChart),
+      h('div', {class: deviceChart ? 'charts two' : 'charts'}, views.stepChart(report.breakdown, !deviceChart), deviceChart),
       views.findingsView(report, context));
   }
 
@@ -232,9 +233,15 @@ class AdvisorApp {
       h('span', {class: 'muted', text: `→ this session: ${run} / ${session}`}));
     const [baseRun, baseSession] = this.selection.base.split('\u0000');
     this.show(bar, views.statusView('Comparing…'));
-    const result = await model.fetchCompare({run, session, baseRun, baseSession}, (progress) => {
-      this.show(bar, views.statusView('Analyzing both sessions…', progress));
-    }, signal);
+    let result;
+    try {
+      result = await model.fetchCompare({run, session, baseRun, baseSession}, (progress) => {
+        this.show(bar, views.statusView('Analyzing both sessions…', progress));
+      }, signal);
+    } catch (error) {
+      if (error.name !== 'AbortError') this.show(bar, views.errorView('Comparison failed:', error.message));
+      return;
+    }
     if (signal.aborted) return;
     this.show(bar, views.compareView(result, {
       base: `${baseRun} / ${baseSession}`, current: `${run} / ${session}`,

@@ -62,6 +62,7 @@ function svg(tag, props, ...children) {
 export function fmtMs(value) {
   if (typeof value !== 'number' || !Number.isFinite(value)) return '–';
   const abs = Math.abs(value);
+  if (abs === 0) return '0 ms';
   if (abs >= 100) return `${value.toFixed(0)} ms`;
   if (abs >= 10) return `${value.toFixed(1)} ms`;
   if (abs >= 0.1) return `${value.toFixed(2)} ms`;
@@ -93,11 +94,14 @@ export function fmtMetric(name, value) {
   if (typeof value !== 'number') {
     return value === null || value === undefined ? '–' : String(value);
   }
-  if (name.endsWith('_percent')) return `${fmtNumber(value)} %`;
-  if (name.endsWith('_ms')) return fmtMs(value);
-  if (name.endsWith('_us')) return `${fmtNumber(value)} µs`;
-  if (name.endsWith('_mb') || name.includes('_mb_')) return `${fmtNumber(value)} MB`;
-  if (name.endsWith('_bytes')) return fmtBytes(value) || '0 B';
+  const perStep = name.endsWith('_per_step');
+  const base = perStep ? name.slice(0, -'_per_step'.length) : name;
+  const suffix = perStep ? '/step' : '';
+  if (base.endsWith('_percent')) return `${fmtNumber(value)} %`;
+  if (base.endsWith('_ms')) return fmtMs(value) + suffix;
+  if (base.endsWith('_us')) return `${fmtNumber(value)} µs${suffix}`;
+  if (base.endsWith('_mb')) return `${fmtNumber(value)} MB${suffix}`;
+  if (base.endsWith('_bytes')) return (fmtBytes(value) || '0 B') + suffix;
   return fmtNumber(value);
 }
 
@@ -216,8 +220,15 @@ export function firstFixView(report) {
   const finding = (report.findings || []).find((item) => item.check === first.check);
   return h('p', {class: 'first-fix'},
     h('strong', {text: 'Fix first: '}),
-    h('span', {text: finding && finding.title ? finding.title : humanize(first.check)}),
-    first.why ? h('span', {class: 'muted', text: ` — ${first.why}`}) : null);
+    h('span', {text: first.why || (finding && finding.title) || humanize(first.check)}));
+}
+
+export function warningsView(report) {
+  const warnings = report.warnings || [];
+  if (!warnings.length) return null;
+  return h('details', {class: 'state state-warning'},
+    h('summary', {text: `Analysis notes (${warnings.length})`}),
+    h('ul', {}, warnings.map((warning) => h('li', {text: errorText(warning)}))));
 }
 
 export function errorsView(report) {
@@ -247,7 +258,7 @@ function niceMax(value) {
 }
 
 /** Per-step stacked bars of the step breakdown; one <g class="step-bar"> per step. */
-export function stepChart(breakdown) {
+export function stepChart(breakdown, wide) {
   const steps = (breakdown && breakdown.steps) || [];
   const figure = h('figure', {class: 'chart', 'data-testid': 'step-chart'});
   figure.appendChild(h('figcaption', {},
@@ -260,8 +271,8 @@ export function stepChart(breakdown) {
   }
   const total = (step) => COMPONENTS.reduce((sum, c) => sum + (Number(step[c.key]) || 0), 0);
   const top = niceMax(Math.max(...steps.map((step) => Math.max(total(step), step.duration_ms || 0))));
-  const width = 760;
-  const height = 220;
+  const width = wide ? 1160 : 760;
+  const height = 170;
   const pad = {left: 56, right: 8, top: 10, bottom: 30};
   const plotW = width - pad.left - pad.right;
   const plotH = height - pad.top - pad.bottom;
@@ -523,7 +534,10 @@ export function findingsView(report, context) {
     return section;
   }
   if (!actionable.length) {
-    section.appendChild(h('p', {class: 'good', text: 'Nothing to fix: every check passed or does not apply.'}));
+    const broken = (report.errors || []).length && !((report.steps || {}).count);
+    section.appendChild(broken ?
+      h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :
+      h('p', {class: 'good', text: 'Nothing to fix: every check passed or does not apply.'}));
   }
   section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
     actionable.map((finding, index) => findingView(finding, context, index === 0))));
@@ -546,8 +560,8 @@ export function compareView(result, labels) {
   const faster = delta < 0;
   const base = result.base || {};
   const next = result.new || {};
-  const baseStep = base.steps ? base.steps.mean_ms : base.step_time_ms;
-  const newStep = next.steps ? next.steps.mean_ms : next.step_time_ms;
+  const baseStep = base.step_ms;
+  const newStep = next.step_ms;
   section.appendChild(h('div', {class: 'summary'},
     h('div', {class: 'card'}, h('div', {class: 'card-label', text: 'Base'}),
       h('div', {class: 'big', text: fmtMs(baseStep)}), h('div', {class: 'muted', text: labels.base})),
@@ -562,17 +576,22 @@ export function compareView(result, labels) {
   const checks = [...(result.checks || [])].sort((a, b) =>
     STATUS_ORDER.indexOf(a.status) - STATUS_ORDER.indexOf(b.status));
   const rows = checks.map((check) => {
-    const deltas = Object.entries(check.metric_deltas || {}).map(([name, value]) =>
-      `${humanize(name)} ${typeof value === 'number' && value > 0 ? '+' : ''}${fmtMetric(name, value)}`);
+    const metric = check.main_metric;
+    const main = metric ?
+      `${humanize(metric)}: ${fmtMetric(metric, check.base_value)} → ${fmtMetric(metric, check.new_value)}` : '';
+    const deltas = Object.entries(check.metric_deltas || {})
+      .filter(([name, value]) => name !== metric && typeof value === 'number' && value !== 0)
+      .map(([name, value]) => `${humanize(name)} ${value > 0 ? '+' : ''}${fmtMetric(name, value)}`);
     return h('tr', {'data-status': check.status},
       h('td', {}, h('span', {class: `badge status-${check.status}`, text: check.status})),
-      h('td', {text: humanize(check.check)}),
+      h('td', {title: check.title || null, text: humanize(check.check)}),
       h('td', {}, check.base_severity ? severityBadge(check.base_severity) : '–'),
       h('td', {}, check.new_severity ? severityBadge(check.new_severity) : '–'),
-      h('td', {class: 'muted', text: deltas.join(', ')}));
+      h('td', {}, main ? h('div', {text: main}) : null,
+        deltas.length ? h('div', {class: 'muted small', text: deltas.join(' · ')}) : null));
   });
   section.appendChild(h('div', {class: 'table-wrap'}, h('table', {class: 'compare-table'},
-    h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', 'Metric changes']
+    h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', 'Main metric, other changes']
       .map((title) => h('th', {scope: 'col', text: title})))),
     h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', {colspan: '5', text: 'No checks to compare.'}))))));
   return section;

@@ -1,0 +1,259 @@
+"""The Advisor tab in a real browser: Debian's chromium driven by Playwright,
+against a real `tensorboard` process serving synthetic and real captures.
+
+Skips when /usr/bin/chromium or Playwright is missing (CI installs both).
+Screenshots of every state are saved under the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import synth
+
+CHROMIUM = "/usr/bin/chromium"
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+MALICIOUS = "<img src=x onerror=alert(1)>&amp;"
+GOOD = "2024_01_01_00_00_00"
+BETTER = "2024_01_05_00_00_00"
+BROKEN = "2024_01_09_00_00_00"
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium at /usr/bin/chromium")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _poison_kernel_names(space) -> None:
+    """Prefix GPU kernel names with markup, as C++ template names carry < > &."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU"):
+            for meta in plane.event_metadata.values():
+                if meta.name and not meta.name.startswith("Memcpy"):
+                    meta.name = MALICIOUS + meta.name
+
+
+def _build_logdir(root: Path) -> Path:
+    logdir = root / "logdir"
+    slow = synth.build_training_session(steps=8, gpus=2, input_wait_frac=0.3, launch_frac=0.08,
+                                        host_overhead_frac=0.05, gpu_compute_scale={1: 0.6},
+                                        memcpy_frac=0.06, step_ms=25.0)
+    _poison_kernel_names(slow.space)
+    slow.write(logdir, "train", GOOD)
+    synth.build_training_session(steps=8, gpus=2, input_wait_frac=0.02, step_ms=15.0).write(
+        logdir, "train", BETTER)
+    synth.build_training_session(steps=4).write(logdir, "train", MALICIOUS)
+    synth.write_bad_session(logdir, "train", BROKEN, "garbage")
+    sources = sorted((CORPUS / "keras-cnn-rtx5000").glob("download8-*/train/plugins/profile/*"))
+    if sources:
+        target = logdir / "rtx5000" / "plugins" / "profile" / sources[0].name
+        target.mkdir(parents=True)
+        shutil.copy(next(sources[0].glob("*.xplane.pb")), target)
+    return logdir
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real tensorboard process on 127.0.0.1 (the venv's, with this package installed)."""
+    root = tmp_path_factory.mktemp("browser")
+    logdir = _build_logdir(root)
+    port = _free_port()
+    tensorboard = Path(sys.executable).with_name("tensorboard")
+    log = open(root / "tensorboard.log", "wb")
+    process = subprocess.Popen(
+        [str(tensorboard), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port),
+         "--path_prefix", "/tb"],
+        stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/tb"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/data/plugins_listing", timeout=5) as response:
+                    listing = json.load(response)
+                if listing.get("gpu_advisor", {}).get("enabled"):
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("tensorboard did not serve the Advisor tab:\n" +
+                            (root / "tensorboard.log").read_text(errors="replace")[-3000:])
+            time.sleep(0.3)
+        yield {"base": base, "root": root, "real": (logdir / "rtx5000").is_dir()}
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"])
+        yield instance
+        instance.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    page.dialogs = []
+    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    yield page
+    context.close()
+
+
+def _advisor(page, server):
+    """Opens the Advisor tab and returns its iframe."""
+    page.goto(server["base"] + "/#gpu_advisor")
+    iframe = page.wait_for_selector('iframe[src*="plugin_entry.html?name=gpu_advisor"]', timeout=60000)
+    frame = iframe.content_frame()
+    frame.wait_for_selector(".advisor", timeout=30000)
+    return frame
+
+
+def _select_session(frame, run: str, session: str) -> None:
+    frame.select_option("[data-testid=run-select]", run)
+    frame.select_option("[data-testid=session-select]", session)
+
+
+def _expand_all(frame) -> None:
+    """Opens the passed-checks list and every finding, as a user clicking through would."""
+    if frame.locator("details.passed > summary").count():
+        frame.click("details.passed > summary")
+    toggles = frame.locator("button.finding-toggle")
+    for index in range(toggles.count()):
+        if toggles.nth(index).get_attribute("aria-expanded") == "false":
+            toggles.nth(index).click()
+
+
+def _shot(page, server, name: str, target=None) -> None:
+    """Screenshot of the page, with `target` (a locator in the iframe) scrolled to the top."""
+    if target is not None:
+        target.evaluate("node => node.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(server["root"] / f"{name}.png"))
+
+
+def test_report_findings_chart_and_fix(page, server):
+    frame = _advisor(page, server)
+    assert page.get_by_text("Advisor", exact=False).first.is_visible()
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    _shot(page, server, "1-report")
+    bars = frame.locator("[data-testid=step-chart] g.step-bar")
+    assert bars.count() == 8
+    assert frame.locator("[data-testid=device-chart] g.gpu-bar").count() == 2
+    assert frame.locator("[data-testid=device-chart] g.gpu-bar.straggler").count() == 1
+    assert "20" in frame.locator("[data-testid=step-mean]").inner_text() or \
+        "25" in frame.locator("[data-testid=step-mean]").inner_text()
+    findings = frame.locator("[data-testid=findings] > li.finding")
+    assert findings.count() >= 1, "no actionable findings rendered"
+    severities = {findings.nth(i).get_attribute("data-severity") for i in range(findings.count())}
+    assert severities <= {"critical", "warning", "info"}
+    assert frame.locator("[data-testid=findings] .badge.sev-critical").count() >= 1
+    # The first finding starts open; collapse it with the keyboard and open the second.
+    first_toggle = findings.nth(0).locator("button.finding-toggle")
+    assert first_toggle.get_attribute("aria-expanded") == "true"
+    first_toggle.focus()
+    page.keyboard.press("Enter")
+    assert first_toggle.get_attribute("aria-expanded") == "false"
+    assert findings.nth(0).locator(".finding-body").is_hidden()
+    page.keyboard.press("Enter")
+    body = findings.nth(0).locator(".finding-body")
+    assert body.is_visible()
+    assert body.locator(".fixes li.fix").count() >= 1
+    _shot(page, server, "2-finding-expanded", findings.nth(0))
+    if body.locator(".code").count():
+        body.locator("button.copy").first.click()
+        assert body.locator("button.copy").first.inner_text() in ("Copied", "Select & copy")
+
+
+def test_malicious_names_render_as_text(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings]", timeout=30000)
+    _expand_all(frame)
+    frame.select_option("[data-testid=session-select]", MALICIOUS)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    _shot(page, server, "3-malicious-session")
+    options = frame.locator("[data-testid=session-select] option").all_inner_texts()
+    assert MALICIOUS in options
+    assert frame.locator("img").count() == 0
+    assert page.locator("img[src=x]").count() == 0
+    assert page.dialogs == []
+
+
+def test_malicious_kernel_in_evidence_is_text(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings]", timeout=30000)
+    _expand_all(frame)
+    names = frame.locator(".evidence td.name code").all_inner_texts()
+    assert any(MALICIOUS in name for name in names), names[:10]
+    assert frame.locator(".evidence img").count() == 0
+    link = frame.locator(".evidence a.profile-link").first
+    href = link.get_attribute("href")
+    assert f"run=train%2F{GOOD}" in href and "tool=" in href and href.endswith("#profile")
+    assert href.startswith(server["base"] + "/?")
+    assert link.get_attribute("target") == "_parent"
+    _shot(page, server, "4-evidence", frame.locator(".evidence").first)
+    assert page.dialogs == []
+
+
+def test_corrupt_session_shows_its_error(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", BROKEN)
+    error = frame.wait_for_selector("[data-testid=report-errors]", timeout=30000)
+    assert "XSpace" in error.inner_text() or "bad-host" in error.inner_text()
+    _shot(page, server, "5-corrupt")
+    frame.select_option("[data-testid=session-select]", GOOD)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    assert frame.locator("[data-testid=report-errors]").count() == 0
+
+
+def test_compare_view(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", BETTER)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    frame.click("#tab-compare")
+    frame.select_option("[data-testid=base-select]", f"train\u0000{GOOD}")
+    compare = frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    delta = frame.locator("[data-testid=step-delta]").inner_text()
+    assert delta.startswith("-") or delta.startswith("−"), delta
+    statuses = frame.locator(".compare-table tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.status)")
+    assert set(statuses) & {"fixed", "better"}, statuses
+    assert compare.is_visible()
+    _shot(page, server, "6-compare")
+
+
+def test_real_capture(page, server):
+    if not server["real"]:
+        pytest.skip("shared corpus not present")
+    frame = _advisor(page, server)
+    frame.select_option("[data-testid=run-select]", "rtx5000")
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=60000)
+    assert frame.locator("[data-testid=step-chart] g.step-bar").count() >= 10
+    assert frame.locator("[data-testid=report-errors]").count() == 0
+    _shot(page, server, "7-real-capture")
