@@ -139,9 +139,12 @@ def check(analysis) -> Finding:
                     f"after another instead of in parallel; running them together would save about "
                     f"{savings_ms:.2f} ms per step.")
     if idle:
-        idle_names = ", ".join(kernels.device_label(model, d) for d in idle)
-        summary += (f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({idle_names}): either the "
-                    "training uses fewer GPUs than the machine has, or the profiler traced only some "
+        copying = ", ".join(kernels.device_label(model, d) for d in idle if len(d))
+        silent = ", ".join(kernels.device_label(model, d) for d in idle if not len(d))
+        parts = ([f"{copying} only copied data"] if copying else []) + \
+                ([f"{silent} recorded nothing"] if silent else [])
+        summary += (f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({'; '.join(parts)}): either "
+                    "the training uses fewer GPUs than the machine has, or the profiler traced only some "
                     "of them.")
     if imbalance >= WARNING_AT:
         title = f"{labels[id(straggler)]} works {imbalance:.0f}% more than the least busy GPU"
