@@ -257,3 +257,17 @@ def test_real_capture(page, server):
     assert frame.locator("[data-testid=step-chart] g.step-bar").count() >= 10
     assert frame.locator("[data-testid=report-errors]").count() == 0
     _shot(page, server, "7-real-capture")
+
+
+def test_deep_link_opens_profile_tab_in_parent_page(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings] .profile-link", timeout=30000)
+    link = frame.locator("[data-testid=findings] .profile-link").first
+    expected = link.get_attribute("href")
+    link.click()
+    page.wait_for_url("**#profile", timeout=30000)
+    assert page.url == expected
+    assert page.url.startswith(server["base"] + "/?run=train%2F" + GOOD)
+    page.wait_for_timeout(3000)
+    _shot(page, server, "8-profile-deep-link")
