@@ -15,7 +15,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.analysis.breakdown import Breakdown
@@ -49,16 +49,6 @@ class Analysis:
     def ms_per_step(self, ps_total: float) -> float:
         """A total over all steps, as milliseconds per step (0 when there are no steps)."""
         return float(ps_total) / PS_PER_MS / self.steps_count if self.steps_count else 0.0
-
-    def percent_of_steps(self, ps_total: float) -> float:
-        """A total over all steps as a percentage of the summed step time."""
-        return 100.0 * float(ps_total) / self.step_time_ps if self.step_time_ps else 0.0
-
-    @property
-    def primary_device(self) -> DeviceActivity | None:
-        """The device the per-step breakdown is measured on (first active GPU), or None on CPU-only captures."""
-        gpus = self.model.active_gpus
-        return gpus[0] if gpus else None
 
     @staticmethod
     def to_ms(ps: float | np.ndarray) -> float | np.ndarray:
