@@ -88,7 +88,8 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarray) -> np.ndarray:
     """Length of the disjoint set inside each window [edges_lo[i], edges_hi[i]).
 
-    Windows must be sorted and non-overlapping (step periods are).
+    Windows are independent of each other: they may overlap and come in any order
+    (step periods, or one window per event).
     """
     starts, ends = intervals
     if starts.size == 0 or edges_lo.size == 0:
