@@ -191,7 +191,7 @@ class AdvisorApp {
     const {run, session, host} = this.selection;
     this.show(views.statusView(`Loading ${run} / ${session}…`));
     const report = await model.fetchReport({run, session, host}, (progress) => {
-      this.show(views.statusView(`Analyzing ${run} / ${session}…`, progress));
+      this.show(views.statusView(`${run} / ${session}:`, progress));
     }, signal);
     if (signal.aborted) return;
     this.report = report;

@@ -271,3 +271,27 @@ def test_deep_link_opens_profile_tab_in_parent_page(page, server):
     assert page.url.startswith(server["base"] + "/?run=train%2F" + GOOD)
     page.wait_for_timeout(3000)
     _shot(page, server, "8-profile-deep-link")
+
+
+def test_pending_report_shows_progress_then_the_report(page, server):
+    """The first answers are held as 202s (as for a large capture): the tab shows progress and polls."""
+    pending = {"status": "pending",
+               "progress": {"stage": "analyzing", "fraction": 0.4, "bytes": 8 << 20, "elapsed_s": 1.2}}
+    held = {"count": 0}
+
+    def hold_twice(route):
+        if held["count"] < 2 and f"session={BETTER}" in route.request.url:
+            held["count"] += 1
+            route.fulfill(status=202, content_type="application/json", body=json.dumps(pending))
+        else:
+            route.continue_()
+
+    page.route("**/data/plugin/gpu_advisor/report?*", hold_twice)
+    frame = _advisor(page, server)
+    _select_session(frame, "train", BETTER)
+    frame.wait_for_selector("progress", timeout=30000)
+    status = frame.locator("[role=status]").inner_text()
+    assert "Analyzing" in status and "40 %" in status
+    _shot(page, server, "9-pending")
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    assert held["count"] == 2
