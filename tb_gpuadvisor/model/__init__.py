@@ -6,6 +6,8 @@ read becomes an entry in ``SessionModel.errors`` and the others still load.
 
 from __future__ import annotations
 
+import os
+
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model.build import HostCapture, read_host
 from tb_gpuadvisor.model.steps import assign_steps, find_steps, framework
@@ -24,7 +26,8 @@ def load_session(ref: SessionRef) -> SessionModel:
         try:
             captures.append((read_host(path, host, ref.opener()), path))
         except CaptureError as err:
-            errors.append({"host": host, "path": path, "message": str(err)})
+            # The file name, not the server path: reports are served to browsers.
+            errors.append({"host": host, "file": os.path.basename(path), "message": str(err)})
     if captures:
         origin = min(c.origin_ns for c, _ in captures)
         for capture, _ in captures:

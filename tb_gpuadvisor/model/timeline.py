@@ -253,7 +253,7 @@ class SessionModel:
     hosts: list[HostModel]
     steps: Steps
     framework: str                   # "tensorflow", "jax", "unknown"
-    errors: list[dict] = field(default_factory=list)   # {"host", "path", "message"}
+    errors: list[dict] = field(default_factory=list)   # {"host", "file", "message"}
     warnings: list[str] = field(default_factory=list)
 
     @property
