@@ -52,7 +52,8 @@ def _fit_with_profile(model: keras.Model, dataset: tf.data.Dataset, settings: Se
     tensorboard = keras.callbacks.TensorBoard(
         log_dir=str(settings.run_dir),
         profile_batch=(settings.warmup + 1, settings.warmup + settings.steps))
-    model.fit(dataset, epochs=1, steps_per_epoch=settings.total_steps,
+    # shuffle=False: the pipelines shuffle (or not) themselves; Keras ignores it for datasets anyway.
+    model.fit(dataset, epochs=1, steps_per_epoch=settings.total_steps, shuffle=False,
               callbacks=[*callbacks, tensorboard], verbose=0)
 
 
