@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synth import build_training_session
+from synth import PS_PER_MS, SpaceBuilder, build_training_session, write_session
 
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
@@ -18,7 +18,7 @@ from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.xspace.schema import XPlane
 
 all_checks()
-GPU_ONLY = ("kernel_launch", "op_placement", "memcpy")
+GPU_ONLY = ("kernel_launch", "memcpy")
 MINE = ("input_bound", "kernel_launch", "host_overhead", "op_placement", "memcpy", "profile_quality")
 
 
@@ -242,3 +242,40 @@ def test_real_captures_give_sane_findings(corpus, folder) -> None:
                     assert 0 <= value <= 100, (check, name, value)
             assert finding.estimated_savings_ms_per_step >= 0
             assert finding.title and finding.summary
+
+
+# --- op_placement on CPU-only captures ---------------------------------------------------------
+
+def _cpu_capture(tmp_path, unique_ms: float, matmul_ms: float, steps: int = 4):
+    """Custom-loop steps of 20 ms: Unique and MatMul on an executor thread, plus work that must
+    not count (a variable read, and a tf.data map op on a pipeline thread)."""
+    space = SpaceBuilder(["cpu-host"])
+    plane = space.plane("/host:CPU")
+    main = plane.line(1, "python", 0)
+    executor = plane.line(2, "tf_Compute/2", 0)
+    pipeline = plane.line(3, "tf_data_private_threadpool/3", 0)
+    for step in range(steps):
+        t0 = step * 20 * PS_PER_MS
+        main.add("train", t0, 20 * PS_PER_MS, {"step_num": step, "_r": 1})
+        executor.add("model/ids/Unique:Unique", t0 + PS_PER_MS, int(unique_ms * PS_PER_MS))
+        executor.add("model/dense/MatMul:MatMul", t0 + int((1.5 + unique_ms) * PS_PER_MS),
+                     int(matmul_ms * PS_PER_MS))
+        executor.add("model/dense/ReadVariableOp:ReadVariableOp", t0 + int(18.5 * PS_PER_MS), PS_PER_MS)
+        pipeline.add("map/Conv2D:Conv2D", t0, 15 * PS_PER_MS)
+    write_session(tmp_path, "cpu", "s", {"cpu-host": space.build()})
+    (ref,) = find_sessions(str(tmp_path))
+    return Analysis(load_session(ref))
+
+
+@pytest.mark.parametrize("unique_ms, matmul_ms, expected", [
+    (3.0, 7.0, Severity.WARNING), (9.0, 6.0, Severity.CRITICAL), (0.4, 9.6, Severity.OK),
+])
+def test_op_placement_on_cpu_measures_ops_without_gpu_kernel(tmp_path, unique_ms, matmul_ms, expected) -> None:
+    finding = run(_cpu_capture(tmp_path, unique_ms, matmul_ms), "op_placement")
+    assert finding.metrics["measured_on"] == "cpu"
+    assert finding.metrics["host_op_percent"] == pytest.approx(100 * unique_ms / (unique_ms + matmul_ms), abs=0.5)
+    assert finding.severity is expected
+    if expected is not Severity.OK:
+        assert finding.evidence[0].name == "Unique"
+        assert finding.estimated_savings_ms_per_step == pytest.approx(unique_ms, rel=0.01)
+

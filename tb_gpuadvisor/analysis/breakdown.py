@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.analysis.kernels import is_collective_kernel, is_low_precision_kernel
+from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import (
@@ -247,11 +248,20 @@ def host_device(host: HostModel) -> Device:
     return Device(name="/host:CPU", host=host.name, kind="cpu", index=0)
 
 
+def training_threads(activity: HostActivity) -> np.ndarray:
+    """Events on the threads that run the step (not tf.data's own producer threads)."""
+    pipeline = np.fromiter((classify.is_input_pipeline_thread(t) for t in activity.threads), bool,
+                           len(activity.threads))
+    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
+
+
 def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
     activity = host.activity
     start, end = activity.start_ps, activity.end_ps
     waits = _set(start, end, activity.kind == HostEventKind.INPUT_WAIT)
-    ops = iv.subtract(_set(start, end, activity.kind == HostEventKind.FRAMEWORK_OP), waits)
+    # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
+    step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & training_threads(activity)
+    ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
     return _split(host_device(host), windows, steps, compute=ops, compute_low=iv.EMPTY,
                   collective=iv.EMPTY, copy=iv.EMPTY, waits=waits, launch=iv.EMPTY)

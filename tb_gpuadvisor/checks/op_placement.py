@@ -28,6 +28,14 @@ move them into the tf.data pipeline where they run ahead of the step.
 Savings model: only host op time during which the GPU sat idle can shorten the step;
 that exposed time shrinks by a stated conservative factor of 10 (GPU vs host speed for
 the ops that have GPU kernels): savings = exposed host op ms per step x (1 - 1/10).
+
+## On CPU-only captures
+Without a GPU every op runs on the host, so misplacement itself cannot show. What can
+show is the work that would *stay* on the host after moving to a GPU: ops TensorFlow
+has no GPU kernel for. There ``host_op_percent`` is their share of the op time on the
+threads that run the step (tf.data's own threads excluded), with the same thresholds,
+and the saving assumes they leave the step (moved into the input pipeline, or
+replaced): savings = their ms per step.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_gpuadvisor.analysis import fixes
-from tb_gpuadvisor.analysis.breakdown import op_key
+from tb_gpuadvisor.analysis.breakdown import op_key, training_threads
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.analysis.kernels import op_type
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
@@ -118,10 +126,48 @@ def _nearby_copies(dev: DeviceActivity, op_set: iv.Intervals) -> np.ndarray:
     return copies[inside]
 
 
+def _host_only_ops(analysis: Analysis) -> Finding:
+    """The CPU-only form of the check: ops that have no GPU kernel (see the docstring)."""
+    host_only_ps = op_ps = 0
+    evidence: list[Evidence] = []
+    steps = analysis.steps_count
+    for host in analysis.model.hosts:
+        activity = host.activity
+        types = np.array([op_type(n) for n in activity.names], dtype=object)
+        counted = np.fromiter((t not in BOOKKEEPING_OPS for t in types), bool, types.size)
+        stuck = np.fromiter((t in HOST_ONLY_OPS for t in types), bool, types.size)
+        ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
+               & training_threads(activity) & counted[activity.name])
+        idx = np.flatnonzero(ops & stuck[activity.name])
+        op_ps += int(activity.dur_ps[ops].sum())
+        host_only_ps += int(activity.dur_ps[idx].sum())
+        if idx.size:
+            evidence += _op_evidence(activity, idx, set(), steps)
+    percent = 100.0 * host_only_ps / op_ps if op_ps else 0.0
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+    ms = analysis.ms_per_step(host_only_ps)
+    names = ", ".join(dict.fromkeys(e.name for e in evidence)) or "none"
+    summary = ("This capture has no GPU, so every op runs on the host and misplacement itself cannot show. "
+               f"{percent:.1f}% of the step's op time ({ms:.2f} ms per step) is in ops that have no GPU "
+               f"kernel ({names}): on a GPU they would stay on the host, stall the GPU and force copies "
+               "around them.")
+    title = (f"{percent:.1f}% of op time is in ops with no GPU kernel" if severity is not Severity.OK
+             else f"Few ops without a GPU kernel ({percent:.1f}% of op time)")
+    return Finding(
+        check=CHECK_ID, severity=severity, title=title, summary=summary,
+        metrics={"host_op_percent": round(percent, 2), "host_op_ms_per_step": round(ms, 3),
+                 "measured_on": "cpu"},
+        estimated_savings_ms_per_step=ms if severity is not Severity.OK else 0.0, evidence=evidence[:TOP],
+        fixes=[fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS] if severity is not Severity.OK else [],
+    )
+
+
 @register(CHECK_ID, "Ops placed on the host", __doc__)
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
+    if breakdown.device_kind == "cpu" and analysis.steps_count:
+        return _host_only_ops(analysis)
     if breakdown.device_kind != "gpu" or primary is None:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU to place ops on",
                        "The capture has no GPU that ran kernels, so op placement between host and GPU "

@@ -86,6 +86,11 @@ def host_event_kind(name: str) -> HostEventKind:
     return HostEventKind.OTHER
 
 
+def is_input_pipeline_thread(thread_name: str) -> bool:
+    """tf.data runs its producers (and their map functions' ops) on threads of its own."""
+    return thread_name.startswith("tf_data_")
+
+
 def op_type(op_name: str) -> str:
     """The op type of a TensorFlow op name ("scope/conv/Conv2D:Conv2D" -> "Conv2D")."""
     return op_name.rsplit(":", 1)[-1] if ":" in op_name else op_name.rsplit("/", 1)[-1]
