@@ -20,7 +20,8 @@ CATALOGUE: tuple[ScenarioInfo, ...] = (
     ScenarioInfo("launch_bound", "hundreds of tiny ops per step at batch size 1, run eagerly",
                  "kernel launch latency exists only on a GPU; on the CPU the same job shows as host time"),
     ScenarioInfo("host_placement", "tf.unique and a heavy projection pinned to /CPU:0 inside the step",
-                 "without a GPU every op runs on the host, so misplacement cannot be told apart"),
+                 "without a GPU every op runs on the host: the /CPU:0 pin cannot show, only the time in "
+                 "tf.unique, which has no GPU kernel"),
     ScenarioInfo("fp32", "the healthy model without mixed precision",
                  "precision and Tensor Core use can only be measured on a GPU; on the CPU this equals healthy"),
     ScenarioInfo("multi_gpu", "MirroredStrategy with extra work pinned to the first replica's device",

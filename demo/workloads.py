@@ -108,7 +108,9 @@ class HostPinnedTokenEncoder(keras.layers.Layer):
         self.vocab, self.width = vocab, width
 
     def build(self, input_shape):
-        self.table = self.add_weight(shape=(self.vocab, self.width), initializer="glorot_uniform", name="table")
+        # A frozen (pretrained) embedding table: deduplication, not its gradient, is the heavy part.
+        self.table = self.add_weight(shape=(self.vocab, self.width), initializer="glorot_uniform", name="table",
+                                     trainable=False)
         self.projection = self.add_weight(shape=(self.width, self.width), initializer="glorot_uniform",
                                           name="projection")
 
@@ -117,9 +119,7 @@ class HostPinnedTokenEncoder(keras.layers.Layer):
             flat = tf.reshape(ids, [-1])
             unique_ids, positions = tf.unique(flat)
             rows = tf.gather(tf.convert_to_tensor(self.table), unique_ids)
-            hidden = tf.gather(rows, positions)
-            for _ in range(3):
-                hidden = tf.nn.relu(tf.matmul(hidden, self.projection))
+            hidden = tf.nn.relu(tf.matmul(tf.gather(rows, positions), self.projection))
             hidden = tf.reshape(hidden, [tf.shape(ids)[0], -1, self.width])
             return tf.reduce_mean(hidden, axis=1)
 

@@ -60,9 +60,11 @@ _LAUNCH = re.compile(r"^(cu|cuda|hip|hipModule)(Launch|Memcpy|Memset|Graph(Exec)
                      r"^(cuLaunchKernel|cudaLaunchKernel|hipLaunchKernel|hipExtLaunchKernel)")
 _FUNCTION = re.compile(r"^__inference_|^__forward_|^[a-z_]*_function$|^PjitFunction\(|^jit_|"
                        r"^TfrtTpuLoadedExecutable::Execute$|^PjRtCApiLoadedExecutable::Execute$")
-_EXECUTOR = re.compile(r"^Executor|^PjRt|^ThunkExecutor|^Thunk::|^ThreadpoolListener|^BufferSequencingEvent")
+# Eager dispatch wraps both single eager ops and whole tf.function calls, so it is executor
+# work, not an op: counting it as one would count the ops of a function twice.
+_EXECUTOR = re.compile(r"^Executor|^PjRt|^ThunkExecutor|^Thunk::|^ThreadpoolListener|^BufferSequencingEvent|"
+                       r"^Eager(Kernel|Local)?Execute")
 _TF_OP = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_]*$")
-_EAGER_OPS = frozenset({"EagerKernelExecute", "EagerLocalExecute", "EagerExecute"})
 MEMORY_EVENTS = frozenset({"MemoryAllocation", "MemoryDeallocation"})
 
 
@@ -81,7 +83,7 @@ def host_event_kind(name: str) -> HostEventKind:
         return HostEventKind.FUNCTION
     if _EXECUTOR.search(name):
         return HostEventKind.EXECUTOR
-    if name in _EAGER_OPS or _TF_OP.match(name):
+    if _TF_OP.match(name):
         return HostEventKind.FRAMEWORK_OP
     return HostEventKind.OTHER
 
