@@ -405,6 +405,12 @@ def render_markdown(result: dict) -> str:
         "|" + "|".join("---:" if i < len(HEADER) - 1 else "---" for i in range(len(HEADER))) + "|",
     ]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(result["rows"])]
+    runs: dict[str, list[str]] = {}
+    for r in result["rows"]:
+        runs.setdefault(r.get("commit") or "?", []).append(f"{r['nominal_mb']:g} MB x {r['gpus']}")
+    if len(runs) > 1:
+        lines += ["", "Rows come from several runs: " + "; ".join(
+            f"commit {c}: {', '.join(sizes)}" for c, sizes in runs.items()) + "."]
     lines += ["", "Times are wall seconds of a cold process; RSS is the child's peak resident memory. "
               "`<=` marks ratios against an XProf run that was killed (so XProf needed at least that).",
               "", "| target | measured | met |", "|---|---|---|"]
@@ -480,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = bench_capture(cap, workdir, timeout_s=args.timeout, xprof_timeout_s=args.xprof_timeout,
                                     xprof_mem_limit_mb=limit_mb, with_xprof=not args.no_xprof,
                                     repeat=args.repeat, xprof_repeat=args.xprof_repeat)
+                row["commit"] = info["commit"]
                 rows.append(row)
                 print(render_text([row]).splitlines()[-1], flush=True)
     finally:

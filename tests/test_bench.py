@@ -1,0 +1,84 @@
+"""Smoke test of the benchmark script on a ~2 MB capture (XProf is measured when installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench  # noqa: E402
+
+HAS_XPROF = importlib.util.find_spec("xprof") is not None
+
+
+def test_one_capture_end_to_end(tmp_path: Path) -> None:
+    capture = bench.build_capture(tmp_path, 2, 2)
+    assert not capture["reused"] and 1.5e6 < capture["bytes"] < 3e6
+    assert bench.build_capture(tmp_path, 2, 2)["reused"]
+
+    row = bench.bench_capture(capture, tmp_path, timeout_s=120, xprof_timeout_s=120,
+                              xprof_mem_limit_mb=None, with_xprof=HAS_XPROF)
+    assert row["ours"]["status"] == "ok", row["ours"]["detail"]
+    assert row["ours"]["peak_rss_mb"] > 20  # a Python process with numpy, not the wrapper's figure
+    assert row["ours_split"]["status"] == "ok", row["ours_split"]["detail"]
+    assert row["steps_found"] == capture["steps"]
+    assert row["parse_model_mb_per_s"] > 0 and row["report_s"] > 0
+    assert not (tmp_path / "scratch").exists()  # the fresh copies are gone
+    if HAS_XPROF:
+        assert row["xprof"]["status"] == "ok", row["xprof"]["detail"]
+        assert row["xprof"]["inner"]["bytes"] > 0
+        assert row["time_ratio"] == pytest.approx(row["ours"]["wall_s"] / row["xprof"]["wall_s"])
+
+    result = {"date": "today", "machine": bench.machine(), "rows": [row], "targets": bench.targets([row])}
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:begin -->\nSTALE TABLE\n<!-- results:end -->\nafter\n")
+    bench.write_results(result, tmp_path / "out", readme)
+    assert json.loads((tmp_path / "out" / "latest.json").read_text())["rows"][0]["gpus"] == 2
+    text = readme.read_text()
+    assert "STALE TABLE" not in text and text.startswith("intro") and text.endswith("after\n")
+    assert f"| {row['size_mb']:.1f} | 2 |" in text
+
+
+def test_timeout_failure_and_memory_limit_are_recorded() -> None:
+    py = sys.executable
+    slow = bench.measure([py, "-c", "import time; time.sleep(30)"], timeout_s=0.5)
+    assert slow.status == "timeout" and slow.wall_s < 10
+    failed = bench.measure([py, "-c", "raise SystemExit('no such capture')"], timeout_s=30)
+    assert failed.status == "failed" and "exit 1" in failed.detail and "no such capture" in failed.detail
+    hungry = bench.measure([py, "-c", "import time; b = bytearray(400 << 20); time.sleep(30)"],
+                           timeout_s=30, mem_limit_mb=150)
+    assert hungry.status == "memory-limit" and hungry.peak_rss_mb > 150 and hungry.wall_s < 20
+    fine = bench.measure([py, "-c", "b = bytearray(200 << 20)"], timeout_s=30)
+    assert fine.ok and 200 < fine.peak_rss_mb < 400
+
+
+def _row(size: float, gpus: int, ours_s: float, xprof_s: float, killed: bool = False) -> dict:
+    ours = {"status": "ok", "wall_s": ours_s, "peak_rss_mb": 100.0, "detail": "", "inner": {}}
+    xprof = {"status": "timeout" if killed else "ok", "wall_s": xprof_s, "peak_rss_mb": 1000.0,
+             "detail": "timeout: killed after 600 s" if killed else "", "inner": {}}
+    return {"nominal_mb": size, "size_mb": size, "gpus": gpus, "events": 1000, "steps_built": 3,
+            "steps_found": 3, "ours": ours, "xprof": xprof, "time_ratio": ours_s / xprof_s,
+            "rss_ratio": 0.1, "ratios_are_bounds": killed, "parse_model_mb_per_s": 40.0}
+
+
+def test_targets_and_table() -> None:
+    rows = [_row(50, 8, 1.0, 10.0), _row(200, 8, 4.0, 10.0), _row(1000, 8, 70.0, 600.0, killed=True)]
+    verdict = {t["target"]: t["met"] for t in bench.targets(rows)}
+    assert verdict["50 MB x 8 GPU: our time / XProf time <= 0.25"]
+    assert not verdict["200 MB x 8 GPU: our time / XProf time <= 0.25"]
+    assert not verdict["1000 MB x 8 GPU: analyze in < 60 s"]
+    assert verdict["1000 MB x 8 GPU: analyze in < 6 GB"]
+    # 1 s -> 4 s -> 70 s for 1x -> 4x -> 20x the size is worse than linear.
+    assert not next(met for name, met in verdict.items() if "linear" in name)
+    assert next(met for name, met in verdict.items() if "MB/s" in name)
+
+    table = bench.render_text(rows)
+    assert "<=0.117" in table and ">600.0" in table and "XProf timeout" in table
+    merged = bench.merge_rows(rows, [_row(50, 8, 2.0, 10.0), _row(10, 1, 0.5, 1.0)])
+    assert [(r["gpus"], r["nominal_mb"], r["ours"]["wall_s"]) for r in merged] == [
+        (1, 10, 0.5), (8, 50, 2.0), (8, 200, 4.0), (8, 1000, 70.0)]
