@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
 from tb_gpuadvisor.analysis.kernels import is_collective_kernel, is_low_precision_kernel
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
@@ -173,7 +174,7 @@ def _by_name(names: list[str], predicate) -> np.ndarray:
     return np.fromiter((bool(predicate(n)) for n in names), bool, len(names))
 
 
-def _dispatch_mask(activity: HostActivity, dev: DeviceActivity) -> np.ndarray:
+def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """Host events that launch or dispatch work for ``dev``.
 
     Launch calls are linked to the device by correlation id (calls without one
@@ -181,17 +182,29 @@ def _dispatch_mask(activity: HostActivity, dev: DeviceActivity) -> np.ndarray:
     device ran an op of the same node name (ops without device annotations count
     for every device); executor scheduling counts for every device of the host.
     """
+    activity = host.activity
     kind = activity.kind
-    launch = kind == HostEventKind.LAUNCH
-    device_corr = np.unique(dev.correlation_id[dev.correlation_id >= 0])
-    if device_corr.size:
-        corr = activity.correlation_id
-        launch &= (corr < 0) | np.isin(corr, device_corr)
+    target = launch_targets(host)
+    position = next(i for i, d in enumerate(host.devices) if d is dev)
+    launch = (kind == HostEventKind.LAUNCH) & ((target == -1) | (target == position))
     ops = kind == HostEventKind.FRAMEWORK_OP
-    device_ops = {op_key(dev.ops[i]) for i in np.unique(dev.op[dev.op >= 0])}
+    device_ops = {op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0])}
     if device_ops:
         ops &= _by_name(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
     return launch | ops | (kind == HostEventKind.EXECUTOR)
+
+
+def launch_targets(host: HostModel) -> np.ndarray:
+    """For every host event, the position in ``host.devices`` of the device that ran the work
+    it launched (joined by correlation id), -1 when none; computed once per host."""
+    targets = host.activity.derived.get("launch_targets")
+    if targets is None:
+        keys = [d.correlation_id[d.correlation_id >= 0] for d in host.devices]
+        positions = [np.full(k.size, i, np.int32) for i, k in enumerate(keys)]
+        table = SortedKeys(np.concatenate(keys) if keys else np.empty(0, np.int64),
+                           np.concatenate(positions) if positions else np.empty(0, np.int32))
+        targets = host.activity.derived["launch_targets"] = table.get(host.activity.correlation_id, -1)
+    return targets
 
 
 def _split(device: Device, windows: Intervals, steps: Steps, compute: Intervals, compute_low: Intervals,
@@ -237,7 +250,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         collective=_set(start, end, collective),
         copy=_set(start, end, dev.mask(*COPY_KINDS)),
         waits=_set(h_start, h_end, activity.kind == HostEventKind.INPUT_WAIT),
-        launch=_set(h_start, h_end, _dispatch_mask(activity, dev)))
+        launch=_set(h_start, h_end, _dispatch_mask(host, dev)))
 
 
 def host_device(host: HostModel) -> Device:

@@ -160,7 +160,14 @@ class KernelClasses:
 
 
 def classify(dev: DeviceActivity) -> KernelClasses:
-    """Masks over ``dev``'s events for every kernel class the device checks use."""
+    """Masks over ``dev``'s events for every kernel class the device checks use (computed once)."""
+    classes = dev.derived.get("kernel_classes")
+    if classes is None:
+        classes = dev.derived["kernel_classes"] = _classify(dev)
+    return classes
+
+
+def _classify(dev: DeviceActivity) -> KernelClasses:
     names_tc = _name_mask(dev.names, is_tensor_core_kernel)
     names_low = _name_mask(dev.names, is_low_precision_kernel)
     names_coll = _name_mask(dev.names, is_collective_kernel)

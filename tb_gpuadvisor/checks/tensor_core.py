@@ -97,12 +97,18 @@ def check(analysis) -> Finding:
         dev_compute = int(dev.dur_ps[cls.kernel & keep].sum())
         compute_ps += dev_compute
         savings_ps += dev_missing * (1.0 - 1.0 / kernels.tensor_core_speedup(dev.device))
-        for i in np.flatnonzero(missing & (dev.op >= 0)):
-            op = dev.ops[dev.op[i]]
-            entry = ops_missing[(dev.device.name, kernels.op_display_name(op))]
-            entry[0] += int(dev.dur_ps[i])
-            entry[1] += 1
-            entry[2].add(dev.names[dev.name[i]])
+        # Aggregate per op id first, so only the distinct ops are visited in Python.
+        rows = np.flatnonzero(missing & (dev.op >= 0))
+        op_ids = dev.op[rows]
+        time_by_op = np.bincount(op_ids, weights=dev.dur_ps[rows], minlength=len(dev.ops))
+        count_by_op = np.bincount(op_ids, minlength=len(dev.ops))
+        example_name = np.full(len(dev.ops), -1, np.int64)
+        example_name[op_ids[::-1]] = dev.name[rows][::-1]          # the first kernel of each op
+        for op_id in np.flatnonzero(count_by_op):
+            entry = ops_missing[(dev.device.name, kernels.op_display_name(dev.ops[op_id]))]
+            entry[0] += int(time_by_op[op_id])
+            entry[1] += int(count_by_op[op_id])
+            entry[2].add(dev.names[example_name[op_id]])
             entry[3] = dev.device.host
         for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
             bad = kernels.dims_not_multiple_of_8(op)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import map_small_ints
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
@@ -44,15 +45,6 @@ class _Interner:
             idx = self.index[value] = len(self.strings)
             self.strings.append(value)
         return idx
-
-
-def _map_ids(ids: np.ndarray, lookup: dict[int, int], default: int = -1) -> np.ndarray:
-    """Vectorised dict lookup for metadata ids."""
-    if ids.size == 0:
-        return np.empty(0, np.int32)
-    uniq, inverse = np.unique(ids, return_inverse=True)
-    mapped = np.fromiter((lookup.get(int(u), default) for u in uniq), np.int32, uniq.size)
-    return mapped[inverse]
 
 
 def _stat_value(stat, stat_names: dict[int, str]):
@@ -178,16 +170,16 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
             module_names = _Interner()
             ids = {mid: module_names.add(meta.name) for mid, meta in metadata.items()}
             modules.append(XlaModules(start[sel], start[sel] + dp.duration_ps[sel],
-                                      _map_ids(dp.metadata_id[sel], ids), module_names.strings))
+                                      map_small_ints(dp.metadata_id[sel], ids), module_names.strings))
 
     is_tpu = device.kind == "tpu"
     keep = _line_mask(dp, lambda line: line.name == classify.TPU_OPS_LINE if is_tpu
                       else line.name not in classify.DERIVED_DEVICE_LINES)
-    op = _map_ids(dp.metadata_id, md_op)
+    op = map_small_ints(dp.metadata_id, md_op)
     for stat in reversed(_OP_STATS):            # preferred stats written last
         found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
         op = np.where(found >= 0, found, op)
-    det = _map_ids(dp.metadata_id, md_details)
+    det = map_small_ints(dp.metadata_id, md_details)
     found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
     det = np.where(found >= 0, found, det)
     copy_details = _Interner()
@@ -200,7 +192,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
 
     order = np.flatnonzero(keep)
     order = order[np.argsort(start[order], kind="stable")]
-    name_idx = _map_ids(dp.metadata_id[order], md_name)
+    name_idx = map_small_ints(dp.metadata_id[order], md_name)
     kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
                                len(names.strings))
     activity = DeviceActivity(
@@ -226,7 +218,7 @@ def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
     labels = [metadata[int(m)].name if int(m) in metadata else "" for m in dp.metadata_id[sel]]
     numbers = np.fromiter((int(label) if label.lstrip("-").isdigit() else i for i, label in enumerate(labels)),
                           np.int64, len(labels))
-    groups = dp.stats["group_id"].ints(dp.n_events, dp.strings)[sel]
+    groups = dp.stats["group_id"].window(sel.start, sel.stop).ints(sel.stop - sel.start, dp.strings)
     return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
@@ -253,7 +245,7 @@ class _HostBuilder:
         start = _starts(dp, origin_ns)
         ints = {name: dp.stats[name].ints(n, dp.strings) for name in ("correlation_id", "group_id", "step_num", "_r")}
         self.parts.append({
-            "start_ps": start, "dur_ps": dp.duration_ps, "name": _map_ids(dp.metadata_id, md_name),
+            "start_ps": start, "dur_ps": dp.duration_ps, "name": map_small_ints(dp.metadata_id, md_name),
             "thread": line_thread[dp.line_index()] if n else np.empty(0, np.int32),
             "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
             "corr": ints["correlation_id"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, Steps
@@ -130,16 +131,6 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
     steps.end_ps = np.maximum(steps.end_ps, steps.start_ps)
 
 
-def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray, missing: int = -2) -> np.ndarray:
-    """values[keys == q] for every query (vectorised dict lookup), MISSING where absent."""
-    if keys.size == 0 or queries.size == 0:
-        return np.full(queries.shape, missing, np.int32)
-    order = np.argsort(keys, kind="stable")
-    keys, values = keys[order], values[order]
-    idx = np.clip(np.searchsorted(keys, queries), 0, keys.size - 1)
-    return np.where(keys[idx] == queries, values[idx], missing).astype(np.int32)
-
-
 def assign_steps(steps: Steps, hosts: list[HostCapture]) -> None:
     """Fill the ``step`` column of every host and device table.
 
@@ -147,17 +138,17 @@ def assign_steps(steps: Steps, hosts: list[HostCapture]) -> None:
     to the step in which its launch call ran, else to the step its start falls in.
     """
     with_group = steps.group_id >= 0
-    group_keys, group_steps = steps.group_id[with_group], np.flatnonzero(with_group)
+    by_group = SortedKeys(steps.group_id[with_group], np.flatnonzero(with_group))
     for hc in hosts:
         act = hc.activity
         act.step = steps.locate(act.start_ps)
         launch = act.correlation_id >= 0
-        corr_keys, corr_steps = act.correlation_id[launch], act.step[launch]
+        by_launch = SortedKeys(act.correlation_id[launch], act.step[launch])
         for dev in hc.devices:
             step = steps.locate(dev.start_ps)
-            via_launch = _lookup(corr_keys, corr_steps, dev.correlation_id)
+            via_launch = by_launch.get(dev.correlation_id, -2)
             step = np.where(via_launch != -2, via_launch, step)
-            via_group = _lookup(group_keys, group_steps, dev.group_id)
+            via_group = by_group.get(dev.group_id, -2)
             dev.step = np.where(via_group != -2, via_group, step).astype(np.int32)
 
 

@@ -136,6 +136,8 @@ class DeviceActivity(_EventColumns):
     streams: list[str]
     detail_strings: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # Values derived from these columns by analyses, kept with the table they describe.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -167,6 +169,7 @@ class HostActivity(_EventColumns):
     names: list[str]
     threads: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass

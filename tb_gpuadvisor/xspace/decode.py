@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from tb_gpuadvisor.arrays import distinct_small_ints, map_small_ints
 from tb_gpuadvisor.xspace.reader import CaptureError
 from tb_gpuadvisor.xspace.schema import XPlane
 
@@ -64,14 +65,19 @@ class StatColumn:
         out = np.full(n_events, -1, np.int32)
         ref = self.kind == REF
         if ref.any():
-            uniq, inverse = np.unique(self.value[ref], return_inverse=True)
-            ids = np.fromiter((intern(stat_names.get(int(u), "")) for u in uniq), np.int32, uniq.size)
-            out[self.event[ref]] = ids[inverse]
+            refs = self.value[ref]
+            interned = {int(sid): intern(stat_names.get(int(sid), "")) for sid in distinct_small_ints(refs)}
+            out[self.event[ref]] = map_small_ints(refs, interned)
         text = self.kind == STR
         if text.any():
             out[self.event[text]] = np.fromiter((intern(strings[int(i)]) for i in self.value[text]),
                                                 np.int32, int(text.sum()))
         return out
+
+    def window(self, lo: int, hi: int) -> "StatColumn":
+        """The values of events lo..hi-1, renumbered from 0 (records are in event order)."""
+        a, b = np.searchsorted(self.event, [lo, hi])
+        return StatColumn(self.event[a:b] - lo, self.kind[a:b], self.value[a:b])
 
     def floats(self, n_events: int) -> np.ndarray:
         out = np.zeros(n_events, np.float64)
@@ -114,15 +120,15 @@ def _shell(buf, spans) -> XPlane:
 
 
 def _columns(st_event, st_slot, st_type, st_value, wanted_names: list[str]) -> dict[str, StatColumn]:
-    event = np.frombuffer(st_event, np.int64)
     slot = np.frombuffer(st_slot, np.int8)
-    kind = np.frombuffer(st_type, np.int8)
-    value = np.frombuffer(st_value, np.int64)
-    out = {}
-    for i, name in enumerate(wanted_names):
-        pick = slot == i
-        out[name] = StatColumn(event[pick], kind[pick], value[pick]) if pick.any() else _empty_column()
-    return out
+    # One stable sort by slot keeps each stat's records in event order; cut at slot boundaries.
+    order = np.argsort(slot, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(slot, minlength=len(wanted_names)))))
+    event = np.frombuffer(st_event, np.int64)[order]
+    kind = np.frombuffer(st_type, np.int8)[order]
+    value = np.frombuffer(st_value, np.int64)[order]
+    return {name: StatColumn(event[a:b], kind[a:b], value[a:b])
+            for name, a, b in zip(wanted_names, bounds[:-1].tolist(), bounds[1:].tolist())}
 
 
 Chooser = Callable[[XPlane], "tuple[str, ...] | None"]

@@ -1,0 +1,51 @@
+"""Vectorised lookups that replace per-event dict access on the hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+# Above this many distinct key values a dense table costs more memory than sorting does.
+_DENSE_LIMIT = 1 << 24
+
+
+def map_small_ints(ids: np.ndarray, mapping: Mapping[int, int], default: int = -1) -> np.ndarray:
+    """int32 ``mapping.get(id, default)`` for every id.
+
+    Profiler metadata ids are small non-negative integers, so a dense table indexed by id
+    is O(n); other ids fall back to one sort.
+    """
+    if ids.size == 0:
+        return np.empty(0, np.int32)
+    keys = np.fromiter(mapping.keys(), np.int64, len(mapping))
+    values = np.fromiter(mapping.values(), np.int32, len(mapping))
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo >= 0 and hi < _DENSE_LIMIT:
+        table = np.full(hi + 1, default, np.int32)
+        inside = (keys >= 0) & (keys <= hi)
+        table[keys[inside]] = values[inside]
+        return table[ids]
+    return SortedKeys(keys, values).get(ids, default)
+
+
+def distinct_small_ints(values: np.ndarray) -> np.ndarray:
+    """The distinct values, counted in a dense table when they are small non-negative ints."""
+    if values.size and int(values.min()) >= 0 and int(values.max()) < _DENSE_LIMIT:
+        return np.flatnonzero(np.bincount(values))
+    return np.unique(values)
+
+
+class SortedKeys:
+    """A read-only int64 -> int map as sorted arrays: build once, look up many arrays."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray) -> None:
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.values = values[order]
+
+    def get(self, queries: np.ndarray, default: int = -1) -> np.ndarray:
+        if self.keys.size == 0 or queries.size == 0:
+            return np.full(queries.shape, default, np.int32)
+        idx = np.clip(np.searchsorted(self.keys, queries), 0, self.keys.size - 1)
+        return np.where(self.keys[idx] == queries, self.values[idx], default).astype(np.int32)
