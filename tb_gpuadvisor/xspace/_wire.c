@@ -13,11 +13,10 @@
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
  *   md, off, dur bytes of int64, one entry per event (events of all lines in order)
- *   st_event     bytes of int64: event index of each wanted stat found
- *   st_slot      bytes of int8: position of its metadata id in wanted_stat_ids
- *   st_type      bytes of int8: 1 int64, 2 uint64, 3 ref, 4 str (index into strings),
- *                5 double (value holds the bits), 6 bytes (value unused)
- *   st_value     bytes of int64
+ *   st_event     list, per wanted stat id: bytes of int64, the events carrying it
+ *   st_type      list, per wanted stat id: bytes of int8, 1 int64, 2 uint64, 3 ref,
+ *                4 str (index into strings), 5 double (value holds the bits), 6 bytes (unused)
+ *   st_value     list, per wanted stat id: bytes of int64
  *   strings      list of str values met in wanted stats
  * Raises ValueError on malformed or truncated input.
  */
@@ -87,10 +86,13 @@ static int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
     }
 }
 
+#define MAX_WANTED 64
+
 typedef struct {
     const int64_t *wanted;
     Py_ssize_t n_wanted;
-    Buf md, off, dur, st_event, st_slot, st_type, st_value;
+    Buf md, off, dur;
+    Buf st_event[MAX_WANTED], st_type[MAX_WANTED], st_value[MAX_WANTED];
     PyObject *strings;
     int64_t n_events;
 } State;
@@ -138,9 +140,8 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
         Py_DECREF(str);
         if (rc < 0) return -2;
     }
-    int8_t slot8 = (int8_t)slot;
-    if (buf_put(&s->st_event, &event, 8) || buf_put(&s->st_slot, &slot8, 1) ||
-        buf_put(&s->st_type, &type, 1) || buf_put(&s->st_value, &value, 8))
+    if (buf_put(&s->st_event[slot], &event, 8) || buf_put(&s->st_type[slot], &type, 1) ||
+        buf_put(&s->st_value[slot], &value, 8))
         return -3;
     return 0;
 }
@@ -216,9 +217,27 @@ static PyObject *bytes_of(Buf *b) {
 }
 
 static void free_state(State *s) {
-    Buf *bufs[] = {&s->md, &s->off, &s->dur, &s->st_event, &s->st_slot, &s->st_type, &s->st_value};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]->data);
+    free(s->md.data);
+    free(s->off.data);
+    free(s->dur.data);
+    for (int i = 0; i < MAX_WANTED; i++) {
+        free(s->st_event[i].data);
+        free(s->st_type[i].data);
+        free(s->st_value[i].data);
+    }
     Py_XDECREF(s->strings);
+}
+
+/* A list with one bytes object per wanted stat, taken from BUFS. */
+static PyObject *per_slot(Buf *bufs, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = bytes_of(&bufs[i]);
+        if (!b) { Py_DECREF(list); return NULL; }
+        PyList_SET_ITEM(list, i, b);
+    }
+    return list;
 }
 
 static PyObject *decode_plane(PyObject *self, PyObject *args) {
@@ -229,6 +248,12 @@ static PyObject *decode_plane(PyObject *self, PyObject *args) {
     memset(&s, 0, sizeof(s));
     s.wanted = (const int64_t *)wanted.buf;
     s.n_wanted = wanted.len / 8;
+    if (s.n_wanted > MAX_WANTED) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&wanted);
+        PyErr_SetString(PyExc_ValueError, "too many wanted stats");
+        return NULL;
+    }
     s.strings = PyList_New(0);
     PyObject *spans = PyList_New(0), *lines = PyList_New(0), *result = NULL;
     const uint8_t *base = (const uint8_t *)data.buf, *p = base, *end = base + data.len;
@@ -257,9 +282,10 @@ static PyObject *decode_plane(PyObject *self, PyObject *args) {
         }
     }
     if (!err) {
-        result = Py_BuildValue("(OONNNNNNNO)", spans, lines, bytes_of(&s.md), bytes_of(&s.off),
-                               bytes_of(&s.dur), bytes_of(&s.st_event), bytes_of(&s.st_slot),
-                               bytes_of(&s.st_type), bytes_of(&s.st_value), s.strings);
+        result = Py_BuildValue("(OONNNNNNO)", spans, lines, bytes_of(&s.md), bytes_of(&s.off),
+                               bytes_of(&s.dur), per_slot(s.st_event, s.n_wanted),
+                               per_slot(s.st_type, s.n_wanted), per_slot(s.st_value, s.n_wanted),
+                               s.strings);
     }
 done:
     if (err == -1) PyErr_SetString(PyExc_ValueError, "malformed or truncated XPlane");

@@ -119,18 +119,6 @@ def _shell(buf, spans) -> XPlane:
         raise CaptureError(f"a plane's header is corrupt: {err}") from None
 
 
-def _columns(st_event, st_slot, st_type, st_value, wanted_names: list[str]) -> dict[str, StatColumn]:
-    slot = np.frombuffer(st_slot, np.int8)
-    # One stable sort by slot keeps each stat's records in event order; cut at slot boundaries.
-    order = np.argsort(slot, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(slot, minlength=len(wanted_names)))))
-    event = np.frombuffer(st_event, np.int64)[order]
-    kind = np.frombuffer(st_type, np.int8)[order]
-    value = np.frombuffer(st_value, np.int64)[order]
-    return {name: StatColumn(event[a:b], kind[a:b], value[a:b])
-            for name, a, b in zip(wanted_names, bounds[:-1].tolist(), bounds[1:].tolist())}
-
-
 Chooser = Callable[[XPlane], "tuple[str, ...] | None"]
 
 
@@ -147,11 +135,12 @@ def _decode_fast(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | 
         ids = {name: sid for sid, name in stat_names.items() if name in wanted}
         names = list(ids)
         wanted_ids = np.asarray([ids[n] for n in names], np.int64).tobytes()
-        (_, lines, md, off, dur, st_event, st_slot, st_type, st_value,
+        (_, lines, md, off, dur, st_event, st_type, st_value,
          strings) = _wire.decode_plane(view, wanted_ids, True)
     except ValueError as err:
         raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
-    columns = _columns(st_event, st_slot, st_type, st_value, names)
+    columns = {name: StatColumn(np.frombuffer(e, np.int64), np.frombuffer(k, np.int8), np.frombuffer(v, np.int64))
+               for name, e, k, v in zip(names, st_event, st_type, st_value)}
     for name in wanted:
         columns.setdefault(name, _empty_column())
     return DecodedPlane(shell, stat_names, [Line(*line) for line in lines], np.frombuffer(md, np.int64),

@@ -1,0 +1,59 @@
+"""The C event decoder and the protobuf-object decoder give identical columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth import build_training_session, truncated
+
+from tb_gpuadvisor.xspace import decode
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
+
+WANTED = ("correlation_id", "group_id", "level 0", "memcpy_details", "kernel_details", "step_num", "_r",
+          "fragmentation", "allocator_name", "bytes_allocated")
+
+pytestmark = pytest.mark.skipif(not decode.has_fast_decoder(), reason="C decoder not built")
+
+
+def _assert_same(path: str) -> None:
+    with CaptureFile(path) as capture:
+        for span in capture.index.plane_spans:
+            fast = decode.decode_plane(capture.buffer, span, lambda plane: WANTED)
+            slow = decode.decode_plane(capture.buffer, span, lambda plane: WANTED, fast=False)
+            assert fast.shell == slow.shell and fast.lines == slow.lines
+            for column in ("metadata_id", "offset_ps", "duration_ps"):
+                assert np.array_equal(getattr(fast, column), getattr(slow, column))
+            assert fast.strings == slow.strings
+            for name in WANTED:
+                a, b = fast.stats[name], slow.stats[name]
+                assert np.array_equal(a.event, b.event) and np.array_equal(a.kind, b.kind), name
+                assert np.array_equal(a.value, b.value), name
+
+
+def test_synthetic_captures_decode_identically(tmp_path):
+    for i, kwargs in enumerate([dict(gpus=2, memcpy_frac=0.1), dict(marker="r", cupti_plane=True,
+                                launch_api="cuLaunchKernel"), dict(framework="jax", marker="none")]):
+        folder = build_training_session(steps=3, **kwargs).write(tmp_path / str(i))
+        _assert_same(str(next(folder.glob("*.xplane.pb"))))
+
+
+def test_real_captures_decode_identically(corpus):
+    for path in sorted(corpus.rglob("*.xplane.pb")):
+        _assert_same(str(path))
+
+
+def test_skipped_planes_are_not_decoded(tmp_path):
+    folder = build_training_session(steps=2, gpus=1).write(tmp_path)
+    with CaptureFile(str(next(folder.glob("*.xplane.pb")))) as capture:
+        seen = []
+        for span in capture.index.plane_spans:
+            assert decode.decode_plane(capture.buffer, span, lambda plane: seen.append(plane.name)) is None
+        assert "/host:CPU" in seen and "/device:GPU:0" in seen
+
+
+def test_corrupt_plane_is_a_capture_error():
+    plane = build_training_session(steps=2).space.planes[0].SerializeToString()
+    inner = truncated(plane, 0.5)           # a plane whose own bytes end mid-field
+    for fast in (True, False):
+        with pytest.raises(CaptureError):
+            decode.decode_plane(memoryview(inner), (0, len(inner)), lambda p: WANTED, fast=fast)
