@@ -51,13 +51,17 @@ def tiny_ops(dev: DeviceActivity, steps: int, top: int = TOP) -> list[Evidence]:
     tiny = np.flatnonzero(_step_kernels(dev) & (dev.dur_ps < TINY_KERNEL_PS))
     if not tiny.size:
         return []
-    has_op = dev.op[tiny] >= 0
-    op_types = np.array([op_type(o) for o in dev.ops] or [""], dtype=object)
-    labels = np.where(has_op, op_types[np.where(has_op, dev.op[tiny], 0)],
-                      np.array(dev.names, dtype=object)[dev.name[tiny]])
-    uniq, inverse, counts = np.unique(labels.astype(str), return_inverse=True, return_counts=True)
-    durations = np.bincount(inverse, weights=dev.dur_ps[tiny])
-    order = np.argsort(-counts, kind="stable")[:top]
+    # Label each kernel by its op type, or by its own name when no op is recorded: map op and
+    # kernel-name ids to label ids once per distinct value, then count with integer keys.
+    labels: dict[str, int] = {}
+    op_label = np.fromiter((labels.setdefault(op_type(o), len(labels)) for o in dev.ops), np.int64, len(dev.ops))
+    name_label = np.fromiter((labels.setdefault(n, len(labels)) for n in dev.names), np.int64, len(dev.names))
+    ops = dev.op[tiny]
+    key = np.where(ops >= 0, op_label[np.clip(ops, 0, None)] if op_label.size else 0, name_label[dev.name[tiny]])
+    counts = np.bincount(key, minlength=len(labels))
+    durations = np.bincount(key, weights=dev.dur_ps[tiny], minlength=len(labels))
+    uniq = list(labels)
+    order = [i for i in np.argsort(-counts, kind="stable")[:top] if counts[i]]
     return [Evidence(kind="op", name=str(uniq[i]), value=round(counts[i] / steps, 1), unit="kernels/step",
                      detail=f"mean {durations[i] / counts[i] / PS_PER_US:.1f} us per kernel, "
                             f"{durations[i] / PS_PER_MS / steps:.3f} ms per step",
