@@ -8,7 +8,9 @@ are decoded one at a time and dropped once converted.
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -309,33 +311,66 @@ def _wanted_stats(plane) -> tuple[str, ...] | None:
     return None
 
 
+def _plane_origin(dp: DecodedPlane) -> int | None:
+    """The earliest timestamp of the plane's lines that hold events."""
+    stamps = [line.timestamp_ns for line in dp.lines if line.count]
+    return min(stamps) if stamps else None
+
+
+@dataclass
+class _DevicePlane:
+    """A device plane's tables, timed from the plane's own origin until the host's is known."""
+
+    activity: DeviceActivity
+    steps_line: StepsLine | None
+    modules: list[XlaModules]
+    origin_ns: int | None
+
+    def rebase(self, origin_ns: int) -> None:
+        delta = 0 if self.origin_ns is None else (self.origin_ns - origin_ns) * 1000
+        for table in [self.activity, *([self.steps_line] if self.steps_line else []), *self.modules]:
+            table.start_ps += delta
+            if not isinstance(table, DeviceActivity):
+                table.end_ps += delta
+
+
+def _read_plane(buffer, span: tuple[int, int], host: str) -> _DevicePlane | DecodedPlane | None:
+    """Decode one plane; device planes are turned into tables right away (in a worker thread)."""
+    dp = decode_plane(buffer, span, _wanted_stats)
+    if dp is None or not _DEVICE_PLANE.match(dp.shell.name):
+        return dp           # None for planes we do not model (metadata, task environment)
+    origin = _plane_origin(dp)
+    return _DevicePlane(*_build_device(dp, host, origin or 0), origin)
+
+
+# Planes are decoded and converted in parallel: the C decoder and numpy release the GIL.
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
 def read_host(path: str, host: str, opener: Opener | None = None) -> HostCapture:
     """Build one host's tables from its capture file (raises CaptureError when unreadable)."""
     with CaptureFile(path, opener) as capture:
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
-        builder = _HostBuilder(host)
-        devices: list[DeviceActivity] = []
-        steps_line = None
-        modules: list[XlaModules] = []
-        origin_ns: int | None = None
-        for span in capture.index.plane_spans:
-            dp = decode_plane(capture.buffer, span, _wanted_stats)
-            if dp is None:
-                continue            # metadata planes, task environment, ...
-            is_device = bool(_DEVICE_PLANE.match(dp.shell.name))
-            if origin_ns is None and any(line.count for line in dp.lines):
-                origin_ns = min(line.timestamp_ns for line in dp.lines if line.count)
-            if is_device:
-                activity, line_steps, plane_modules = _build_device(dp, host, origin_ns or 0)
-                devices.append(activity)
-                steps_line = steps_line or line_steps
-                modules.extend(plane_modules)
-            else:
-                builder.add_plane(dp, origin_ns or 0)
-        activity, memory = builder.finish()
-    devices.sort(key=lambda d: (d.device.kind, d.device.index))
-    result = HostCapture(host, activity, memory, devices, steps_line, modules, warnings, origin_ns or 0)
+        spans = capture.index.plane_spans
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            planes = [p for p in pool.map(lambda span: _read_plane(capture.buffer, span, host), spans)
+                      if p is not None]
+    device_planes = [p for p in planes if isinstance(p, _DevicePlane)]
+    host_planes = [p for p in planes if isinstance(p, DecodedPlane)]
+    origins = [o for o in [*(p.origin_ns for p in device_planes), *map(_plane_origin, host_planes)]
+               if o is not None]
+    origin_ns = min(origins) if origins else 0
+    builder = _HostBuilder(host)
+    for dp in host_planes:
+        builder.add_plane(dp, origin_ns)
+    activity, memory = builder.finish()
+    for plane in device_planes:
+        plane.rebase(origin_ns)
+    devices = sorted((p.activity for p in device_planes), key=lambda d: (d.device.kind, d.device.index))
+    steps_line = next((p.steps_line for p in device_planes if p.steps_line is not None), None)
+    modules = [m for p in device_planes for m in p.modules]
+    result = HostCapture(host, activity, memory, devices, steps_line, modules, warnings, origin_ns)
     earliest = result.earliest_ps()
     if earliest:
         # Zero is the first recorded event; origin_ns keeps the absolute clock for other hosts.

@@ -3,12 +3,14 @@
  * wire format, into packed column buffers that Python wraps as numpy arrays.
  *
  * Decoding millions of events through protobuf message objects costs about a
- * microsecond per field access from Python; this walks the bytes once.  Only
- * the lines (XPlane field 3) are decoded here: the plane's small fields
- * (name, metadata maps, plane stats) are returned as byte spans that Python
- * parses with the protobuf runtime.  Field numbers are those of schema.py.
+ * microsecond per field access from Python; this walks the bytes once, without
+ * holding the GIL (so two planes decode on two cores), and creates Python
+ * objects only at the end.  Only the lines (XPlane field 3) are decoded here:
+ * the plane's small fields (name, metadata maps, plane stats) are returned as
+ * byte spans that Python parses with the protobuf runtime.  Field numbers are
+ * those of schema.py.
  *
- * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True) returns a tuple
+ * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True) returns
  * (with_lines=False only collects the shell spans, skipping the lines undecoded):
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
@@ -25,79 +27,95 @@
 #include <stdint.h>
 #include <string.h>
 
+#define MAX_WANTED 64
+#define SLOT_TABLE 4096 /* stat metadata ids below this are looked up directly */
+
+enum { OK = 0, MALFORMED = -1, NO_MEMORY = -3 };
+
 typedef struct {
     char *data;
     size_t len;
     size_t cap;
 } Buf;
 
-static int buf_put(Buf *b, const void *src, size_t n) {
+static inline int buf_put(Buf *b, const void *src, size_t n) {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->len + n) cap *= 2;
         char *data = realloc(b->data, cap);
-        if (!data) return -1;
+        if (!data) return NO_MEMORY;
         b->data = data;
         b->cap = cap;
     }
     memcpy(b->data + b->len, src, n);
     b->len += n;
-    return 0;
+    return OK;
 }
 
-static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+static inline int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+    const uint8_t *q = *p;
+    if (q < end && !(*q & 0x80)) { /* most varints here are one byte */
+        *out = *q;
+        *p = q + 1;
+        return OK;
+    }
     uint64_t result = 0;
-    int shift = 0;
-    while (*p < end && shift < 64) {
-        uint8_t byte = *(*p)++;
+    for (int shift = 0; q < end && shift < 64; shift += 7) {
+        uint8_t byte = *q++;
         result |= (uint64_t)(byte & 0x7F) << shift;
         if (!(byte & 0x80)) {
             *out = result;
-            return 0;
+            *p = q;
+            return OK;
         }
-        shift += 7;
     }
-    return -1;
+    return MALFORMED;
 }
 
 /* Advance past one field's payload; for length-delimited fields return its bounds. */
-static int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
-                        const uint8_t **start, const uint8_t **stop) {
+static inline int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
+                               const uint8_t **start, const uint8_t **stop) {
     uint64_t v;
     switch (wire) {
     case 0:
         return read_varint(p, end, &v);
     case 1:
-        if (end - *p < 8) return -1;
+        if (end - *p < 8) return MALFORMED;
         *p += 8;
-        return 0;
+        return OK;
     case 2:
-        if (read_varint(p, end, &v) < 0 || v > (uint64_t)(end - *p)) return -1;
+        if (read_varint(p, end, &v) < 0 || v > (uint64_t)(end - *p)) return MALFORMED;
         if (start) *start = *p;
         *p += v;
         if (stop) *stop = *p;
-        return 0;
+        return OK;
     case 5:
-        if (end - *p < 4) return -1;
+        if (end - *p < 4) return MALFORMED;
         *p += 4;
-        return 0;
+        return OK;
     default:
-        return -1;
+        return MALFORMED;
     }
 }
 
-#define MAX_WANTED 64
+/* A line, with its strings as offsets into the plane buffer. */
+typedef struct {
+    int64_t id, timestamp, first, count;
+    int64_t name_at, name_len, display_at, display_len;
+} LineInfo;
 
 typedef struct {
+    const uint8_t *base;
     const int64_t *wanted;
     Py_ssize_t n_wanted;
-    Buf md, off, dur;
+    int8_t slot_of[SLOT_TABLE];
+    Buf md, off, dur, lines, spans, texts; /* texts: (offset, length) pairs of str values */
     Buf st_event[MAX_WANTED], st_type[MAX_WANTED], st_value[MAX_WANTED];
-    PyObject *strings;
-    int64_t n_events;
+    int64_t n_events, n_texts;
 } State;
 
-static int find_slot(const State *s, int64_t id) {
+static inline int find_slot(const State *s, int64_t id) {
+    if (id >= 0 && id < SLOT_TABLE) return s->slot_of[id];
     for (Py_ssize_t i = 0; i < s->n_wanted; i++)
         if (s->wanted[i] == id) return (int)i;
     return -1;
@@ -109,41 +127,38 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
     const uint8_t *text = NULL, *text_end = NULL;
     while (p < end) {
         uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) return -1;
+        if (read_varint(&p, end, &key) < 0) return MALFORMED;
         int field = (int)(key >> 3), wire = (int)(key & 7);
         if (field == 1 && wire == 0) {
-            if (read_varint(&p, end, &v) < 0) return -1;
+            if (read_varint(&p, end, &v) < 0) return MALFORMED;
             metadata_id = (int64_t)v;
         } else if ((field == 3 || field == 4 || field == 7) && wire == 0) {
-            if (read_varint(&p, end, &v) < 0) return -1;
+            if (read_varint(&p, end, &v) < 0) return MALFORMED;
             value = (int64_t)v;
             type = field == 4 ? 1 : (field == 3 ? 2 : 3);
         } else if (field == 2 && wire == 1) {
-            if (end - p < 8) return -1;
+            if (end - p < 8) return MALFORMED;
             memcpy(&value, p, 8);
             p += 8;
             type = 5;
         } else if ((field == 5 || field == 6) && wire == 2) {
-            if (skip_payload(&p, end, wire, &text, &text_end) < 0) return -1;
+            if (skip_payload(&p, end, wire, &text, &text_end) < 0) return MALFORMED;
             type = field == 5 ? 4 : 6;
         } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
-            return -1;
+            return MALFORMED;
         }
     }
     int slot = find_slot(s, metadata_id);
-    if (slot < 0 || type == 0) return 0;
-    if (type == 4) {  /* strings are made only for wanted stats */
-        PyObject *str = PyUnicode_DecodeUTF8((const char *)text, text_end - text, "replace");
-        if (!str) return -2;
-        value = PyList_GET_SIZE(s->strings);
-        int rc = PyList_Append(s->strings, str);
-        Py_DECREF(str);
-        if (rc < 0) return -2;
+    if (slot < 0 || type == 0) return OK;
+    if (type == 4) { /* strings are made later, and only for wanted stats */
+        int64_t span[2] = {(int64_t)(text - s->base), (int64_t)(text_end - text)};
+        if (buf_put(&s->texts, span, sizeof(span))) return NO_MEMORY;
+        value = s->n_texts++;
     }
     if (buf_put(&s->st_event[slot], &event, 8) || buf_put(&s->st_type[slot], &type, 1) ||
         buf_put(&s->st_value[slot], &value, 8))
-        return -3;
-    return 0;
+        return NO_MEMORY;
+    return OK;
 }
 
 static int decode_event(State *s, const uint8_t *p, const uint8_t *end) {
@@ -151,81 +166,83 @@ static int decode_event(State *s, const uint8_t *p, const uint8_t *end) {
     int64_t event = s->n_events;
     while (p < end) {
         uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) return -1;
+        if (read_varint(&p, end, &key) < 0) return MALFORMED;
         int field = (int)(key >> 3), wire = (int)(key & 7);
         if (wire == 0 && (field == 1 || field == 2 || field == 3 || field == 5)) {
-            if (read_varint(&p, end, &v) < 0) return -1;
+            if (read_varint(&p, end, &v) < 0) return MALFORMED;
             if (field == 1) metadata_id = (int64_t)v;
             else if (field == 2) offset = (int64_t)v;
             else if (field == 3) duration = (int64_t)v;
         } else if (field == 4 && wire == 2) {
             const uint8_t *a, *b;
-            if (skip_payload(&p, end, wire, &a, &b) < 0) return -1;
+            if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
             int rc = decode_stat(s, a, b, event);
             if (rc < 0) return rc;
         } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
-            return -1;
+            return MALFORMED;
         }
     }
     if (buf_put(&s->md, &metadata_id, 8) || buf_put(&s->off, &offset, 8) ||
         buf_put(&s->dur, &duration, 8))
-        return -3;
+        return NO_MEMORY;
     s->n_events++;
-    return 0;
+    return OK;
 }
 
-static PyObject *decode_line(State *s, const uint8_t *p, const uint8_t *end, int *err) {
-    int64_t id = 0, timestamp = 0;
-    const uint8_t *name = NULL, *name_end = NULL, *display = NULL, *display_end = NULL;
-    int64_t first = s->n_events;
+static int decode_line(State *s, const uint8_t *p, const uint8_t *end) {
+    LineInfo line = {0};
+    line.first = s->n_events;
     while (p < end) {
         uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) { *err = -1; return NULL; }
+        if (read_varint(&p, end, &key) < 0) return MALFORMED;
         int field = (int)(key >> 3), wire = (int)(key & 7);
         if (wire == 0 && (field == 1 || field == 3)) {
-            if (read_varint(&p, end, &v) < 0) { *err = -1; return NULL; }
-            if (field == 1) id = (int64_t)v; else timestamp = (int64_t)v;
+            if (read_varint(&p, end, &v) < 0) return MALFORMED;
+            if (field == 1) line.id = (int64_t)v; else line.timestamp = (int64_t)v;
         } else if (wire == 2 && (field == 2 || field == 4 || field == 11)) {
             const uint8_t *a, *b;
-            if (skip_payload(&p, end, wire, &a, &b) < 0) { *err = -1; return NULL; }
-            if (field == 2) { name = a; name_end = b; }
-            else if (field == 11) { display = a; display_end = b; }
+            if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
+            if (field == 2) { line.name_at = a - s->base; line.name_len = b - a; }
+            else if (field == 11) { line.display_at = a - s->base; line.display_len = b - a; }
             else {
                 int rc = decode_event(s, a, b);
-                if (rc < 0) { *err = rc; return NULL; }
+                if (rc < 0) return rc;
             }
         } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
-            *err = -1;
-            return NULL;
+            return MALFORMED;
         }
     }
-    PyObject *name_str = PyUnicode_DecodeUTF8(name ? (const char *)name : "", name ? name_end - name : 0, "replace");
-    PyObject *display_str = PyUnicode_DecodeUTF8(display ? (const char *)display : "",
-                                                 display ? display_end - display : 0, "replace");
-    if (!name_str || !display_str) {
-        Py_XDECREF(name_str);
-        Py_XDECREF(display_str);
-        *err = -2;
-        return NULL;
+    line.count = s->n_events - line.first;
+    return buf_put(&s->lines, &line, sizeof(line));
+}
+
+/* The whole plane: lines decoded (or skipped), every other field kept as a span. */
+static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int with_lines) {
+    while (p < end) {
+        const uint8_t *field_start = p, *a, *b;
+        uint64_t key;
+        if (read_varint(&p, end, &key) < 0) return MALFORMED;
+        int field = (int)(key >> 3), wire = (int)(key & 7);
+        if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
+        if (field == 3 && wire == 2) {
+            if (with_lines) {
+                int rc = decode_line(s, a, b);
+                if (rc < 0) return rc;
+            }
+        } else {
+            int64_t span[2] = {(int64_t)(field_start - s->base), (int64_t)(p - s->base)};
+            if (buf_put(&s->spans, span, sizeof(span))) return NO_MEMORY;
+        }
     }
-    return Py_BuildValue("(LNNLLL)", (long long)id, name_str, display_str, (long long)timestamp,
-                         (long long)first, (long long)(s->n_events - first));
+    return OK;
 }
 
 static PyObject *bytes_of(Buf *b) {
     return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
 }
 
-static void free_state(State *s) {
-    free(s->md.data);
-    free(s->off.data);
-    free(s->dur.data);
-    for (int i = 0; i < MAX_WANTED; i++) {
-        free(s->st_event[i].data);
-        free(s->st_type[i].data);
-        free(s->st_value[i].data);
-    }
-    Py_XDECREF(s->strings);
+static PyObject *text_at(const uint8_t *base, int64_t at, int64_t len) {
+    return PyUnicode_DecodeUTF8((const char *)base + at, (Py_ssize_t)len, "replace");
 }
 
 /* A list with one bytes object per wanted stat, taken from BUFS. */
@@ -240,59 +257,84 @@ static PyObject *per_slot(Buf *bufs, Py_ssize_t n) {
     return list;
 }
 
+static PyObject *build_result(State *s) {
+    Py_ssize_t n_spans = (Py_ssize_t)(s->spans.len / 16), n_lines = (Py_ssize_t)(s->lines.len / sizeof(LineInfo));
+    PyObject *spans = PyList_New(n_spans), *lines = PyList_New(n_lines), *strings = PyList_New(s->n_texts);
+    if (!spans || !lines || !strings) goto fail;
+    const int64_t *span = (const int64_t *)s->spans.data;
+    for (Py_ssize_t i = 0; i < n_spans; i++) {
+        PyObject *item = Py_BuildValue("(LL)", (long long)span[2 * i], (long long)span[2 * i + 1]);
+        if (!item) goto fail;
+        PyList_SET_ITEM(spans, i, item);
+    }
+    const LineInfo *info = (const LineInfo *)s->lines.data;
+    for (Py_ssize_t i = 0; i < n_lines; i++) {
+        const LineInfo *l = &info[i];
+        PyObject *item = Py_BuildValue("(LNNLLL)", (long long)l->id, text_at(s->base, l->name_at, l->name_len),
+                                       text_at(s->base, l->display_at, l->display_len), (long long)l->timestamp,
+                                       (long long)l->first, (long long)l->count);
+        if (!item) goto fail;
+        PyList_SET_ITEM(lines, i, item);
+    }
+    const int64_t *text = (const int64_t *)s->texts.data;
+    for (Py_ssize_t i = 0; i < s->n_texts; i++) {
+        PyObject *item = text_at(s->base, text[2 * i], text[2 * i + 1]);
+        if (!item) goto fail;
+        PyList_SET_ITEM(strings, i, item);
+    }
+    return Py_BuildValue("(NNNNNNNNN)", spans, lines, bytes_of(&s->md), bytes_of(&s->off), bytes_of(&s->dur),
+                         per_slot(s->st_event, s->n_wanted), per_slot(s->st_type, s->n_wanted),
+                         per_slot(s->st_value, s->n_wanted), strings);
+fail:
+    Py_XDECREF(spans);
+    Py_XDECREF(lines);
+    Py_XDECREF(strings);
+    return NULL;
+}
+
+static void free_state(State *s) {
+    Buf *bufs[] = {&s->md, &s->off, &s->dur, &s->lines, &s->spans, &s->texts};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]->data);
+    for (int i = 0; i < MAX_WANTED; i++) {
+        free(s->st_event[i].data);
+        free(s->st_type[i].data);
+        free(s->st_value[i].data);
+    }
+}
+
 static PyObject *decode_plane(PyObject *self, PyObject *args) {
     Py_buffer data, wanted;
     int with_lines = 1;
     if (!PyArg_ParseTuple(args, "y*y*|p", &data, &wanted, &with_lines)) return NULL;
-    State s;
-    memset(&s, 0, sizeof(s));
-    s.wanted = (const int64_t *)wanted.buf;
-    s.n_wanted = wanted.len / 8;
-    if (s.n_wanted > MAX_WANTED) {
-        PyBuffer_Release(&data);
-        PyBuffer_Release(&wanted);
+    PyObject *result = NULL;
+    State *s = calloc(1, sizeof(State));
+    if (!s) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    s->base = (const uint8_t *)data.buf;
+    s->wanted = (const int64_t *)wanted.buf;
+    s->n_wanted = wanted.len / 8;
+    if (s->n_wanted > MAX_WANTED) {
         PyErr_SetString(PyExc_ValueError, "too many wanted stats");
-        return NULL;
+        goto done;
     }
-    s.strings = PyList_New(0);
-    PyObject *spans = PyList_New(0), *lines = PyList_New(0), *result = NULL;
-    const uint8_t *base = (const uint8_t *)data.buf, *p = base, *end = base + data.len;
-    int err = 0;
-    if (!s.strings || !spans || !lines) { err = -2; goto done; }
-    while (p < end) {
-        const uint8_t *field_start = p;
-        uint64_t key;
-        if (read_varint(&p, end, &key) < 0) { err = -1; break; }
-        int field = (int)(key >> 3), wire = (int)(key & 7);
-        if (field == 3 && wire == 2 && !with_lines) {
-            if (skip_payload(&p, end, wire, NULL, NULL) < 0) { err = -1; break; }
-        } else if (field == 3 && wire == 2) {
-            const uint8_t *a, *b;
-            if (skip_payload(&p, end, wire, &a, &b) < 0) { err = -1; break; }
-            PyObject *line = decode_line(&s, a, b, &err);
-            if (!line) break;
-            int rc = PyList_Append(lines, line);
-            Py_DECREF(line);
-            if (rc < 0) { err = -2; break; }
-        } else {
-            if (skip_payload(&p, end, wire, NULL, NULL) < 0) { err = -1; break; }
-            PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(field_start - base), (Py_ssize_t)(p - base));
-            if (!span || PyList_Append(spans, span) < 0) { Py_XDECREF(span); err = -2; break; }
-            Py_DECREF(span);
-        }
-    }
-    if (!err) {
-        result = Py_BuildValue("(OONNNNNNO)", spans, lines, bytes_of(&s.md), bytes_of(&s.off),
-                               bytes_of(&s.dur), per_slot(s.st_event, s.n_wanted),
-                               per_slot(s.st_type, s.n_wanted), per_slot(s.st_value, s.n_wanted),
-                               s.strings);
-    }
+    memset(s->slot_of, -1, sizeof(s->slot_of));
+    for (Py_ssize_t i = 0; i < s->n_wanted; i++)
+        if (s->wanted[i] >= 0 && s->wanted[i] < SLOT_TABLE && s->slot_of[s->wanted[i]] < 0)
+            s->slot_of[s->wanted[i]] = (int8_t)i;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = decode_fields(s, s->base, s->base + data.len, with_lines);
+    Py_END_ALLOW_THREADS
+    if (err == MALFORMED) PyErr_SetString(PyExc_ValueError, "malformed or truncated XPlane");
+    else if (err == NO_MEMORY) PyErr_NoMemory();
+    else result = build_result(s);
 done:
-    if (err == -1) PyErr_SetString(PyExc_ValueError, "malformed or truncated XPlane");
-    else if (err == -3) PyErr_NoMemory();
-    Py_XDECREF(spans);
-    Py_XDECREF(lines);
-    free_state(&s);
+    if (s) {
+        free_state(s);
+        free(s);
+    }
     PyBuffer_Release(&data);
     PyBuffer_Release(&wanted);
     return result;
