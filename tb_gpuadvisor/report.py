@@ -7,10 +7,12 @@ rest of the report is still produced, so one bad session never hides others.
 
 from __future__ import annotations
 
+import os
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.checks import Finding, Severity, all_checks
+from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel, load_session
@@ -62,16 +64,22 @@ def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
                    f"{saving:.2f} ms per step{share}."}
 
 
+def _run_one(check: Check, analysis: Analysis) -> Finding | dict:
+    try:
+        return check.run(analysis)
+    except Exception as err:  # one broken check must not hide the others
+        return {"check": check.id, "message": f"check failed: {err!r}", "trace": traceback.format_exc(limit=3)}
+
+
+# Checks are vectorised numpy work that mostly runs without the GIL, so two threads overlap
+# the breakdown with the checks that do not need it.
+CHECK_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
 def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
-    findings: list[Finding] = []
-    errors: list[dict] = []
-    for check in all_checks():
-        try:
-            findings.append(check.run(analysis))
-        except Exception as err:  # one broken check must not hide the others
-            errors.append({"check": check.id, "message": f"check failed: {err!r}",
-                           "trace": traceback.format_exc(limit=3)})
-    return findings, errors
+    with ThreadPoolExecutor(max_workers=CHECK_THREADS) as pool:
+        results = list(pool.map(lambda check: _run_one(check, analysis), all_checks()))
+    return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 
 def session_json(model: SessionModel) -> dict:

@@ -7,8 +7,8 @@ and hands the same object to all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,11 +27,18 @@ class Analysis:
 
     model: SessionModel
 
-    @cached_property
-    def breakdown(self) -> "Breakdown":
-        from tb_gpuadvisor.analysis.breakdown import compute_breakdown
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _breakdown: "Breakdown | None" = field(default=None, init=False, repr=False, compare=False)
 
-        return compute_breakdown(self.model)
+    @property
+    def breakdown(self) -> "Breakdown":
+        """Computed once, by the first check to ask (checks may run in parallel threads)."""
+        with self._lock:
+            if self._breakdown is None:
+                from tb_gpuadvisor.analysis.breakdown import compute_breakdown
+
+                self._breakdown = compute_breakdown(self.model)
+        return self._breakdown
 
     @property
     def steps_count(self) -> int:
