@@ -52,15 +52,16 @@ class SessionRef:
         key = []
         for host in self.hosts:
             path = self.host_file(host)
-            if self.fs is None:
-                try:
+            try:
+                if self.fs is None:
                     st = os.stat(path)
                     key.append((host, st.st_size, st.st_mtime_ns))
-                except OSError:
-                    key.append((host, -1, -1))
-            else:
-                info = self.fs.info(path)
-                key.append((host, info.get("size"), info.get("mtime") or info.get("LastModified")))
+                else:
+                    info = self.fs.info(path)
+                    key.append((host, int(info.get("size") or -1),
+                                str(info.get("mtime") or info.get("LastModified") or "")))
+            except OSError:
+                key.append((host, -1, -1))
         return tuple(key)
 
 
