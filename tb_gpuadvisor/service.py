@@ -39,7 +39,6 @@ INITIAL_BYTES_PER_S = 2e6
 
 Analyzer = Callable[[Any], dict]
 _URL_RE = re.compile(r"[a-zA-Z][0-9a-zA-Z.]*://")
-_DRIVE_RE = re.compile(r"[a-zA-Z]:")
 
 
 class BadRequest(ValueError):
@@ -104,28 +103,22 @@ def _normalize_root(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
 
 
-def check_name(kind: str, value: str | None) -> str:
+def check_name(kind: str, value: str | None, allow_slash: bool = True) -> str:
     """Returns `value` if it is a safe relative name, else raises BadRequest.
 
-    Rejected before any file system access: missing/empty values, absolute
-    paths (POSIX, UNC, drive letters or URLs), any `..` component and NUL bytes.
+    Rejected before any file system access (see discovery.check_component): missing
+    or empty values, absolute paths (POSIX, UNC, drive letters or URLs), any `..`
+    component, backslashes and NUL bytes.
     """
+    from tb_gpuadvisor.discovery import UnsafePathError, check_component
+
     if value is None or value == "":
         raise BadRequest(f"missing {kind}")
-    if "\x00" in value:
-        raise BadRequest(f"invalid {kind}")
-    if value.startswith(("/", "\\")) or os.path.isabs(value) or _DRIVE_RE.match(value) or "://" in value:
-        raise BadRequest(f"{kind} must be relative to the log directory")
-    parts = value.replace("\\", "/").split("/")
-    if any(part == ".." for part in parts):
-        raise BadRequest(f"{kind} must not contain '..'")
+    try:
+        check_component(value, kind, allow_slash)
+    except UnsafePathError as exc:
+        raise BadRequest(str(exc)) from None
     return value
-
-
-def _inside(root: str, path: str) -> bool:
-    root_real = os.path.realpath(root)
-    path_real = os.path.realpath(path)
-    return path_real == root_real or path_real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
 def _join_run(prefix: str, run: str) -> str:
@@ -243,11 +236,9 @@ class AdvisorService:
         from tb_gpuadvisor import discovery
 
         run = check_name("run", run)
-        session = check_name("session", session)
-        if "/" in session.replace("\\", "/"):
-            raise BadRequest("session must be a single folder name")
+        session = check_name("session", session, allow_slash=False)
         if host is not None:
-            host = check_name("host", host)
+            host = check_name("host", host, allow_slash=False)
         for root in self._roots:
             inner = _split_run(root, run)
             if inner is None:
@@ -258,8 +249,6 @@ class AdvisorService:
                 raise BadRequest(str(exc)) from exc
             except LookupError:
                 continue
-            if ref.fs is None and not _inside(root.path, ref.path):
-                raise BadRequest("session resolves outside the log directory")
             if host is None:
                 return ref
             if host not in ref.hosts:
@@ -326,7 +315,7 @@ class AdvisorService:
                 "session": ref.session,
                 "hosts": list(ref.hosts),
                 "findings": [],
-                "errors": [f"analysis failed: {type(exc).__name__}: {exc}"],
+                "errors": [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}],
             }
         job.finished = time.monotonic()
         elapsed = job.finished - job.started

@@ -193,7 +193,7 @@ def test_analyzer_crash_becomes_an_error_entry(tmp_path, svc_factory):
     svc = svc_factory([service.LogRoot("", str(tmp_path))], analyze=broken)
     report = svc.report("train", SESSION)
     assert report["findings"] == []
-    assert "boom" in report["errors"][0]
+    assert "boom" in report["errors"][0]["message"]
 
 
 def test_real_analysis_of_good_and_corrupt_sessions(tmp_path, svc_factory):
