@@ -88,6 +88,13 @@ class Finding:
         }
 
 
+def needs_steps(check_id: str, subject: str, measure: str) -> Finding:
+    """The not-applicable finding of a per-step check on a capture without steps."""
+    return Finding(check_id, Severity.NOT_APPLICABLE, f"{subject} not measurable",
+                   f"No training steps were found, so {measure} per step cannot be measured "
+                   "(see the profile quality finding).")
+
+
 CheckFunction = Callable[["Analysis"], Finding]
 
 

@@ -32,7 +32,9 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
@@ -111,9 +113,7 @@ def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
     if primary is None or not analysis.steps_count:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Host overhead not measurable",
-                       "No training steps were found, so host gaps per step cannot be measured "
-                       "(see the profile quality finding).")
+        return needs_steps(CHECK_ID, "Host overhead", "host gaps")
     percent = primary.percent("other")
     other_ms = analysis.ms_per_step(primary.total("other"))
     severity = severity_by_threshold(percent, CRITICAL, WARNING)

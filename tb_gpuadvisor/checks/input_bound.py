@@ -37,7 +37,9 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
 
@@ -146,9 +148,7 @@ def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
     if primary is None or not analysis.steps_count:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Input wait not measurable",
-                       "No training steps were found in this capture, so the time spent waiting "
-                       "for input per step cannot be measured (see the profile quality finding).")
+        return needs_steps(CHECK_ID, "Input wait", "the time spent waiting for input")
     percent = primary.percent("input")
     input_ms = analysis.ms_per_step(primary.total("input"))
     severity = severity_by_threshold(percent, CRITICAL, WARNING)

@@ -33,7 +33,9 @@ from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.breakdown import DeviceBreakdown
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.analysis.kernels import op_type
-from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind
 
 CHECK_ID = "kernel_launch"
@@ -84,9 +86,7 @@ def check(analysis: Analysis) -> Finding:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU kernels to assess",
                        "The capture has no GPU that ran kernels, so kernel launch overhead does not apply.")
     if not analysis.steps_count:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Launch overhead not measurable",
-                       "No training steps were found, so launch gaps per step cannot be measured "
-                       "(see the profile quality finding).")
+        return needs_steps(CHECK_ID, "Launch overhead", "launch gaps")
     dev = next(d for d in analysis.model.active_gpus
                if d.device.name == primary.name and d.device.host == primary.host)
     kernels = _step_kernels(dev)

@@ -29,7 +29,9 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
 
@@ -109,9 +111,7 @@ def check(analysis: Analysis) -> Finding:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU copies to assess",
                        "The capture has no GPU that ran kernels, so host-device copies do not apply.")
     if not analysis.steps_count:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Copy time not measurable",
-                       "No training steps were found, so copy time per step cannot be measured "
-                       "(see the profile quality finding).")
+        return needs_steps(CHECK_ID, "Copy time", "copy time")
     steps = analysis.steps_count
     dev = next(d for d in analysis.model.active_gpus
                if d.device.name == primary.name and d.device.host == primary.host)

@@ -35,7 +35,9 @@ import itertools
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Fix, Severity, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 

@@ -46,7 +46,9 @@ from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.breakdown import op_key, training_threads
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.analysis.kernels import op_type
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register, severity_by_threshold
+from tb_gpuadvisor.checks.base import (
+    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+)
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
@@ -173,9 +175,7 @@ def check(analysis: Analysis) -> Finding:
                        "The capture has no GPU that ran kernels, so op placement between host and GPU "
                        "does not apply.")
     if not analysis.steps_count:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Op placement not measurable",
-                       "No training steps were found, so op time per step cannot be measured "
-                       "(see the profile quality finding).")
+        return needs_steps(CHECK_ID, "Op placement", "op time")
     host = next(h for h in analysis.model.hosts if h.name == primary.host)
     gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
     activity = host.activity
