@@ -28,24 +28,30 @@ class AdvisorApp {
 
   async start() {
     this.show(views.statusView('Looking for profile captures…'));
+    if (!(await this.listGroups())) return;
+    this.restoreSelection();
+    this.drawToolbar();
+    this.drawTabs();
+    await this.load();
+  }
+
+  /** Fetches the run list into this.groups; false, with the reason shown, when there is nothing to show. */
+  async listGroups() {
     let items;
     try {
       items = await model.listRuns();
     } catch (error) {
       this.show(views.errorView('Could not list captures:', error.message));
       this.drawToolbar();
-      return;
+      return false;
     }
     this.groups = model.groupRuns(items);
     if (!this.groups.size) {
       this.drawToolbar();
       this.show(views.emptyView());
-      return;
+      return false;
     }
-    this.restoreSelection();
-    this.drawToolbar();
-    this.drawTabs();
-    await this.load();
+    return true;
   }
 
   restoreSelection() {
@@ -149,19 +155,7 @@ class AdvisorApp {
   }
 
   async refresh() {
-    let items;
-    try {
-      items = await model.listRuns();
-    } catch (error) {
-      this.show(views.errorView('Could not list captures:', error.message));
-      return;
-    }
-    this.groups = model.groupRuns(items);
-    if (!this.groups.size) {
-      this.drawToolbar();
-      this.show(views.emptyView());
-      return;
-    }
+    if (!(await this.listGroups())) return;
     if (!this.currentItem()) this.restoreSelection();
     this.drawToolbar();
     this.drawTabs();
