@@ -26,12 +26,14 @@ loop over events.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
-from tb_gpuadvisor.analysis.kernels import is_collective_kernel, is_low_precision_kernel
+from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
@@ -155,6 +157,9 @@ class Breakdown:
         }
 
 
+THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
 def _ms(ps: float) -> float:
     return round(float(ps) / PS_PER_MS, 3)
 
@@ -233,24 +238,29 @@ def _split(device: Device, windows: Intervals, steps: Steps, compute: Intervals,
         other_set=other_set, copy_set=copy)
 
 
+def _input_waits(host: HostModel) -> Intervals:
+    """When the host waited on tf.data; shared by every device of the host, built once."""
+    waits = host.activity.derived.get("input_waits")
+    if waits is None:
+        activity = host.activity
+        waits = host.activity.derived["input_waits"] = _set(
+            activity.start_ps, activity.end_ps, activity.kind == HostEventKind.INPUT_WAIT)
+    return waits
+
+
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
-    # Kernel-name classes (16-bit, collectives) live in analysis.kernels, shared with the
-    # precision and collectives checks so the breakdown and those checks agree.
-    is_kernel = dev.kind == DeviceEventKind.KERNEL
-    collective = (dev.kind == DeviceEventKind.COLLECTIVE) | (
-        is_kernel & _by_name(dev.names, is_collective_kernel)[dev.name])
-    kernel = is_kernel & ~collective
-    low = kernel & _by_name(dev.names, is_low_precision_kernel)[dev.name]
+    # Kernel classes (16-bit, collectives) come from analysis.kernels, cached per device and
+    # shared with the precision and collectives checks, so the breakdown and they agree.
+    classes = kernels.classify(dev)
     activity = host.activity
-    h_start, h_end = activity.start_ps, activity.end_ps
     return _split(
         dev.device, windows, steps,
-        compute=_set(start, end, kernel), compute_low=_set(start, end, low),
-        collective=_set(start, end, collective),
+        compute=_set(start, end, classes.kernel), compute_low=_set(start, end, classes.low_precision),
+        collective=_set(start, end, classes.collective),
         copy=_set(start, end, dev.mask(*COPY_KINDS)),
-        waits=_set(h_start, h_end, activity.kind == HostEventKind.INPUT_WAIT),
-        launch=_set(h_start, h_end, _dispatch_mask(host, dev)))
+        waits=_input_waits(host),
+        launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev)))
 
 
 def host_device(host: HostModel) -> Device:
@@ -297,8 +307,18 @@ def compute_breakdown(model: SessionModel) -> Breakdown:
     steps = model.steps
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
-    devices = [
-        _gpu_breakdown(dev, host, windows, steps) if dev is not None else _cpu_breakdown(host, windows, steps)
-        for dev, host in pairs
-    ]
+
+    def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
+        dev, host = pair
+        return _gpu_breakdown(dev, host, windows, steps) if dev is not None else _cpu_breakdown(host, windows, steps)
+
+    if len(pairs) > 1:
+        for host in {id(h): h for _, h in pairs}.values():   # per-host parts, before the threads share them
+            _input_waits(host)
+            launch_targets(host)
+        # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
+        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+            devices = list(pool.map(measure, pairs))
+    else:
+        devices = [measure(pair) for pair in pairs]
     return Breakdown(steps=steps, devices=devices, device_kind=kind)

@@ -18,19 +18,20 @@ def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """Merge possibly overlapping intervals into a sorted disjoint set."""
     if starts.size == 0:
         return EMPTY
-    order = np.argsort(starts, kind="stable")
-    s = starts[order].astype(np.int64, copy=False)
-    e = ends[order].astype(np.int64, copy=False)
+    s = starts.astype(np.int64, copy=False)
+    e = ends.astype(np.int64, copy=False)
+    if np.any(s[1:] < s[:-1]):          # event tables are already sorted by start: skip the sort
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     running_end = np.maximum.accumulate(e)
-    # A new block starts where an interval begins after everything before it ended.
+    # A new block starts where an interval begins after everything before it ended;
+    # a block ends at the running end of its last interval.
     new_block = np.empty(s.size, bool)
     new_block[0] = True
-    new_block[1:] = s[1:] > running_end[:-1]
-    block_starts = s[new_block]
-    block_ids = np.cumsum(new_block) - 1
-    block_ends = np.zeros(block_starts.size, np.int64)
-    np.maximum.at(block_ends, block_ids, e)
-    return block_starts, block_ends
+    np.greater(s[1:], running_end[:-1], out=new_block[1:])
+    first = np.flatnonzero(new_block)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], running_end[last]
 
 
 def total(intervals: Intervals) -> int:

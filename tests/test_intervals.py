@@ -1,0 +1,45 @@
+"""Interval algebra against a brute-force coverage mask on random interval sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tb_gpuadvisor.model import intervals as iv
+
+SPAN = 300
+
+
+def _mask(starts, ends) -> np.ndarray:
+    covered = np.zeros(SPAN, bool)
+    for a, b in zip(starts, ends):
+        covered[a:b] = True
+    return covered
+
+
+def _random_set(rng, n):
+    starts = rng.integers(0, SPAN - 40, n)
+    return starts, starts + rng.integers(0, 40, n)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_operations_match_coverage_masks(seed):
+    rng = np.random.default_rng(seed)
+    a = iv.union(*_random_set(rng, int(rng.integers(0, 30))))
+    b = iv.union(*_random_set(rng, int(rng.integers(0, 30))))
+    ma, mb = _mask(*a), _mask(*b)
+    for starts, ends in (a, b):                       # sorted, disjoint, non-touching
+        assert np.all(starts[1:] > ends[:-1]) and np.all(ends >= starts)
+    assert np.array_equal(_mask(*iv.intersect(a, b)), ma & mb)
+    assert np.array_equal(_mask(*iv.subtract(a, b)), ma & ~mb)
+    assert np.array_equal(_mask(*iv.complement(a, 20, 250))[20:250], ~ma[20:250])
+    assert iv.total(a) == ma.sum()
+    lo = np.sort(rng.integers(0, SPAN, 5))
+    hi = lo + rng.integers(1, 60, 5)
+    expected = [ma[x:y].sum() for x, y in zip(lo, hi)]
+    assert iv.per_bin_total(a, lo, hi).tolist() == expected
+
+
+def test_union_of_unsorted_input():
+    starts, ends = np.array([50, 0, 10, 45]), np.array([60, 5, 20, 52])
+    assert [x.tolist() for x in iv.union(starts, ends)] == [[0, 10, 45], [5, 20, 60]]
