@@ -34,6 +34,7 @@ def test_operations_match_coverage_masks(seed):
     assert np.array_equal(_mask(*iv.subtract(a, b)), ma & ~mb)
     assert np.array_equal(_mask(*iv.complement(a, 20, 250))[20:250], ~ma[20:250])
     assert iv.total(a) == ma.sum()
+    assert iv.overlap(a, b) == (ma & mb).sum()
     lo = np.sort(rng.integers(0, SPAN, 5))
     hi = lo + rng.integers(1, 60, 5)
     expected = [ma[x:y].sum() for x, y in zip(lo, hi)]

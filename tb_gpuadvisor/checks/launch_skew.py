@@ -30,6 +30,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.analysis.breakdown import launch_targets
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
 
@@ -140,20 +141,19 @@ def _launch_threads(model, active, labels) -> list[Evidence]:
     by_thread: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for host in model.hosts:
         act = host.activity
-        launch = act.mask(HostEventKind.LAUNCH) & (act.correlation_id >= 0)
-        if not launch.any():
+        target = launch_targets(host)           # device position of each launch, by correlation id
+        label_of = {pos: label for pos, d in enumerate(host.devices)
+                    for dev, label in zip(active, labels) if d is dev}
+        launch = act.mask(HostEventKind.LAUNCH) & (target >= 0)
+        if not launch.any() or not label_of:
             continue
-        corr = act.correlation_id[launch]
-        order = np.argsort(corr, kind="stable")
-        corr_sorted, thread_sorted = corr[order], act.thread[launch][order]
-        for dev, label in zip(active, labels):
-            if dev.device.host != host.name:
-                continue
-            ids = dev.correlation_id[(dev.correlation_id >= 0) & kernels.classify(dev).kernel]
-            pos = np.clip(np.searchsorted(corr_sorted, ids), 0, max(corr_sorted.size - 1, 0))
-            hit = corr_sorted[pos] == ids
-            for thread, count in zip(*np.unique(thread_sorted[pos[hit]], return_counts=True)):
-                by_thread[(host.name, act.threads[int(thread)])][label] += int(count)
+        width = len(host.devices)
+        keys, counts = np.unique(act.thread[launch].astype(np.int64) * width + target[launch],
+                                 return_counts=True)
+        for key, count in zip(keys.tolist(), counts.tolist()):
+            thread, pos = divmod(key, width)
+            if pos in label_of:
+                by_thread[(host.name, act.threads[thread])][label_of[pos]] += count
     items = []
     for (host, thread), counts in by_thread.items():
         gpus = sorted(counts)

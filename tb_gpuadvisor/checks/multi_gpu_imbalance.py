@@ -175,7 +175,7 @@ def _overlaps(active, busy) -> tuple[float, list]:
         ta, tb = intervals.total(busy[id(a)]), intervals.total(busy[id(b)])
         if min(ta, tb) == 0:
             continue
-        share = 100.0 * intervals.total(intervals.intersect(busy[id(a)], busy[id(b)])) / min(ta, tb)
+        share = 100.0 * intervals.overlap(busy[id(a)], busy[id(b)]) / min(ta, tb)
         smallest = min(smallest, share)
         if share < SERIAL_OVERLAP_BELOW:
             serial.append((a, b, share))
