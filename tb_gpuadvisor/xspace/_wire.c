@@ -14,11 +14,12 @@
  * (with_lines=False only collects the shell spans, skipping the lines undecoded):
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
- *   md, off, dur bytes of int64, one entry per event (events of all lines in order)
- *   st_event     list, per wanted stat id: bytes of int64, the events carrying it
- *   st_type      list, per wanted stat id: bytes of int8, 1 int64, 2 uint64, 3 ref,
+ *   md, off, dur int64 columns, one entry per event (events of all lines in order)
+ *   st_event     list, per wanted stat id: int64 column, the events carrying it
+ *   st_type      list, per wanted stat id: int8 column, 1 int64, 2 uint64, 3 ref,
  *                4 str (index into strings), 5 double (value holds the bits), 6 bytes (unused)
- *   st_value     list, per wanted stat id: bytes of int64
+ *   st_value     list, per wanted stat id: int64 column
+ * Columns are read-only buffers (numpy.frombuffer wraps them without a copy).
  *   strings      list of str values met in wanted stats
  * Raises ValueError on malformed or truncated input.
  */
@@ -237,8 +238,43 @@ static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int wit
     return OK;
 }
 
+/* A read-only buffer that owns a malloc'd column: numpy wraps it without copying. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t len;
+} Column;
+
+static void column_dealloc(Column *self) {
+    free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int column_getbuffer(Column *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 1, flags);
+}
+
+static PyBufferProcs column_as_buffer = {(getbufferproc)column_getbuffer, NULL};
+
+static PyTypeObject ColumnType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_wire.Column",
+    .tp_basicsize = sizeof(Column),
+    .tp_dealloc = (destructor)column_dealloc,
+    .tp_as_buffer = &column_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A decoded column, exposed through the buffer protocol.",
+};
+
+/* Hands the buffer's memory to a Column (no copy); the Buf is left empty. */
 static PyObject *bytes_of(Buf *b) {
-    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
+    Column *column = PyObject_New(Column, &ColumnType);
+    if (!column) return NULL;
+    column->data = b->data;
+    column->len = (Py_ssize_t)b->len;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)column;
 }
 
 static PyObject *text_at(const uint8_t *base, int64_t at, int64_t len) {
@@ -347,4 +383,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wire", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__wire(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__wire(void) {
+    if (PyType_Ready(&ColumnType) < 0) return NULL;
+    return PyModule_Create(&module);
+}
