@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 from tb_gpuadvisor.checks import Severity, all_checks
 from tb_gpuadvisor.discovery import DiscoveryError, SessionRef, find_sessions
@@ -38,6 +37,8 @@ def _analyze(refs: list[SessionRef], jobs: int) -> dict:
     from tb_gpuadvisor.report import analyze_session
 
     if jobs > 1 and len(refs) > 1 and all(ref.fs is None for ref in refs):
+        from concurrent.futures import ProcessPoolExecutor
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             sessions = list(pool.map(analyze_session, refs))
     else:

@@ -6,9 +6,7 @@ read becomes an entry in ``SessionModel.errors`` and the others still load.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model.build import HostCapture, read_host
@@ -66,6 +64,9 @@ def _read_hosts(ref: SessionRef, paths: list[str], total: int) -> list[HostCaptu
     jobs = [(path, host, ref.opener()) for host, path in zip(ref.hosts, paths)]
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and total >= PARALLEL_HOSTS_MIN_BYTES and ref.fs is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor   # only here: a slow import otherwise unused
+
         # A fresh interpreter per worker: forking a threaded process (TensorBoard) is unsafe.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
