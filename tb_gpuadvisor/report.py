@@ -58,6 +58,11 @@ def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
     if top is None:
         return None
     saving = top.estimated_savings_ms_per_step
+    if saving <= 0:
+        # Only findings without a time model are left (a degraded capture, full memory).
+        return {"check": top.check,
+                "why": f"{top.title}. It saves no time by itself, but the other findings are only "
+                       "as good as the capture: fix this first and profile again."}
     share = f" ({100 * saving / mean_step_ms:.0f}% of the mean step)" if mean_step_ms else ""
     return {"check": top.check,
             "why": f"{top.title}. Fixing it has the largest estimated saving: "

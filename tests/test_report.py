@@ -1,0 +1,54 @@
+"""Ranking, the fix-first pick, and one broken check not hiding the others."""
+
+from __future__ import annotations
+
+from synth import build_training_session, write_session
+
+from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
+from tb_gpuadvisor.checks.base import Check
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.report import analyze_session, rank_findings
+
+
+def _finding(check: str, severity: Severity, saving: float) -> Finding:
+    return Finding(check, severity, f"{check} title", "summary", estimated_savings_ms_per_step=saving)
+
+
+def test_actionable_findings_rank_by_saving_then_the_rest_by_severity():
+    ranked = rank_findings([
+        _finding("a", Severity.OK, 0.0), _finding("b", Severity.WARNING, 1.0),
+        _finding("c", Severity.CRITICAL, 0.5), _finding("d", Severity.INFO, 3.0),
+        _finding("e", Severity.NOT_APPLICABLE, 0.0), _finding("f", Severity.WARNING, 2.5),
+    ])
+    assert [f.check for f in ranked] == ["f", "b", "c", "d", "a", "e"]
+
+
+def test_report_ranks_the_planted_problem_first(tmp_path):
+    write_session(tmp_path, "run", "s", build_training_session(steps=6, input_wait_frac=0.4,
+                                                               host_overhead_frac=0.05).spaces)
+    (ref,) = find_sessions(str(tmp_path))
+    session = analyze_session(ref)
+    assert session["findings"][0]["check"] == "input_bound"
+    assert [f["rank"] for f in session["findings"]] == list(range(1, len(session["findings"]) + 1))
+    assert session["first_fix"]["check"] == "input_bound" and "ms per step" in session["first_fix"]["why"]
+
+
+def test_a_check_that_crashes_becomes_an_error_and_the_others_still_run(tmp_path, monkeypatch):
+    all_checks()
+
+    def broken(analysis):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(REGISTRY, "memory", Check("memory", "Memory", broken, ""))
+    write_session(tmp_path, "run", "s", build_training_session(steps=3).spaces)
+    (ref,) = find_sessions(str(tmp_path))
+    session = analyze_session(ref)
+    assert any(e.get("check") == "memory" and "boom" in e["message"] for e in session["errors"])
+    assert len(session["findings"]) == len(REGISTRY) - 1
+
+
+def test_capture_problem_first_when_nothing_saves_time(corpus):
+    (ref,) = find_sessions(str(corpus / "keras-cnn-rtx5000-empty-gpu-trace"))
+    session = analyze_session(ref)
+    assert session["first_fix"]["check"] == "profile_quality"
+    assert "fix this first" in session["first_fix"]["why"]
