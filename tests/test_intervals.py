@@ -44,3 +44,15 @@ def test_operations_match_coverage_masks(seed):
 def test_union_of_unsorted_input():
     starts, ends = np.array([50, 0, 10, 45]), np.array([60, 5, 20, 52])
     assert [x.tolist() for x in iv.union(starts, ends)] == [[0, 10, 45], [5, 20, 60]]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pairwise_overlaps_match_coverage_masks(seed):
+    rng = np.random.default_rng(100 + seed)
+    sets = [iv.union(*_random_set(rng, int(rng.integers(0, 25)))) for _ in range(int(rng.integers(1, 6)))]
+    masks = [_mask(*s) for s in sets]
+    table = iv.pairwise_overlaps(sets)
+    for i, a in enumerate(masks):
+        for j, b in enumerate(masks):
+            assert table[i, j] == (a & b).sum()
+

@@ -171,11 +171,12 @@ def _overlaps(active, busy) -> tuple[float, list]:
     """Smallest pairwise overlap (percent of the less busy GPU) and the pairs that look serial."""
     smallest = 100.0
     serial = []
-    for a, b in itertools.combinations(active, 2):
-        ta, tb = intervals.total(busy[id(a)]), intervals.total(busy[id(b)])
+    table = intervals.pairwise_overlaps([busy[id(dev)] for dev in active])
+    for (i, a), (j, b) in itertools.combinations(enumerate(active), 2):
+        ta, tb = table[i, i], table[j, j]
         if min(ta, tb) == 0:
             continue
-        share = 100.0 * intervals.overlap(busy[id(a)], busy[id(b)]) / min(ta, tb)
+        share = 100.0 * table[i, j] / min(ta, tb)
         smallest = min(smallest, share)
         if share < SERIAL_OVERLAP_BELOW:
             serial.append((a, b, share))

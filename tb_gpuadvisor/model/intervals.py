@@ -44,6 +44,36 @@ def overlap(a: Intervals, b: Intervals) -> int:
     return int(per_bin_total(b, a[0], a[1]).sum()) if a[0].size else 0
 
 
+# Up to this many sets, pairwise overlaps come from one sweep with a bitmask per time segment.
+_SWEEP_MAX_SETS = 16
+
+
+def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
+    """overlaps[i, j] = length of sets[i] & sets[j] (each set disjoint), for all pairs at once.
+
+    One sweep over every boundary tracks which sets cover each elementary segment as a
+    bitmask; the length covered by each bitmask then gives every pair's overlap.
+    """
+    k = len(sets)
+    out = np.zeros((k, k), np.int64)
+    if k > _SWEEP_MAX_SETS:
+        for i in range(k):
+            for j in range(i, k):
+                out[i, j] = out[j, i] = overlap(sets[i], sets[j])
+        return out
+    points = np.concatenate([np.concatenate(s) for s in sets]) if k else np.empty(0, np.int64)
+    if points.size == 0:
+        return out
+    delta = np.concatenate([np.concatenate((np.full(s[0].size, 1 << i), np.full(s[1].size, -(1 << i))))
+                            for i, s in enumerate(sets)])
+    order = np.argsort(points, kind="stable")
+    points, mask = points[order], np.cumsum(delta[order])
+    lengths = np.diff(points)
+    by_mask = np.bincount(mask[:-1], weights=lengths, minlength=1 << k)
+    bits = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1        # which sets each mask holds
+    return np.rint((bits * by_mask[:, None]).T @ bits).astype(np.int64)
+
+
 def clip(intervals: Intervals, lo: int, hi: int) -> Intervals:
     """The part of a disjoint set inside [lo, hi)."""
     starts, ends = intervals
