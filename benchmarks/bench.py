@@ -420,14 +420,15 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(result: dict, out_dir: Path, readme: Path | None = None) -> None:
+def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = ()) -> None:
+    """Results as JSON and Markdown, and the Markdown table into each README's results section."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render_markdown(result)
     (out_dir / "latest.md").write_text(md)
-    if readme is not None and readme.exists():
-        text = readme.read_text()
-        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    for readme in readmes:
+        text = readme.read_text() if readme.exists() else ""
         if begin in text and end in text:
             head, rest = text.split(begin, 1)
             readme.write_text(f"{head}{begin}\n{md}{end}{rest.split(end, 1)[1]}")
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for t in result["targets"]:
         print(f"[{'met' if t['met'] else 'NOT met'}] {t['target']}: {t['value']}")
-    write_results(result, args.out, README if args.out == RESULTS else None)
+    write_results(result, args.out, (README, REPO / "README.md") if args.out == RESULTS else ())
     return 0
 
 

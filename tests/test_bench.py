@@ -37,7 +37,7 @@ def test_one_capture_end_to_end(tmp_path: Path) -> None:
     result = {"date": "today", "machine": bench.machine(), "rows": [row], "targets": bench.targets([row])}
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:begin -->\nSTALE TABLE\n<!-- results:end -->\nafter\n")
-    bench.write_results(result, tmp_path / "out", readme)
+    bench.write_results(result, tmp_path / "out", (readme,))
     assert json.loads((tmp_path / "out" / "latest.json").read_text())["rows"][0]["gpus"] == 2
     text = readme.read_text()
     assert "STALE TABLE" not in text and text.startswith("intro") and text.endswith("after\n")
