@@ -52,3 +52,10 @@ def test_capture_problem_first_when_nothing_saves_time(corpus):
     session = analyze_session(ref)
     assert session["first_fix"]["check"] == "profile_quality"
     assert "fix this first" in session["first_fix"]["why"]
+
+
+def test_every_corpus_session_analyses_without_errors(corpus):
+    for ref in find_sessions(str(corpus)):
+        session = analyze_session(ref)
+        assert session["errors"] == [], (ref.run, session["errors"])
+        assert len(session["findings"]) == len(REGISTRY)

@@ -15,7 +15,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.analysis.breakdown import Breakdown
@@ -39,6 +39,12 @@ class Analysis:
 
                 self._breakdown = compute_breakdown(self.model)
         return self._breakdown
+
+    @property
+    def primary_device(self) -> DeviceActivity | None:
+        """The GPU the per-step breakdown is measured on (the first active GPU), or None."""
+        gpus = self.model.active_gpus
+        return gpus[0] if gpus else None
 
     @property
     def steps_count(self) -> int:

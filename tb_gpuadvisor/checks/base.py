@@ -95,6 +95,12 @@ def needs_steps(check_id: str, subject: str, measure: str) -> Finding:
                    "(see the profile quality finding).")
 
 
+def needs_gpu(check_id: str, subject: str) -> Finding:
+    """The not-applicable finding of a GPU check on a capture where no GPU ran kernels."""
+    return Finding(check_id, Severity.NOT_APPLICABLE, f"No GPU {subject} to assess",
+                   f"The capture has no GPU that ran kernels, so there are no GPU {subject} to measure.")
+
+
 CheckFunction = Callable[["Analysis"], Finding]
 
 

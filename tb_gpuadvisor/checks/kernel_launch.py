@@ -34,7 +34,7 @@ from tb_gpuadvisor.analysis.breakdown import DeviceBreakdown
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.analysis.kernels import op_type
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
+    Evidence, Finding, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind
 
@@ -83,12 +83,10 @@ def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
     if breakdown.device_kind != "gpu" or primary is None:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU kernels to assess",
-                       "The capture has no GPU that ran kernels, so kernel launch overhead does not apply.")
+        return needs_gpu(CHECK_ID, "kernel launches")
     if not analysis.steps_count:
         return needs_steps(CHECK_ID, "Launch overhead", "launch gaps")
-    dev = next(d for d in analysis.model.active_gpus
-               if d.device.name == primary.name and d.device.host == primary.host)
+    dev = analysis.primary_device
     kernels = _step_kernels(dev)
     median_us = float(np.median(dev.dur_ps[kernels])) / PS_PER_US if kernels.any() else 0.0
     per_step = int(kernels.sum()) / analysis.steps_count

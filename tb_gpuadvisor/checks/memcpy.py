@@ -30,7 +30,7 @@ import numpy as np
 from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+    Evidence, Finding, Fix, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
@@ -108,13 +108,11 @@ def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
     if breakdown.device_kind != "gpu" or primary is None:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU copies to assess",
-                       "The capture has no GPU that ran kernels, so host-device copies do not apply.")
+        return needs_gpu(CHECK_ID, "copies")
     if not analysis.steps_count:
         return needs_steps(CHECK_ID, "Copy time", "copy time")
     steps = analysis.steps_count
-    dev = next(d for d in analysis.model.active_gpus
-               if d.device.name == primary.name and d.device.host == primary.host)
+    dev = analysis.primary_device
     percent = primary.percent("copy")
     copy_ms = analysis.ms_per_step(primary.total("copy"))
     h2d = _megabytes_per_step(dev, DeviceEventKind.MEMCPY_H2D, steps)
