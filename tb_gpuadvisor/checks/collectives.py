@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -98,8 +98,7 @@ def check(analysis) -> Finding:
     model = analysis.model
     active = model.active_gpus
     if not active:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU work",
-                       "The capture has no GPU kernels.")
+        return needs_gpu(CHECK_ID, "collectives")
     lo, hi, steps = kernels.step_windows(model)
     step_ps = float((hi - lo).sum())
     rows = []

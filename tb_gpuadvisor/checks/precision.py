@@ -30,7 +30,7 @@ from __future__ import annotations
 
 
 from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "precision"
@@ -65,9 +65,7 @@ def check(analysis) -> Finding:
     model = analysis.model
     gpus = model.active_gpus
     if not gpus:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
-                       "The capture has no GPU kernels, so there is no GPU math whose precision "
-                       "could be measured.")
+        return needs_gpu(CHECK_ID, "kernels")
     _, _, steps = kernels.step_windows(model)
     total_ps = low_ps = eligible32_ps = 0
     savings_ps = 0.0

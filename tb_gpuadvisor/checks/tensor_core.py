@@ -36,7 +36,7 @@ from collections import defaultdict
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -71,8 +71,7 @@ def check(analysis) -> Finding:
     model = analysis.model
     gpus = [dev for dev in model.active_gpus if kernels.has_tensor_cores(dev.device)]
     if not model.active_gpus:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
-                       "The capture has no GPU kernels.")
+        return needs_gpu(CHECK_ID, "kernels")
     if not gpus:
         cc = ", ".join(sorted({d.device.compute_capability or "?" for d in model.active_gpus}))
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU has no Tensor Cores",
