@@ -12,7 +12,6 @@ import sys
 
 from tb_gpuadvisor.checks import Severity, all_checks
 from tb_gpuadvisor.discovery import DiscoveryError, SessionRef, find_sessions
-from tb_gpuadvisor.metadata import SCHEMA_VERSION
 
 FORMATS = ("text", "json", "markdown")
 FAIL_ON = ("warning", "critical")
@@ -33,19 +32,6 @@ def _sessions(path: str) -> list[SessionRef]:
     return refs
 
 
-def _analyze(refs: list[SessionRef], jobs: int) -> dict:
-    from tb_gpuadvisor.report import analyze_session
-
-    if jobs > 1 and len(refs) > 1 and all(ref.fs is None for ref in refs):
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            sessions = list(pool.map(analyze_session, refs))
-    else:
-        sessions = [analyze_session(ref) for ref in refs]
-    return {"schema_version": SCHEMA_VERSION, "sessions": sessions}
-
-
 def _print(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
@@ -59,8 +45,9 @@ def _reached(severities: list[str], fail_on: str | None) -> bool:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.render import render_markdown, render_text
+    from tb_gpuadvisor.report import build_report
 
-    report = _analyze(_sessions(args.path), args.jobs)
+    report = build_report(_sessions(args.path), args.jobs)
     if args.format == "json":
         _print(json.dumps(report, indent=2))
     elif args.format == "markdown":

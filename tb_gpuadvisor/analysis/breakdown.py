@@ -128,12 +128,6 @@ class Breakdown:
     def primary(self) -> DeviceBreakdown | None:
         return self.devices[0] if self.devices else None
 
-    def find(self, name: str, host: str | None = None) -> DeviceBreakdown | None:
-        for dev in self.devices:
-            if dev.name == name and (host is None or dev.host == host):
-                return dev
-        return None
-
     def to_json(self) -> dict:
         primary = self.primary
         steps = []

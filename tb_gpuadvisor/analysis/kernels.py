@@ -90,10 +90,6 @@ def is_allreduce_kernel(name: str) -> bool:
     return bool(_ALLREDUCE.search(name))
 
 
-def is_layout_conversion(kernel_name: str, op_name: str) -> bool:
-    return bool(_LAYOUT_KERNEL.search(kernel_name) or _LAYOUT_OP.search(op_name))
-
-
 def op_type(op: str) -> str:
     """The op type of a framework op string: "scope/dense/MatMul:MatMul#shape=...#" -> "MatMul".
 
@@ -115,10 +111,6 @@ def is_tensor_core_eligible_op(op: str) -> bool:
         return False
     kind = op_type(op)
     return kind in TENSOR_CORE_ELIGIBLE_OPS or bool(_XLA_ELIGIBLE.match(kind))
-
-
-def is_conv_op(op: str) -> bool:
-    return bool(op) and bool(_CONV_TYPE.search(op_type(op)))
 
 
 def annotated_shapes(op: str) -> list[tuple[str, tuple[int, ...]]]:

@@ -78,7 +78,7 @@ def check(analysis) -> Finding:
                        f"Tensor Cores arrived with compute capability 7.0; this capture's GPUs "
                        f"report {cc}.")
     _, _, steps = kernels.step_windows(model)
-    eligible_ps = tc_ps = not_using_ps = layout_ps = compute_ps = 0
+    eligible_ps = tc_ps = not_using_ps = layout_ps = 0
     savings_ps = 0.0
     ops_missing: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, set(), ""])
     layout_items: list[Evidence] = []
@@ -94,7 +94,6 @@ def check(analysis) -> Finding:
         tc_ps += int(dev.dur_ps[eligible & cls.tensor_core].sum())
         not_using_ps += dev_missing
         dev_compute = int(dev.dur_ps[cls.kernel & keep].sum())
-        compute_ps += dev_compute
         savings_ps += dev_missing * (1.0 - 1.0 / kernels.tensor_core_speedup(dev.device))
         # Aggregate per op id first, so only the distinct ops are visited in Python.
         rows = np.flatnonzero(missing & (dev.op >= 0))
