@@ -208,7 +208,8 @@ export function headerView(report) {
     list.appendChild(h('li', {class: `chip chip-${device.kind || 'device'}`, title: device.host || null},
       facts.join(' · ')));
   }
-  if (!devices.length) list.appendChild(h('li', {class: 'chip', text: 'no devices'}));
+  // A CPU-only capture: the host is what the breakdown measures.
+  if (!devices.length) list.appendChild(h('li', {class: 'chip', text: 'host CPU only (no accelerator)'}));
   deviceCard.appendChild(list);
   header.appendChild(deviceCard);
   return header;
