@@ -57,3 +57,15 @@ def test_corrupt_plane_is_a_capture_error():
     for fast in (True, False):
         with pytest.raises(CaptureError):
             decode.decode_plane(memoryview(inner), (0, len(inner)), lambda p: WANTED, fast=fast)
+
+
+def test_whole_model_is_the_same_without_the_c_decoder(tmp_path, monkeypatch):
+    from tb_gpuadvisor.discovery import find_sessions
+    from tb_gpuadvisor.report import analyze_session
+
+    build_training_session(steps=4, gpus=2, input_wait_frac=0.2, memcpy_frac=0.05).write(tmp_path)
+    (ref,) = find_sessions(str(tmp_path))
+    fast = analyze_session(ref)
+    monkeypatch.setattr(decode, "_wire", None)
+    assert not decode.has_fast_decoder()
+    assert analyze_session(ref) == fast
