@@ -344,7 +344,8 @@ def _read_plane(buffer, span: tuple[int, int], host: str) -> _DevicePlane | Deco
 
 
 # Planes are decoded and converted in parallel: the C decoder and numpy release the GIL.
-WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Twice the cores: while one thread holds the GIL for Python work, another decodes in C.
+WORKERS = min(4, 2 * (os.cpu_count() or 1))
 
 
 def read_host(path: str, host: str, opener: Opener | None = None) -> HostCapture:
