@@ -1,9 +1,10 @@
 """Finding training steps and assigning every event to one.
 
-Markers are tried in order of trust (see the check catalogue): custom-loop
-``_r``=1 annotations, Keras 2 ``TraceContext``, Keras 3 ``Profiled batch``,
-the derived ``Steps`` line of older GPU captures, and finally inference from
-repeated top-level function runs (tf.function or XLA executables).
+A stored ``Steps`` line (older TensorFlow's own grouping of the markers) is
+used when a capture has one; otherwise markers are tried in order of trust (see
+the check catalogue): custom-loop ``_r``=1 annotations, Keras 2 ``TraceContext``,
+Keras 3 ``Profiled batch``, and finally inference from repeated top-level
+function runs (tf.function or XLA executables).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ def _collapse(number: np.ndarray, start: np.ndarray, end: np.ndarray, group: np.
 
 
 def _marker_steps(hosts: list[HostCapture]) -> Steps | None:
-    candidates: list[tuple[str, str, np.ndarray]] = []
     for source, name in (("custom_loop", None), ("keras2", "TraceContext"), ("keras", "Profiled batch")):
         parts = []
         for hc in hosts:
@@ -99,9 +99,8 @@ def _inferred(hosts: list[HostCapture]) -> Steps | None:
 
 
 def find_steps(hosts: list[HostCapture]) -> Steps:
-    # A stored Steps line is TensorFlow's own grouping of the same markers (by group_id),
-    # already on the device timeline and including the partly captured first and last
-    # steps, so it wins over the raw markers when a capture has one.
+    # The Steps line is already on the device timeline and includes the partly captured
+    # first and last steps, so it wins over the raw markers it was derived from.
     steps = _steps_line(hosts) or _marker_steps(hosts) or _inferred(hosts)
     if steps is None:
         return Steps("none", _EMPTY, _EMPTY, _EMPTY, _EMPTY)
@@ -113,17 +112,13 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
     """A step lasts until the next one starts; the last one until its last activity."""
     if not len(steps):
         return
-    marker_end = steps.end_ps.copy()
-    last_start, last_marker_end = int(steps.start_ps[-1]), int(marker_end[-1])
+    last_start, last_marker_end = int(steps.start_ps[-1]), int(steps.end_ps[-1])
     last_group = int(steps.group_id[-1])
     last_end = last_marker_end
     for hc in hosts:
         for dev in hc.devices:
-            if not len(dev):
-                continue
-            if last_group >= 0 and np.any(dev.group_id == last_group):
-                mine = dev.group_id == last_group
-            else:
+            mine = dev.group_id == last_group if last_group >= 0 else np.zeros(len(dev), bool)
+            if not mine.any():
                 mine = (dev.start_ps >= last_start) & (dev.start_ps < last_marker_end)
             if mine.any():
                 last_end = max(last_end, int(dev.end_ps[mine].max()))
