@@ -30,8 +30,8 @@ _OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
 _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
-_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r", "allocator_name", "fragmentation",
-               "tf_op") + _MEMORY_INTS
+_MEMORY_STATS = ("allocator_name", "fragmentation", "tf_op") + _MEMORY_INTS
+_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r") + _MEMORY_STATS
 
 
 class _Interner:
@@ -164,7 +164,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
 
     steps_line = None
     modules: list[XlaModules] = []
-    for i, line in enumerate(dp.lines):
+    for line in dp.lines:
         if line.name == classify.STEPS_LINE and line.count:
             steps_line = _steps_line(dp, slice(line.first, line.first + line.count), start)
         elif line.name == classify.XLA_MODULES_LINE and line.count:
@@ -256,13 +256,15 @@ class _HostBuilder:
         rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
         if rows.size:
             alloc_md = [mid for mid, meta in metadata.items() if meta.name == "MemoryAllocation"]
+            # Only the memory events' stats are needed: select them before densifying.
+            stat = {name: dp.stats[name].at(rows) for name in _MEMORY_STATS}
             part = {"time_ps": start[rows], "is_alloc": np.isin(dp.metadata_id[rows], alloc_md),
-                    "allocator": dp.stats["allocator_name"].interned(
-                        n, dp.stat_names, dp.strings, self.allocators.add)[rows],
-                    "op": dp.stats["tf_op"].interned(n, dp.stat_names, dp.strings, self.mem_ops.add)[rows],
-                    "fragmentation": dp.stats["fragmentation"].floats(n)[rows]}
+                    "allocator": stat["allocator_name"].interned(
+                        rows.size, dp.stat_names, dp.strings, self.allocators.add),
+                    "op": stat["tf_op"].interned(rows.size, dp.stat_names, dp.strings, self.mem_ops.add),
+                    "fragmentation": stat["fragmentation"].floats(rows.size)}
             for name in _MEMORY_INTS:
-                part[name] = np.maximum(dp.stats[name].ints(n, dp.strings)[rows], 0)
+                part[name] = np.maximum(stat[name].ints(rows.size, dp.strings), 0)
             self.memory_parts.append(part)
 
     @staticmethod

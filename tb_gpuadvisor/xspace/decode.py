@@ -79,6 +79,14 @@ class StatColumn:
         a, b = np.searchsorted(self.event, [lo, hi])
         return StatColumn(self.event[a:b] - lo, self.kind[a:b], self.value[a:b])
 
+    def at(self, rows: np.ndarray) -> "StatColumn":
+        """The values of the events ROWS (sorted indices), renumbered to positions in ROWS."""
+        if rows.size == 0 or self.event.size == 0:
+            return StatColumn(self.event[:0], self.kind[:0], self.value[:0])
+        pos = np.clip(np.searchsorted(rows, self.event), 0, rows.size - 1)
+        hit = rows[pos] == self.event
+        return StatColumn(pos[hit], self.kind[hit], self.value[hit])
+
     def floats(self, n_events: int) -> np.ndarray:
         out = np.zeros(n_events, np.float64)
         double = self.kind == DOUBLE
