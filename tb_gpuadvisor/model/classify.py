@@ -93,11 +93,6 @@ def is_input_pipeline_thread(thread_name: str) -> bool:
     return thread_name.startswith("tf_data_")
 
 
-def op_type(op_name: str) -> str:
-    """The op type of a TensorFlow op name ("scope/conv/Conv2D:Conv2D" -> "Conv2D")."""
-    return op_name.rsplit(":", 1)[-1] if ":" in op_name else op_name.rsplit("/", 1)[-1]
-
-
 _TF_HOST_HINTS = ("ExecutorState::Process", "EagerKernelExecute", "TraceContext", "Profiled batch",
                   "TFE_", "IteratorGetNextOp::DoCompute", "__inference_")
 _JAX_HOST_HINTS = ("PjitFunction", "py_xla_execute", "PjRt", "TfrtTpuLoadedExecutable", "jit_")
