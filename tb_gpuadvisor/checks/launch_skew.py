@@ -59,7 +59,6 @@ SERIAL_FIX = Fix(
 
 def first_kernel_per_step(dev, model, windows: int) -> np.ndarray:
     """Start of the device's first compute or collective kernel in each window (int64 max if none)."""
-    lo, _, _ = kernels.step_windows(model)
     first = np.full(windows, np.iinfo(np.int64).max, np.int64)
     cls = kernels.classify(dev)
     mask = (cls.kernel | cls.collective) & kernels.in_steps(dev, model)
