@@ -189,3 +189,14 @@ def test_hosts_read_in_parallel_processes_match_a_sequential_read(tmp_path, monk
     assert parallel.errors == sequential.errors and parallel.errors[0]["host"] == "bad"
     for a, b in zip(parallel.devices, sequential.devices):
         assert np.array_equal(a.start_ps, b.start_ps) and np.array_equal(a.step, b.step)
+
+
+def test_events_the_profiler_dropped_are_counted(tmp_path):
+    space = build_training_session(steps=3).space
+    space.warnings.append("CUPTI: dropped 12 events (buffer full)")
+    space.errors.append("Dropped 3 activity records")
+    write_session(tmp_path, "run", "s", {"h": space})
+    (ref,) = find_sessions(str(tmp_path))
+    model = load_session(ref)
+    assert model.hosts[0].dropped_events == 15
+    assert any("dropped 12" in w for w in model.warnings)

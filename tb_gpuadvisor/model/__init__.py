@@ -96,7 +96,7 @@ def load_session(ref: SessionRef) -> SessionModel:
     host_captures = [c for c, _ in captures]
     steps = find_steps(host_captures)
     assign_steps(steps, host_captures)
-    hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings)
+    hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events)
              for c, path in captures]
     model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)
     for c in host_captures:

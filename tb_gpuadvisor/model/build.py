@@ -26,6 +26,7 @@ from tb_gpuadvisor.xspace.reader import CaptureFile, Opener
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU|XPU|CUSTOM):(\d+)$")
 _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
 
+_DROPPED = re.compile(r"dropped\s+(\d+)", re.IGNORECASE)
 _OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
 _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
@@ -102,6 +103,11 @@ class HostCapture:
         for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
             table.start_ps += delta_ps
             table.end_ps += delta_ps
+
+    @property
+    def dropped_events(self) -> int:
+        """Events the profiler says it dropped (its messages read "... dropped N events ...")."""
+        return sum(int(n) for w in self.warnings for n in _DROPPED.findall(w))
 
     def earliest_ps(self) -> int | None:
         starts = [a.start_ps[0] for a in [self.activity, *self.devices] if len(a)]
