@@ -15,7 +15,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.analysis.breakdown import Breakdown
@@ -45,6 +45,14 @@ class Analysis:
         """The GPU the per-step breakdown is measured on (the first active GPU), or None."""
         gpus = self.model.active_gpus
         return gpus[0] if gpus else None
+
+    @property
+    def primary_host(self) -> HostModel | None:
+        """The host of the breakdown's primary device: its threads are what fed or starved it."""
+        primary = self.breakdown.primary
+        if primary is None:
+            return None
+        return next(host for host in self.model.hosts if host.name == primary.host)
 
     @property
     def steps_count(self) -> int:

@@ -117,7 +117,7 @@ def check(analysis: Analysis) -> Finding:
     percent = primary.percent("other")
     other_ms = analysis.ms_per_step(primary.total("other"))
     severity = severity_by_threshold(percent, CRITICAL, WARNING)
-    host = next(h for h in analysis.model.hosts if h.name == primary.host)
+    host = analysis.primary_host
     loss_scale = uses_dynamic_loss_scale(analysis)
     device = "the host ran no framework op" if breakdown.device_kind == "cpu" else f"{primary.name} sat idle"
 

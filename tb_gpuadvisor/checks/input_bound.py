@@ -152,7 +152,7 @@ def check(analysis: Analysis) -> Finding:
     percent = primary.percent("input")
     input_ms = analysis.ms_per_step(primary.total("input"))
     severity = severity_by_threshold(percent, CRITICAL, WARNING)
-    host = next(h for h in analysis.model.hosts if h.name == primary.host)
+    host = analysis.primary_host
     windows = iv.union(analysis.model.steps.start_ps, analysis.model.steps.end_ps)
     pipeline = pipeline_stages(host.activity, windows)
     on_cpu = breakdown.device_kind == "cpu"

@@ -176,7 +176,7 @@ def check(analysis: Analysis) -> Finding:
                        "does not apply.")
     if not analysis.steps_count:
         return needs_steps(CHECK_ID, "Op placement", "op time")
-    host = next(h for h in analysis.model.hosts if h.name == primary.host)
+    host = analysis.primary_host
     gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
     activity = host.activity
     idx = np.flatnonzero(host_op_mask(activity, gpus))
@@ -192,12 +192,12 @@ def check(analysis: Analysis) -> Finding:
     exposed_ms = analysis.ms_per_step(iv.total(iv.intersect(op_set, gpu_idle)))
     savings = exposed_ms * (1.0 - 1.0 / GPU_SPEEDUP)
 
-    dev = next(d for d in gpus if d.device.name == primary.name)
+    dev = analysis.primary_device
     copies = _nearby_copies(dev, op_set)
     copies_per_step = copies.size / steps
     copy_mb = float(dev.nbytes[copies].sum()) / 1e6 / steps
 
-    host_ms = host_ps / PS_PER_MS / steps
+    host_ms = analysis.ms_per_step(host_ps)
     summary = (f"{percent:.1f}% of op execution time runs on host threads instead of the GPU "
                f"({host_ms:.2f} ms of host ops per step against {analysis.ms_per_step(gpu_ps):.2f} ms "
                f"of kernels on {primary.name}). ")
