@@ -83,9 +83,15 @@ def _hosts_in(names: list[str]) -> tuple[str, ...]:
                         if n.endswith(XPLANE_SUFFIX) and len(n) > len(XPLANE_SUFFIX)))
 
 
-def _run_name(logdir: str, run_dir: str, sep: str) -> str:
-    rel = os.path.relpath(run_dir, logdir) if sep == os.sep else posixpath.relpath(run_dir, logdir)
+def _run_name(paths, logdir: str, run_dir: str) -> str:
+    """TensorBoard's name for a run: its folder relative to the logdir ("." for the logdir)."""
+    rel = paths.relpath(run_dir, logdir)
     return "." if rel in ("", ".") else rel.replace(os.sep, "/")
+
+
+def _own_name(run_dir: str) -> str:
+    """The run name when only the session (or a file in it) was given: the run folder's name."""
+    return os.path.basename(run_dir.rstrip("/")) or "."
 
 
 def _split_session_dir(session_dir: str) -> tuple[str, str] | None:
@@ -120,34 +126,33 @@ def find_sessions(path: str) -> list[SessionRef]:
     if not exists:
         raise DiscoveryError(f"{path}: no such file or directory")
     is_file = os.path.isfile(root) if fs is None else fs.isfile(root)
-    sep = os.sep if fs is None else "/"
 
     if is_file:
         if not root.endswith(XPLANE_SUFFIX):
             raise DiscoveryError(f"{path}: not a profile capture (expected a *{XPLANE_SUFFIX} file)")
         session_dir, name = os.path.split(root)
         split = _split_session_dir(session_dir)
-        run = (os.path.basename(split[0].rstrip("/")) or ".") if split else "."
+        run = _own_name(split[0]) if split else "."
         session = split[1] if split else os.path.basename(session_dir) or "."
         return [SessionRef(run, session, session_dir, _hosts_in([name]), fs)]
 
     # A session folder given directly.
     split = _split_session_dir(root)
-    sessions: list[SessionRef] = []
     if split:
         names = os.listdir(root) if fs is None else [posixpath.basename(p) for p in fs.ls(root, detail=False)]
         hosts = _hosts_in(names)
         if hosts:
-            run = os.path.basename(split[0].rstrip("/")) or "."
-            return [SessionRef(run, split[1], root, hosts, fs)]
+            return [SessionRef(_own_name(split[0]), split[1], root, hosts, fs)]
 
+    paths = os.path if fs is None else posixpath
+    sessions: list[SessionRef] = []
     for dirpath, dirnames, filenames in _walk(fs, root):
         dirnames.sort()
         hosts = _hosts_in(filenames)
         found = _split_session_dir(dirpath)
         if hosts and found:
             run_dir, session = found
-            sessions.append(SessionRef(_run_name(root, run_dir, sep), session, dirpath, hosts, fs))
+            sessions.append(SessionRef(_run_name(paths, root, run_dir), session, dirpath, hosts, fs))
     sessions.sort(key=lambda ref: (ref.run, ref.session))
     return sessions
 
