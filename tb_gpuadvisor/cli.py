@@ -36,6 +36,12 @@ def _print(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _emit(fmt: str, result: dict, as_text, as_markdown) -> None:
+    """Print RESULT as JSON, or through the text or Markdown renderer."""
+    _print(json.dumps(result, indent=2) if fmt == "json" else
+           as_markdown(result) if fmt == "markdown" else as_text(result))
+
+
 def _reached(severities: list[str], fail_on: str | None) -> bool:
     if not fail_on:
         return False
@@ -48,12 +54,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.report import build_report
 
     report = build_report(_sessions(args.path), args.jobs)
-    if args.format == "json":
-        _print(json.dumps(report, indent=2))
-    elif args.format == "markdown":
-        _print(render_markdown(report))
-    else:
-        _print(render_text(report, verbose=args.verbose))
+    _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
     severities = [f["severity"] for s in report["sessions"] for f in s["findings"]]
     return 1 if _reached(severities, args.fail_on) else 0
 
@@ -74,12 +75,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     base, new = _one_session(args.base), _one_session(args.new)
     result = compare_sessions(analyze_session(base), analyze_session(new))
-    if args.format == "json":
-        _print(json.dumps(result, indent=2))
-    elif args.format == "markdown":
-        _print(render_comparison_markdown(result))
-    else:
-        _print(render_comparison_text(result))
+    _emit(args.format, result, render_comparison_text, render_comparison_markdown)
     return 1 if args.fail_on and has_regression(result, args.fail_on) else 0
 
 
