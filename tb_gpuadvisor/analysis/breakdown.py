@@ -169,11 +169,6 @@ def _merge(*sets: Intervals) -> Intervals:
     return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
 
 
-def _by_name(names: list[str], predicate) -> np.ndarray:
-    """Evaluate a per-name predicate once per distinct name, as a lookup table."""
-    return np.fromiter((bool(predicate(n)) for n in names), bool, len(names))
-
-
 def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """Host events that launch or dispatch work for ``dev``.
 
@@ -190,7 +185,7 @@ def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     ops = kind == HostEventKind.FRAMEWORK_OP
     device_ops = {op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0])}
     if device_ops:
-        ops &= _by_name(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
+        ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
     return launch | ops | (kind == HostEventKind.EXECUTOR)
 
 
@@ -268,8 +263,7 @@ def host_device(host: HostModel) -> Device:
 
 def training_threads(activity: HostActivity) -> np.ndarray:
     """Events on the threads that run the step (not tf.data's own producer threads)."""
-    pipeline = np.fromiter((classify.is_input_pipeline_thread(t) for t in activity.threads), bool,
-                           len(activity.threads))
+    pipeline = kernels.name_mask(activity.threads, classify.is_input_pipeline_thread)
     return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
 
 

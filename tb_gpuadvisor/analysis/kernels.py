@@ -12,6 +12,7 @@ and returns masks that index its event columns.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,8 +135,9 @@ def dims_not_multiple_of_8(op: str) -> list[int]:
     return bad
 
 
-def _name_mask(names: list[str], predicate) -> np.ndarray:
-    return np.fromiter((predicate(name) for name in names), bool, count=len(names))
+def name_mask(names: Sequence[str], predicate: Callable[[str], object]) -> np.ndarray:
+    """``predicate`` evaluated once per distinct name, as a table that event name ids index."""
+    return np.fromiter((bool(predicate(name)) for name in names), bool, count=len(names))
 
 
 @dataclass
@@ -160,11 +162,11 @@ def classify(dev: DeviceActivity) -> KernelClasses:
 
 
 def _classify(dev: DeviceActivity) -> KernelClasses:
-    names_tc = _name_mask(dev.names, is_tensor_core_kernel)
-    names_low = _name_mask(dev.names, is_low_precision_kernel)
-    names_coll = _name_mask(dev.names, is_collective_kernel)
-    names_ar = _name_mask(dev.names, is_allreduce_kernel)
-    ops_eligible = _name_mask(dev.ops, is_tensor_core_eligible_op)
+    names_tc = name_mask(dev.names, is_tensor_core_kernel)
+    names_low = name_mask(dev.names, is_low_precision_kernel)
+    names_coll = name_mask(dev.names, is_collective_kernel)
+    names_ar = name_mask(dev.names, is_allreduce_kernel)
+    ops_eligible = name_mask(dev.ops, is_tensor_core_eligible_op)
     has_op = dev.op >= 0
     op_idx = np.where(has_op, dev.op, 0)
     eligible_op = has_op & (ops_eligible[op_idx] if ops_eligible.size else False)
@@ -172,8 +174,8 @@ def _classify(dev: DeviceActivity) -> KernelClasses:
     is_kernel_kind = dev.kind == DeviceEventKind.KERNEL
     collective = (dev.kind == DeviceEventKind.COLLECTIVE) | (is_kernel_kind & names_coll[dev.name])
     kernel = is_kernel_kind & ~collective
-    layout_names = _name_mask(dev.names, lambda n: bool(_LAYOUT_KERNEL.search(n)))
-    layout_ops = _name_mask(dev.ops, lambda o: bool(_LAYOUT_OP.search(o)))
+    layout_names = name_mask(dev.names, _LAYOUT_KERNEL.search)
+    layout_ops = name_mask(dev.ops, _LAYOUT_OP.search)
     layout = kernel & (layout_names[dev.name]
                        | (has_op & (layout_ops[op_idx] if layout_ops.size else False)))
     layout |= kernel & _transposes_next_to_conv(dev, kernel, has_op, op_idx)
@@ -195,8 +197,8 @@ def _transposes_next_to_conv(dev: DeviceActivity, kernel: np.ndarray, has_op: np
     if not dev.ops:
         return out
     types = [op_type(op) for op in dev.ops]
-    is_transpose = np.array([t in ("Transpose", "ConjugateTranspose") for t in types], bool)
-    is_conv = np.array([bool(_CONV_TYPE.search(t)) for t in types], bool)
+    is_transpose = name_mask(types, lambda t: t in ("Transpose", "ConjugateTranspose"))
+    is_conv = name_mask(types, _CONV_TYPE.search)
     transpose = kernel & has_op & is_transpose[op_idx]
     conv = kernel & has_op & is_conv[op_idx]
     if not transpose.any() or not conv.any():

@@ -45,7 +45,7 @@ import numpy as np
 from tb_gpuadvisor.analysis import fixes
 from tb_gpuadvisor.analysis.breakdown import op_key, training_threads
 from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.kernels import op_type
+from tb_gpuadvisor.analysis.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
 )
@@ -93,7 +93,7 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity]) -> np.ndarr
         return (":" in name and " " not in name and op_type(name) not in BOOKKEEPING_OPS
                 and op_key(name) not in device_ops)
 
-    table = np.fromiter((runs_on_host(n) for n in activity.names), bool, len(activity.names))
+    table = name_mask(activity.names, runs_on_host)
     return (activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0) & table[activity.name]
 
 
@@ -135,9 +135,9 @@ def _host_only_ops(analysis: Analysis) -> Finding:
     steps = analysis.steps_count
     for host in analysis.model.hosts:
         activity = host.activity
-        types = np.array([op_type(n) for n in activity.names], dtype=object)
-        counted = np.fromiter((t not in BOOKKEEPING_OPS for t in types), bool, types.size)
-        stuck = np.fromiter((t in HOST_ONLY_OPS for t in types), bool, types.size)
+        types = [op_type(n) for n in activity.names]
+        counted = name_mask(types, lambda t: t not in BOOKKEEPING_OPS)
+        stuck = name_mask(types, lambda t: t in HOST_ONLY_OPS)
         ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
                & training_threads(activity) & counted[activity.name])
         idx = np.flatnonzero(ops & stuck[activity.name])
