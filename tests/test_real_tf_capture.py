@@ -30,44 +30,21 @@ LOOP_WARMUP, LOOP_STEPS = 2, 4
 
 def _write_keras_capture(log_dir: Path) -> None:
     import keras
-    import numpy as np
-    import tensorflow as tf
+    from tf_loop import classifier, labelled_rows, loss_fn
 
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(512, 16)).astype("float32"), rng.integers(0, 4, 512)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat().prefetch(2)
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = labelled_rows(512, 16).batch(32).repeat().prefetch(2)
+    model = classifier(16, [32])
+    model.compile("adam", loss_fn())
     board = keras.callbacks.TensorBoard(log_dir=str(log_dir), profile_batch=KERAS_PROFILE_BATCHES)
     model.fit(data, epochs=1, steps_per_epoch=KERAS_PROFILE_BATCHES[1] + 1, callbacks=[board], verbose=0)
 
 
 def _write_custom_loop_capture(log_dir: Path) -> None:
-    import keras
-    import numpy as np
-    import tensorflow as tf
+    from tf_loop import classifier, labelled_rows, profile_custom_loop
 
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(512, 16)).astype("float32"), rng.integers(0, 4, 512)
-    batches = iter(tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat())
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
-    optimizer = keras.optimizers.Adam()
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    for _ in range(LOOP_WARMUP):
-        train_step(*next(batches))
-    tf.profiler.experimental.start(str(log_dir))
-    for step in range(LOOP_STEPS):
-        with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
-            train_step(*next(batches))
-    tf.profiler.experimental.stop()
+    batches = iter(labelled_rows(512, 16).batch(32).repeat())
+    profile_custom_loop(str(log_dir), classifier(16, [32]), batches,
+                        warmup=LOOP_WARMUP, steps=LOOP_STEPS)
 
 
 @pytest.fixture(scope="module")

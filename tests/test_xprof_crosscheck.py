@@ -57,9 +57,8 @@ def _write_capture(log_dir: str, sleep_ms: float) -> None:
     """Custom training loop on CPU whose input pipeline sleeps ``sleep_ms`` per batch, on demand."""
     import time
 
-    import keras
-    import numpy as np
     import tensorflow as tf
+    from tf_loop import classifier, labelled_rows, profile_custom_loop
 
     def slow(features, labels):
         time.sleep(sleep_ms / 1000.0)
@@ -71,30 +70,10 @@ def _write_capture(log_dir: str, sleep_ms: float) -> None:
 
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(2048, 64)).astype("float32"), rng.integers(0, 4, 2048)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).map(slow_map).repeat()
-    batches = iter(dataset.with_options(options))
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512, activation="relu"),
-                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(4)])
-    optimizer = keras.optimizers.Adam()
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    for _ in range(3):
-        train_step(*next(batches))
-    tf.profiler.experimental.start(log_dir)
-    for step in range(PROFILED_STEPS):
-        with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
-            train_step(*next(batches))
-    tf.profiler.experimental.stop()
+    dataset = labelled_rows(2048, 64).batch(64).map(slow_map).repeat()
+    model = classifier(64, [512, 512])
+    profile_custom_loop(log_dir, model, iter(dataset.with_options(options)),
+                        warmup=3, steps=PROFILED_STEPS)
 
 
 def xprof_input(xplane: Path, workdir: Path) -> tuple[float, list[int]]:
