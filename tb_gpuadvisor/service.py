@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator, Sequence
 
-from tb_gpuadvisor import metadata
+from tb_gpuadvisor import discovery
 
 # Analyzing a session is CPU-bound and protobuf parsing holds the GIL; two
 # workers keep one slow capture from blocking the others without starving the
@@ -110,13 +110,11 @@ def check_name(kind: str, value: str | None, allow_slash: bool = True) -> str:
     or empty values, absolute paths (POSIX, UNC, drive letters or URLs), any `..`
     component, backslashes and NUL bytes.
     """
-    from tb_gpuadvisor.discovery import UnsafePathError, check_component
-
     if value is None or value == "":
         raise BadRequest(f"missing {kind}")
     try:
-        check_component(value, kind, allow_slash)
-    except UnsafePathError as exc:
+        discovery.check_component(value, kind, allow_slash)
+    except discovery.UnsafePathError as exc:
         raise BadRequest(str(exc)) from None
     return value
 
@@ -173,57 +171,26 @@ class AdvisorService:
 
     def runs(self) -> list[dict]:
         """Every session under the roots: [{"run", "session", "hosts"}], sorted."""
-        from tb_gpuadvisor import discovery
+        listed = [
+            {"run": _join_run(root.prefix, ref.run), "session": ref.session, "hosts": list(ref.hosts)}
+            for root, ref in self._sessions()
+        ]
+        listed.sort(key=lambda item: (item["run"], item["session"]))
+        return listed
 
-        listed = []
+    def has_sessions(self) -> bool:
+        """True once a root holds a capture file; lists files, never parses them."""
+        return any(True for _ in self._sessions())
+
+    def _sessions(self) -> Iterator[tuple[LogRoot, discovery.SessionRef]]:
+        """(root, session) pairs, one root at a time; unreadable roots are skipped."""
         for root in self._roots:
             try:
                 refs = discovery.find_sessions(root.path)
             except (discovery.DiscoveryError, OSError):
                 continue
             for ref in refs:
-                listed.append(
-                    {
-                        "run": _join_run(root.prefix, ref.run),
-                        "session": ref.session,
-                        "hosts": list(ref.hosts),
-                    }
-                )
-        listed.sort(key=lambda item: (item["run"], item["session"]))
-        return listed
-
-    def has_sessions(self) -> bool:
-        """True as soon as one capture file is seen; never parses anything."""
-        if any(True for _ in self._capture_dirs()):
-            return True
-        return any(self._remote_sessions())
-
-    def _remote_sessions(self) -> Iterator[Any]:
-        """Sessions under remote roots (fsspec lists them; nothing is read)."""
-        from tb_gpuadvisor import discovery
-
-        for root in self._roots:
-            if "://" not in root.path:
-                continue
-            try:
-                yield from discovery.find_sessions(root.path)
-            except (discovery.DiscoveryError, OSError):
-                continue
-
-    def _capture_dirs(self) -> Iterator[str]:
-        """Session folders holding a capture, found by a lazy directory walk."""
-        profile_tail = os.sep + os.path.join(*metadata.PROFILE_DIR)
-        for root in self._roots:
-            if "://" in root.path:
-                continue
-            for dirpath, dirnames, _ in os.walk(root.path):
-                if not dirpath.endswith(profile_tail):
-                    continue
-                for session in dirnames:
-                    session_dir = os.path.join(dirpath, session)
-                    if _has_capture(session_dir):
-                        yield session_dir
-                dirnames[:] = []
+                yield root, ref
 
     # -- resolving ---------------------------------------------------------------
 
@@ -233,8 +200,6 @@ class AdvisorService:
         Raises BadRequest for unsafe values (nothing is touched on disk) and
         NotFound for names that are safe but unknown.
         """
-        from tb_gpuadvisor import discovery
-
         run = check_name("run", run)
         session = check_name("session", session, allow_slash=False)
         if host is not None:
@@ -351,11 +316,4 @@ class AdvisorService:
     def close(self) -> None:
         """Stops the workers (tests; TensorBoard never unloads plugins)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _has_capture(session_dir: str) -> bool:
-    try:
-        return any(name.endswith(metadata.XPLANE_SUFFIX) for name in os.listdir(session_dir))
-    except OSError:
-        return False
 
