@@ -270,7 +270,7 @@ def training_threads(activity: HostActivity) -> np.ndarray:
 def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
     activity = host.activity
     start, end = activity.start_ps, activity.end_ps
-    waits = _set(start, end, activity.kind == HostEventKind.INPUT_WAIT)
+    waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
     step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & training_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
