@@ -149,29 +149,25 @@ class PlaneBuilder:
         self._event_ids: dict[tuple[str, str], int] = {}
         self._lines: dict[int, LineBuilder] = {}
 
+    @staticmethod
+    def _metadata_id(ids: dict, key: object, table, **fields: str) -> int:
+        """The id ``key`` has in ``ids``; a new key gets the next id and an entry in ``table``."""
+        found = ids.get(key)
+        if found is None:
+            found = ids[key] = len(ids) + 1
+            entry = table[found]
+            entry.id = found
+            for field, value in fields.items():
+                setattr(entry, field, value)
+        return found
+
     def stat_id(self, name: str) -> int:
         """Stat-metadata id for ``name`` (ref values are stat metadata too)."""
-        sid = self._stat_ids.get(name)
-        if sid is None:
-            sid = len(self._stat_ids) + 1
-            self._stat_ids[name] = sid
-            entry = self.plane.stat_metadata[sid]
-            entry.id = sid
-            entry.name = name
-        return sid
+        return self._metadata_id(self._stat_ids, name, self.plane.stat_metadata, name=name)
 
     def event_id(self, name: str, display_name: str = "") -> int:
-        key = (name, display_name)
-        eid = self._event_ids.get(key)
-        if eid is None:
-            eid = len(self._event_ids) + 1
-            self._event_ids[key] = eid
-            entry = self.plane.event_metadata[eid]
-            entry.id = eid
-            entry.name = name
-            if display_name:
-                entry.display_name = display_name
-        return eid
+        return self._metadata_id(self._event_ids, (name, display_name), self.plane.event_metadata,
+                                 name=name, display_name=display_name)
 
     def fill_stat(self, stat, name: str, value) -> None:
         """Write ``value`` into an XStat with the kind the profiler would use."""
