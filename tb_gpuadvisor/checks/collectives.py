@@ -32,9 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model import intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "collectives"
 WARNING_AT = 15.0
@@ -62,7 +63,7 @@ FIXES = [
 class _GpuCollectives:
     """One GPU's collective work inside the steps (times in ps, totals over all steps)."""
 
-    dev: object
+    dev: DeviceActivity
     mask: np.ndarray          # collective events in steps
     busy_ps: int
     exposed_ps: int           # collective time not overlapped by the GPU's compute
@@ -71,7 +72,7 @@ class _GpuCollectives:
     allreduce_ps: int
 
 
-def parameter_bytes(model) -> int | None:
+def parameter_bytes(model: SessionModel) -> int | None:
     """Bytes of the model's variables, read from the allocations of their initializers.
 
     Variables are created once, before training, so this is only known when the capture
@@ -94,7 +95,7 @@ def parameter_bytes(model) -> int | None:
 
 
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     model = analysis.model
     active = model.active_gpus
     if not active:
@@ -106,12 +107,12 @@ def check(analysis) -> Finding:
         cls = kernels.classify(dev)
         keep = kernels.in_steps(dev, model)
         coll = cls.collective & keep
+        compute = cls.kernel & keep
+        allreduce = cls.allreduce & keep
         coll_busy = intervals.union(dev.start_ps[coll], dev.end_ps[coll])
-        compute = intervals.union(dev.start_ps[cls.kernel & keep], dev.end_ps[cls.kernel & keep])
-        exposed = intervals.subtract(coll_busy, compute)
+        exposed = intervals.subtract(coll_busy, intervals.union(dev.start_ps[compute], dev.end_ps[compute]))
         rows.append(_GpuCollectives(dev, coll, intervals.total(coll_busy), intervals.total(exposed),
-                                    int((cls.allreduce & keep).sum()), int(coll.sum()),
-                                    int(dev.dur_ps[cls.allreduce & keep].sum())))
+                                    int(allreduce.sum()), int(coll.sum()), int(dev.dur_ps[allreduce].sum())))
     if not any(row.calls for row in rows):
         if len(active) < 2:
             return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Single GPU: no collectives",
@@ -144,7 +145,7 @@ def check(analysis) -> Finding:
         expectation = ("The capture does not record the model's parameter count (variables are created "
                        "before profiling starts), so the AllReduce time cannot be compared with "
                        "parameters x 4 bytes / bandwidth.")
-    evidence = _evidence(model, analysis, rows, steps)
+    evidence = _evidence(analysis, rows, steps)
     severity = Severity.WARNING if percent >= WARNING_AT else Severity.OK
     summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
                f"hidden behind compute), with {calls:.1f} AllReduce call(s) per step per GPU. {expectation}")
@@ -154,17 +155,17 @@ def check(analysis) -> Finding:
                    FIXES if severity is Severity.WARNING else [])
 
 
-def _evidence(model, analysis, rows, steps) -> list[Evidence]:
+def _evidence(analysis: Analysis, rows: list[_GpuCollectives], steps: int) -> list[Evidence]:
+    """Per GPU its collective time and top collective kernels, then the longest collective call."""
     out = []
     longest = None
     for row in rows:
-        dev, coll, busy, exposed, ar_calls, calls = (row.dev, row.mask, row.busy_ps, row.exposed_ps,
-                                                     row.allreduce_calls, row.calls)
-        label = kernels.device_label(model, dev)
-        out.append(Evidence("device", label, round(busy / steps / PS_PER_MS, 3), "ms/step",
-                            detail=f"{calls / steps:.1f} collective call(s) per step, "
-                                   f"{ar_calls / steps:.1f} AllReduce; {exposed / steps / PS_PER_MS:.3f} ms "
-                                   "not overlapped with compute",
+        dev, coll = row.dev, row.mask
+        label = kernels.device_label(analysis.model, dev)
+        out.append(Evidence("device", label, round(row.busy_ps / steps / PS_PER_MS, 3), "ms/step",
+                            detail=f"{row.calls / steps:.1f} collective call(s) per step, "
+                                   f"{row.allreduce_calls / steps:.1f} AllReduce; "
+                                   f"{row.exposed_ps / steps / PS_PER_MS:.3f} ms not overlapped with compute",
                             device=dev.device.name, host=dev.device.host))
         if coll.any():
             i = int(np.flatnonzero(coll)[np.argmax(dev.dur_ps[coll])])
