@@ -1,8 +1,8 @@
-"""Reading ``.xplane.pb`` files one plane at a time.
+"""Opening ``.xplane.pb`` files and finding their planes without decoding them.
 
-A capture's planes are parsed separately (the top level of an XSpace is just
-a list of length-delimited fields), so only one decoded plane is alive at a
-time and a huge capture never needs the whole message tree in memory.  Every
+The top level of an XSpace is just a list of length-delimited fields, so the
+planes can be located here and decoded separately (``xspace.decode``): a huge
+capture never needs the whole message tree in memory.  Every
 way a file can be unusable (missing, unreadable, empty, truncated, not a
 protobuf) becomes a :class:`CaptureError` with a message meant for the user.
 """
@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Callable
-
-from google.protobuf.message import DecodeError
-
-from tb_gpuadvisor.xspace.schema import XPlane
 
 _PLANES, _ERRORS, _WARNINGS, _HOSTNAMES = 1, 2, 3, 4
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
@@ -89,19 +84,18 @@ def index_space(buf) -> SpaceIndex:
     return index
 
 
-def decode_plane(buf, span: tuple[int, int]) -> XPlane:
-    start, stop = span
-    try:
-        return XPlane.FromString(buf[start:stop])
-    except DecodeError as err:
-        raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
-
-
 Opener = Callable[[str], IO[bytes]]
+
+# What each way of failing to open a file means to the user.
+_OS_ERRORS = (
+    (FileNotFoundError, "the file does not exist"),
+    (PermissionError, "permission denied when reading the file"),
+    (IsADirectoryError, "expected a file but found a directory"),
+)
 
 
 class CaptureFile:
-    """An open capture: its index and lazily decoded planes.
+    """An open capture: its bytes and the index of its planes (xspace.decode decodes them).
 
     Local files are memory-mapped; remote ones (through an fsspec opener) are
     read into memory once.  Use as a context manager.
@@ -109,45 +103,36 @@ class CaptureFile:
 
     def __init__(self, path: str, opener: Opener | None = None):
         self.path = path
+        self.buffer: memoryview | None = None
         self._mmap: mmap.mmap | None = None
         self._file: IO[bytes] | None = None
         try:
-            if opener is None:
-                self._file = open(path, "rb")
-                size = os.fstat(self._file.fileno()).st_size
-                if size == 0:
-                    raise CaptureError("the file is empty (0 bytes)")
-                self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-                self.buffer = memoryview(self._mmap)
-            else:
-                with opener(path) as handle:
-                    self.buffer = memoryview(handle.read())
-            self.size = len(self.buffer)
-            self.index = index_space(self.buffer)
-        except FileNotFoundError:
-            self.close()
-            raise CaptureError("the file does not exist") from None
-        except PermissionError:
-            self.close()
-            raise CaptureError("permission denied when reading the file") from None
-        except IsADirectoryError:
-            self.close()
-            raise CaptureError("expected a file but found a directory") from None
+            self._open(opener)
         except OSError as err:
             self.close()
-            raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
+            message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
+                           f"cannot read the file: {err.strerror or err}")
+            raise CaptureError(message) from None
         except CaptureError:
             self.close()
             raise
 
-    def planes(self) -> Iterator[XPlane]:
-        for span in self.index.plane_spans:
-            yield decode_plane(self.buffer, span)
+    def _open(self, opener: Opener | None) -> None:
+        if opener is None:
+            self._file = open(self.path, "rb")
+            if os.fstat(self._file.fileno()).st_size == 0:
+                raise CaptureError("the file is empty (0 bytes)")
+            self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self.buffer = memoryview(self._mmap)
+        else:
+            with opener(self.path) as handle:
+                self.buffer = memoryview(handle.read())
+        self.size = len(self.buffer)
+        self.index = index_space(self.buffer)
 
     def close(self) -> None:
-        buffer = getattr(self, "buffer", None)
-        if buffer is not None:
-            buffer.release()
+        if self.buffer is not None:
+            self.buffer.release()
             self.buffer = None
         if self._mmap is not None:
             self._mmap.close()
