@@ -35,11 +35,12 @@ import itertools
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "multi_gpu_imbalance"
 CRITICAL_AT, WARNING_AT = 20.0, 10.0
@@ -68,7 +69,7 @@ FIXES = [
 ]
 
 
-def busy_intervals(dev, model) -> intervals.Intervals:
+def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Intervals:
     """Union of one GPU's kernel and copy intervals inside the steps, collectives excluded."""
     cls = kernels.classify(dev)
     keep = kernels.in_steps(dev, model) & ~cls.collective
@@ -76,7 +77,7 @@ def busy_intervals(dev, model) -> intervals.Intervals:
 
 
 @register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     model = analysis.model
     active = model.active_gpus
     planes = model.gpus
@@ -88,26 +89,24 @@ def check(analysis) -> Finding:
                        "are no replicas to compare.",
                        {"active_gpus": len(active), "gpu_planes": len(planes)})
     lo, hi, steps = kernels.step_windows(model)
-    busy = {id(dev): busy_intervals(dev, model) for dev in active}
-    per_step = {id(dev): intervals.per_bin_total(busy[id(dev)], lo, hi) for dev in active}
-    means = np.array([per_step[id(dev)].sum() / steps for dev in active], float)
+    busy = [busy_intervals(dev, model) for dev in active]
+    per_step = np.vstack([intervals.per_bin_total(b, lo, hi) for b in busy])    # GPU x step
+    means = per_step.sum(axis=1) / steps
     top, bottom = int(np.argmax(means)), int(np.argmin(means))
     imbalance = float(100.0 * (means[top] - means[bottom]) / means[top]) if means[top] > 0 else 0.0
-    straggler = active[top]
     balance_ms = float(means[top] - means.mean()) / PS_PER_MS
     savings_ms = balance_ms
-    min_overlap, serial_pairs = _overlaps(active, busy)
+    min_overlap, serial_pairs = _overlaps(busy)
     if serial_pairs:
         # Work that could run side by side runs in sequence: the step would shrink by the
         # time the GPUs' combined busy span exceeds the busiest GPU's own busy time.
-        combined = intervals.union(np.concatenate([busy[id(d)][0] for d in active]),
-                                   np.concatenate([busy[id(d)][1] for d in active]))
+        combined = intervals.union(np.concatenate([b[0] for b in busy]), np.concatenate([b[1] for b in busy]))
         serial_ms = (intervals.total(combined) / steps - float(means[top])) / PS_PER_MS
         savings_ms = max(savings_ms, serial_ms)
-    labels = {id(dev): kernels.device_label(model, dev) for dev in active}
+    labels = [kernels.device_label(model, dev) for dev in active]
     metrics = {
         "imbalance_percent": round(imbalance, 2),
-        "straggler_device": labels[id(straggler)],
+        "straggler_device": labels[top],
         "active_gpus": len(active),
         "gpu_planes": len(planes),
         "max_busy_ms_per_step": round(float(means[top]) / PS_PER_MS, 3),
@@ -116,7 +115,7 @@ def check(analysis) -> Finding:
     }
     evidence = _device_evidence(analysis, active, per_step, means, lo, hi, labels, top)
     for a, b, share in serial_pairs:
-        evidence.append(Evidence("device", f"{labels[id(a)]} / {labels[id(b)]}", round(share, 1),
+        evidence.append(Evidence("device", f"{labels[a]} / {labels[b]}", round(share, 1),
                                  "% overlap", detail="these GPUs are busy one after another rather "
                                  "than together: look for control dependencies between them",
                                  tool="trace_viewer@"))
@@ -130,8 +129,8 @@ def check(analysis) -> Finding:
         severity = Severity.WARNING
     if idle and severity is Severity.OK:
         severity = Severity.INFO
-    names = ", ".join(labels[id(dev)] for dev in active)
-    summary = (f"Across {len(active)} GPUs ({names}) the busiest, {labels[id(straggler)]}, works "
+    names = ", ".join(labels)
+    summary = (f"Across {len(active)} GPUs ({names}) the busiest, {labels[top]}, works "
                f"{means[top] / PS_PER_MS:.2f} ms per step outside collectives and the least busy "
                f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
                f"for the straggler at every gradient AllReduce; evening out the work would save about "
@@ -149,7 +148,7 @@ def check(analysis) -> Finding:
                     "the training uses fewer GPUs than the machine has, or the profiler traced only some "
                     "of them.")
     if imbalance >= WARNING_AT:
-        title = f"{labels[id(straggler)]} works {imbalance:.0f}% more than the least busy GPU"
+        title = f"{labels[top]} works {imbalance:.0f}% more than the least busy GPU"
     elif serial_pairs:
         title = f"GPUs run one after another instead of together ({min_overlap:.0f}% overlap)"
     elif idle:
@@ -167,31 +166,31 @@ def check(analysis) -> Finding:
                    evidence, fixes)
 
 
-def _overlaps(active, busy) -> tuple[float, list]:
-    """Smallest pairwise overlap (percent of the less busy GPU) and the pairs that look serial."""
+def _overlaps(busy: list[intervals.Intervals]) -> tuple[float, list[tuple[int, int, float]]]:
+    """Smallest pairwise overlap (percent of the less busy GPU) and the serial (i, j, share) pairs."""
     smallest = 100.0
     serial = []
-    table = intervals.pairwise_overlaps([busy[id(dev)] for dev in active])
-    for (i, a), (j, b) in itertools.combinations(enumerate(active), 2):
+    table = intervals.pairwise_overlaps(busy)
+    for i, j in itertools.combinations(range(len(busy)), 2):
         ta, tb = table[i, i], table[j, j]
         if min(ta, tb) == 0:
             continue
         share = 100.0 * table[i, j] / min(ta, tb)
         smallest = min(smallest, share)
         if share < SERIAL_OVERLAP_BELOW:
-            serial.append((a, b, share))
+            serial.append((i, j, share))
     return smallest, serial
 
 
-def _device_evidence(analysis, active, per_step, means, lo, hi, labels, top) -> list[Evidence]:
+def _device_evidence(analysis: Analysis, active: list[DeviceActivity], per_step: np.ndarray, means: np.ndarray,
+                     lo: np.ndarray, hi: np.ndarray, labels: list[str], top: int) -> list[Evidence]:
     """One item per GPU, busiest first; the straggler's points at its most lopsided step."""
     mean_all = float(means.mean())
-    stack = np.vstack([per_step[id(dev)] for dev in active])
-    worst_step = int(np.argmax(stack[top] - stack.min(axis=0))) if stack.shape[1] else 0
+    worst_step = int(np.argmax(per_step[top] - per_step.min(axis=0))) if per_step.shape[1] else 0
     out = []
     for i in np.argsort(-means, kind="stable"):
         dev = active[int(i)]
-        item = Evidence("device", labels[id(dev)], round(float(means[i]) / PS_PER_MS, 3), "ms/step",
+        item = Evidence("device", labels[int(i)], round(float(means[i]) / PS_PER_MS, 3), "ms/step",
                         detail=f"{100.0 * means[i] / mean_all:.0f}% of the mean busy time (excluding collectives)"
                         if mean_all else None,
                         device=dev.device.name, host=dev.device.host)
