@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from synth import build_training_session
+from synth import build_training_session, truncated, write_session
 
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.report import analyze_session
@@ -51,9 +51,7 @@ def test_mutated_captures_give_errors_or_reports_never_crashes():
 @pytest.mark.parametrize("keep", [0.1, 0.5, 0.9])
 def test_cut_capture_reports_the_host_error(tmp_path, keep):
     data = build_training_session(steps=3).space.SerializeToString()
-    folder = tmp_path / "run" / "plugins" / "profile" / "s"
-    folder.mkdir(parents=True)
-    (folder / "h.xplane.pb").write_bytes(data[: int(len(data) * keep)])
+    write_session(tmp_path, "run", "s", {"h": truncated(data, keep)})
     (ref,) = find_sessions(str(tmp_path))
     session = analyze_session(ref)
     assert session["errors"] and session["errors"][0]["host"] == "h"
