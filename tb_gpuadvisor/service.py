@@ -194,8 +194,11 @@ class AdvisorService:
 
     # -- resolving ---------------------------------------------------------------
 
-    def resolve(self, run: str | None, session: str | None, host: str | None = None) -> Any:
+    def resolve(self, run: str | None, session: str | None, host: str | None = None) -> discovery.SessionRef:
         """The SessionRef for URL values, restricted to `host` when one is given.
+
+        Its `run` is the name the client listed (with the root's prefix), so
+        reports carry the name the client asked for.
 
         Raises BadRequest for unsafe values (nothing is touched on disk) and
         NotFound for names that are safe but unknown.
@@ -215,10 +218,10 @@ class AdvisorService:
             except LookupError:
                 continue
             if host is None:
-                return ref
+                return dataclasses.replace(ref, run=run)
             if host not in ref.hosts:
                 raise NotFound(f"unknown host {host!r} in {run}/{session}")
-            return dataclasses.replace(ref, hosts=(host,))
+            return dataclasses.replace(ref, run=run, hosts=(host,))
         raise NotFound(f"unknown run/session {run}/{session}")
 
     # -- reports -------------------------------------------------------------------
@@ -226,7 +229,7 @@ class AdvisorService:
     def report(self, run: str | None, session: str | None, host: str | None = None) -> dict | Pending:
         """The session object for run/session (one host or all), or Pending."""
         ref = self.resolve(run, session, host)
-        job = self._job_for(ref, run, host)
+        job = self._job_for(ref, host)
         return self._outcome(job, self._wait_s)
 
     def compare(
@@ -239,8 +242,8 @@ class AdvisorService:
         """compare_sessions(base, new) once both analyses are done, else Pending."""
         new_ref = self.resolve(run, session)
         base_ref = self.resolve(base_run, base_session)
-        new_job = self._job_for(new_ref, run, None)
-        base_job = self._job_for(base_ref, base_run, None)
+        new_job = self._job_for(new_ref, None)
+        base_job = self._job_for(base_ref, None)
         deadline = time.monotonic() + self._wait_s
         new = self._outcome(new_job, self._wait_s)
         base = self._outcome(base_job, max(0.0, deadline - time.monotonic()))
@@ -251,10 +254,10 @@ class AdvisorService:
 
         return compare_sessions(base, new)
 
-    def _job_for(self, ref: Any, run: str, host: str | None) -> _Job:
+    def _job_for(self, ref: discovery.SessionRef, host: str | None) -> _Job:
         """The cached job for this session state, or a newly submitted one."""
         stamp = ref.stat_key()
-        key = (run, ref.session, host)
+        key = (ref.run, ref.session, host)
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.fingerprint == stamp:
@@ -266,11 +269,10 @@ class AdvisorService:
             self._jobs.move_to_end(key)
             while len(self._jobs) > CACHE_SIZE:
                 self._jobs.popitem(last=False)
-        listed_ref = dataclasses.replace(ref, run=run)
-        self._pool.submit(self._run_job, job, listed_ref)
+        self._pool.submit(self._run_job, job, ref)
         return job
 
-    def _run_job(self, job: _Job, ref: Any) -> None:
+    def _run_job(self, job: _Job, ref: discovery.SessionRef) -> None:
         job.started = time.monotonic()
         try:
             result = self._analyzer()(ref)
