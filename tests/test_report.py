@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from synth import build_training_session, write_session
+from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
 from tb_gpuadvisor.checks.base import Check
@@ -24,9 +24,8 @@ def test_actionable_findings_rank_by_saving_then_the_rest_by_severity():
 
 
 def test_report_ranks_the_planted_problem_first(tmp_path):
-    write_session(tmp_path, "run", "s", build_training_session(steps=6, input_wait_frac=0.4,
-                                                               host_overhead_frac=0.05).spaces)
-    (ref,) = find_sessions(str(tmp_path))
+    capture = build_training_session(steps=6, input_wait_frac=0.4, host_overhead_frac=0.05)
+    (ref,) = find_sessions(str(capture.write(tmp_path)))
     session = analyze_session(ref)
     assert session["findings"][0]["check"] == "input_bound"
     assert [f["rank"] for f in session["findings"]] == list(range(1, len(session["findings"]) + 1))
@@ -40,8 +39,7 @@ def test_a_check_that_crashes_becomes_an_error_and_the_others_still_run(tmp_path
         raise RuntimeError("boom")
 
     monkeypatch.setitem(REGISTRY, "memory", Check("memory", "Memory", broken, ""))
-    write_session(tmp_path, "run", "s", build_training_session(steps=3).spaces)
-    (ref,) = find_sessions(str(tmp_path))
+    (ref,) = find_sessions(str(build_training_session(steps=3).write(tmp_path)))
     session = analyze_session(ref)
     assert any(e.get("check") == "memory" and "boom" in e["message"] for e in session["errors"])
     assert len(session["findings"]) == len(REGISTRY) - 1
