@@ -142,10 +142,13 @@ class _Job:
 
     fingerprint: tuple
     future: Future
-    size_bytes: int
     submitted: float
     started: float | None = None
-    finished: float | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes to analyze, from the (host, size, mtime) fingerprint; unknown sizes count 0."""
+        return sum(max(size, 0) for _, size, _ in self.fingerprint)
 
 
 class AdvisorService:
@@ -263,8 +266,7 @@ class AdvisorService:
             if job is not None and job.fingerprint == stamp:
                 self._jobs.move_to_end(key)
                 return job
-            size = sum(size for _, size, _ in stamp)
-            job = _Job(stamp, Future(), size, time.monotonic())
+            job = _Job(stamp, Future(), time.monotonic())
             self._jobs[key] = job
             self._jobs.move_to_end(key)
             while len(self._jobs) > CACHE_SIZE:
@@ -284,8 +286,7 @@ class AdvisorService:
                 "findings": [],
                 "errors": [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}],
             }
-        job.finished = time.monotonic()
-        elapsed = job.finished - job.started
+        elapsed = time.monotonic() - job.started
         if elapsed > 0.05 and job.size_bytes:
             with self._lock:
                 self._bytes_per_s = 0.5 * self._bytes_per_s + 0.5 * (job.size_bytes / elapsed)
