@@ -308,13 +308,12 @@ class AdvisorService:
     def _progress(self, job: _Job) -> dict:
         """What the client shows while waiting; `fraction` is an estimate from bytes."""
         now = time.monotonic()
-        if job.started is None:
-            return {"stage": "queued", "elapsed_s": round(now - job.submitted, 2),
-                    "bytes": job.size_bytes, "fraction": 0.0}
-        expected = max(job.size_bytes / self._bytes_per_s, 0.1)
-        fraction = min(0.95, (now - job.started) / expected)
-        return {"stage": "analyzing", "elapsed_s": round(now - job.submitted, 2),
-                "bytes": job.size_bytes, "fraction": round(fraction, 3)}
+        stage, fraction = "queued", 0.0
+        if job.started is not None:
+            expected = max(job.size_bytes / self._bytes_per_s, 0.1)
+            stage, fraction = "analyzing", round(min(0.95, (now - job.started) / expected), 3)
+        return {"stage": stage, "elapsed_s": round(now - job.submitted, 2),
+                "bytes": job.size_bytes, "fraction": fraction}
 
     def close(self) -> None:
         """Stops the workers (tests; TensorBoard never unloads plugins)."""
