@@ -131,12 +131,10 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
+        # Routed only for names in self._static; other paths never get here.
         name = request.path.rsplit("/", 1)[-1]
-        body = self._static.get(name)
-        if body is None:
-            return http_util.Respond(request, "not found", "text/plain", code=404)
         mimetype = _STATIC_TYPES[os.path.splitext(name)[1]]
-        return http_util.Respond(request, body, mimetype)
+        return http_util.Respond(request, self._static[name], mimetype)
 
     def _answer(self, request: wrappers.Request, compute) -> wrappers.Response:
         """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names."""
