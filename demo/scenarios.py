@@ -115,9 +115,13 @@ def run_host_placement(settings: Settings) -> None:
     _fit_with_profile(model, dataset, settings)
 
 
+def _replica_devices(on_gpu: bool) -> list[str]:
+    """The logical devices MirroredStrategy mirrors over: the GPUs, or the CPUs when there is none."""
+    return [d.name for d in tf.config.list_logical_devices("GPU" if on_gpu else "CPU")]
+
+
 def configure_two_replicas(gpu_count: int) -> str:
     """Two replicas on any machine: real GPUs, one GPU split in two, or two logical CPUs."""
-    kind = "GPU" if gpu_count else "CPU"
     if gpu_count == 1:
         gpu = tf.config.list_physical_devices("GPU")[0]
         half = tf.config.LogicalDeviceConfiguration(memory_limit=2048)
@@ -126,13 +130,11 @@ def configure_two_replicas(gpu_count: int) -> str:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
-    devices = [d.name for d in tf.config.list_logical_devices(kind)]
-    return f"MirroredStrategy over {', '.join(devices)}"
+    return f"MirroredStrategy over {', '.join(_replica_devices(gpu_count > 0))}"
 
 
 def run_multi_gpu(settings: Settings) -> None:
-    kind = "GPU" if settings.on_gpu else "CPU"
-    devices = [d.name for d in tf.config.list_logical_devices(kind)]
+    devices = _replica_devices(settings.on_gpu)
     strategy = tf.distribute.MirroredStrategy(devices=devices)
     images, labels = wl.synthetic_images(2048)
     # Sized so the extra work roughly equals one replica's own step on that kind of device.
