@@ -91,17 +91,16 @@ def pipeline_stages(activity: HostActivity, windows: iv.Intervals) -> Pipeline:
     """
     mask = activity.kind == HostEventKind.INPUT_STAGE
     idx = np.flatnonzero(mask)
-    names = sorted({activity.names[i] for i in np.unique(activity.name[idx])})
-    kinds = {stage_kind(n) for n in names}
+    kinds = {stage_kind(activity.names[i]) for i in np.unique(activity.name[idx])}
     totals: dict[str, tuple[int, str]] = {}
     for thread in np.unique(activity.thread[idx]):
         on_thread = idx[activity.thread[idx] == thread]
         name_ids = activity.name[on_thread]
-        for name_id in np.unique(name_ids):
-            name = activity.names[int(name_id)]
+        thread_names = {int(i): activity.names[int(i)] for i in np.unique(name_ids)}
+        for name_id, name in thread_names.items():
             own = on_thread[name_ids == name_id]
-            descendant_ids = [i for i in np.unique(name_ids)
-                              if activity.names[int(i)].startswith((name + "::", name + "["))]
+            descendant_ids = [i for i, other in thread_names.items()
+                              if other.startswith((name + "::", name + "["))]
             children = on_thread[np.isin(name_ids, descendant_ids)]
             own_set = iv.intersect(iv.union(activity.start_ps[own], activity.end_ps[own]), windows)
             child_set = iv.union(activity.start_ps[children], activity.end_ps[children])
