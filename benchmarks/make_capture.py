@@ -38,8 +38,8 @@ for _path in (_REPO, _REPO / "tests"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from tb_gpuadvisor.xspace.schema import XLine, XPlane, XSpace  # noqa: E402
-from synth import PS_PER_MS, STEPS_LINE_ID, build_training_session, session_dir  # noqa: E402
+from tb_gpuadvisor.xspace.schema import XLine, XPlane  # noqa: E402
+from synth import PS_PER_MS, STEPS_LINE_ID, build_training_session, iter_events, session_dir  # noqa: E402
 
 OFFSET_BASE_PS = 1 << 42  # ~4.4 s; offsets stay 7-byte varints up to 2**49 ps
 CLOCK_SHIFT_NS = 5_000_000_000  # keeps every line's timestamp_ns positive
@@ -178,8 +178,7 @@ def make_capture(out: Path | str, size_mb: float, gpus: int = 1, *, run: str = "
         cc=(8, 0), derived_lines=True, group_ids=True, seed=seed)
     space = template.space
     step_ps = round(step_ms * PS_PER_MS)
-    corr_ids = [v for _, _, _, n, s in _iter_stats(space) for k, v in s.items()
-                if k == "correlation_id"]
+    corr_ids = [stats["correlation_id"] for *_, stats in iter_events(space) if "correlation_id" in stats]
     corr_stride = max(corr_ids) - min(corr_ids) + 1 if corr_ids else 1
 
     planes = []  # (plane header bytes, [(line template)])
@@ -255,16 +254,6 @@ def _steps_line(header: XPlane, line: XLine, steps: int, step_ps: int) -> _LineT
     header_bytes = XLine(id=out.id, name=out.name, timestamp_ns=out.timestamp_ns).SerializeToString()
     body = out.SerializeToString()[len(header_bytes):]
     return _LineTemplate(header_bytes, np.frombuffer(b"", dtype=np.uint8), {}, 0, body, steps)
-
-
-def _iter_stats(space: XSpace):
-    for plane in space.planes:
-        names = {k: v.name for k, v in plane.stat_metadata.items()}
-        for line in plane.lines:
-            for event in line.events:
-                stats = {names[s.metadata_id]: getattr(s, s.WhichOneof("value"))
-                         for s in event.stats if s.WhichOneof("value")}
-                yield plane, line, event, plane.event_metadata[event.metadata_id].name, stats
 
 
 def main(argv: list[str] | None = None) -> int:
