@@ -12,9 +12,8 @@ from tb_gpuadvisor.discovery import DiscoveryError, UnsafePathError, find_sessio
 def logdir(tmp_path):
     space = build_training_session(steps=2).space
     write_session(tmp_path, "exp1/train", "2024_01_01_00_00_00", {"hostA": space, "hostB": space})
-    write_session(tmp_path, "exp2", "2024_01_02_00_00_00", {"w0": space})
+    cache = write_session(tmp_path, "exp2", "2024_01_02_00_00_00", {"w0": space})
     write_session(tmp_path, ".", "2024_01_03_00_00_00", {"root": space})
-    cache = tmp_path / "exp2" / "plugins" / "profile" / "2024_01_02_00_00_00"
     (cache / "w0.trace_viewer.pb").write_bytes(b"cache")          # XProf caches are ignored
     (cache / "w0.overview_page.pb").write_bytes(b"cache")
     return tmp_path
