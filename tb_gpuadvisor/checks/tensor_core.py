@@ -31,11 +31,12 @@ Warning when ``eligible_not_using_percent`` >= 10.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS
@@ -66,21 +67,32 @@ TF32_FIX = Fix(
     "https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float32_execution")
 
 
+@dataclass
+class _OffTensorCores:
+    """One eligible op's kernels on one GPU that did not run on Tensor Cores."""
+
+    host: str
+    time_ps: int = 0
+    count: int = 0
+    kernel_names: set[str] = field(default_factory=set)
+
+
 @register(CHECK_ID, "Tensor Core usage", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     model = analysis.model
-    gpus = [dev for dev in model.active_gpus if kernels.has_tensor_cores(dev.device)]
-    if not model.active_gpus:
+    active = model.active_gpus
+    if not active:
         return needs_gpu(CHECK_ID, "kernels")
+    gpus = [dev for dev in active if kernels.has_tensor_cores(dev.device)]
     if not gpus:
-        cc = ", ".join(sorted({d.device.compute_capability or "?" for d in model.active_gpus}))
+        cc = ", ".join(sorted({d.device.compute_capability or "?" for d in active}))
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU has no Tensor Cores",
                        f"Tensor Cores arrived with compute capability 7.0; this capture's GPUs "
                        f"report {cc}.")
     _, _, steps = kernels.step_windows(model)
     eligible_ps = tc_ps = not_using_ps = layout_ps = 0
     savings_ps = 0.0
-    ops_missing: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, set(), ""])
+    ops_missing: dict[tuple[str, str], _OffTensorCores] = {}
     layout_items: list[Evidence] = []
     misaligned: dict[str, list[int]] = {}
     for dev in gpus:
@@ -103,11 +115,11 @@ def check(analysis) -> Finding:
         example_name = np.full(len(dev.ops), -1, np.int64)
         example_name[op_ids[::-1]] = dev.name[rows][::-1]          # the first kernel of each op
         for op_id in np.flatnonzero(count_by_op):
-            entry = ops_missing[(dev.device.name, kernels.op_display_name(dev.ops[op_id]))]
-            entry[0] += int(time_by_op[op_id])
-            entry[1] += int(count_by_op[op_id])
-            entry[2].add(dev.names[example_name[op_id]])
-            entry[3] = dev.device.host
+            key = (dev.device.name, kernels.op_display_name(dev.ops[op_id]))
+            entry = ops_missing.setdefault(key, _OffTensorCores(dev.device.host))
+            entry.time_ps += int(time_by_op[op_id])
+            entry.count += int(count_by_op[op_id])
+            entry.kernel_names.add(dev.names[example_name[op_id]])
         for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
             bad = kernels.dims_not_multiple_of_8(op)
             if bad:
@@ -165,10 +177,10 @@ def check(analysis) -> Finding:
                    summary, metrics, round(savings, 3), evidence, fixes)
 
 
-def _op_evidence(ops_missing: dict, steps: int) -> list[Evidence]:
+def _op_evidence(ops_missing: dict[tuple[str, str], _OffTensorCores], steps: int) -> list[Evidence]:
     """The eligible ops with the most kernel time off Tensor Cores."""
-    ranked = sorted(ops_missing.items(), key=lambda item: -item[1][0])[:TOP]
-    return [Evidence("op", name, round(dur / PS_PER_MS / steps, 3), "ms/step",
-                     detail=f"{count} kernel(s) without Tensor Cores, e.g. {sorted(kernel_names)[0][:80]}",
-                     device=device, host=host, tool="kernel_stats")
-            for (device, name), (dur, count, kernel_names, host) in ranked]
+    ranked = sorted(ops_missing.items(), key=lambda item: -item[1].time_ps)[:TOP]
+    return [Evidence("op", name, round(op.time_ps / PS_PER_MS / steps, 3), "ms/step",
+                     detail=f"{op.count} kernel(s) without Tensor Cores, e.g. {min(op.kernel_names)[:80]}",
+                     device=device, host=op.host, tool="kernel_stats")
+            for (device, name), op in ranked]
