@@ -8,7 +8,7 @@
 const POLL_MS = 400;
 
 /** Thrown for non-2xx answers; `status` is the HTTP code. */
-export class RequestError extends Error {
+class RequestError extends Error {
   constructor(message, status) {
     super(message);
     this.status = status;

@@ -14,7 +14,7 @@ const SEVERITY_LABEL = {
 };
 
 /** Step-time components, in stacking order (bottom first). */
-export const COMPONENTS = [
+const COMPONENTS = [
   {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
   {key: 'input_ms', label: 'Input', cls: 'c-input'},
   {key: 'launch_ms', label: 'Kernel launch', cls: 'c-launch'},
@@ -59,7 +59,7 @@ function svg(tag, props, ...children) {
 
 // -- formatting -------------------------------------------------------------------
 
-export function fmtMs(value) {
+function fmtMs(value) {
   if (typeof value !== 'number' || !Number.isFinite(value)) return '–';
   const abs = Math.abs(value);
   if (abs === 0) return '0 ms';
@@ -90,7 +90,7 @@ function fmtBytes(bytes) {
 }
 
 /** A metric value with the unit its name implies (`_percent`, `_ms`, `_us`, `_mb`). */
-export function fmtMetric(name, value) {
+function fmtMetric(name, value) {
   if (typeof value !== 'number') {
     return value === null || value === undefined ? '–' : String(value);
   }
@@ -384,7 +384,7 @@ export function deviceChart(breakdown, stragglerName) {
 // -- findings ---------------------------------------------------------------------------
 
 /** Findings worth acting on first: by rank, else by estimated saving, then severity. */
-export function rankFindings(findings) {
+function rankFindings(findings) {
   const severity = (f) => {
     const index = SEVERITY_ORDER.indexOf(f.severity);
     return index < 0 ? SEVERITY_ORDER.length : index;
@@ -401,7 +401,7 @@ export function rankFindings(findings) {
   });
 }
 
-export function severityBadge(severity) {
+function severityBadge(severity) {
   return h('span', {class: `badge sev-${severity}`, 'data-severity': severity},
     SEVERITY_LABEL[severity] || String(severity));
 }
@@ -493,7 +493,7 @@ function evidenceView(evidence, context) {
 }
 
 /** One finding: a button header (aria-expanded) and a collapsible body. */
-export function findingView(finding, context, expanded) {
+function findingView(finding, context, expanded) {
   const bodyId = nextId('finding-body');
   const headId = nextId('finding-head');
   const saving = Number(finding.estimated_savings_ms_per_step) || 0;
