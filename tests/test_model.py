@@ -106,13 +106,10 @@ def test_bad_host_is_an_error_and_the_good_host_loads(tmp_path):
 
 def test_gpu_plane_without_events(tmp_path):
     synth = build_training_session(steps=3, gpus=1)
-    space = synth.space
-    for plane in space.planes:
+    for plane in synth.space.planes:
         if plane.name.startswith("/device:GPU"):
             del plane.lines[:]
-    write_session(tmp_path, "run", "s", {"h": space})
-    (ref,) = find_sessions(str(tmp_path))
-    model = load_session(ref)
+    model = _load(tmp_path, synth)
     assert len(model.gpus) == 1 and not model.active_gpus and len(model.gpus[0]) == 0
 
 
@@ -166,11 +163,8 @@ def test_amd_capture(corpus):
 
 
 def test_capture_too_big_for_memory_is_refused_with_a_clear_message(tmp_path, monkeypatch):
-    synth = build_training_session(steps=3)
-    write_session(tmp_path, "run", "s", {"h": synth.space})
-    (ref,) = find_sessions(str(tmp_path))
     monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "1")
-    model = load_session(ref)
+    model = _load(tmp_path, build_training_session(steps=3))
     assert not model.hosts and len(model.steps) == 0
     assert "memory" in model.errors[0]["message"] and "GiB" in model.errors[0]["message"]
 
@@ -192,11 +186,9 @@ def test_hosts_read_in_parallel_processes_match_a_sequential_read(tmp_path, monk
 
 
 def test_events_the_profiler_dropped_are_counted(tmp_path):
-    space = build_training_session(steps=3).space
-    space.warnings.append("CUPTI: dropped 12 events (buffer full)")
-    space.errors.append("Dropped 3 activity records")
-    write_session(tmp_path, "run", "s", {"h": space})
-    (ref,) = find_sessions(str(tmp_path))
-    model = load_session(ref)
+    synth = build_training_session(steps=3)
+    synth.space.warnings.append("CUPTI: dropped 12 events (buffer full)")
+    synth.space.errors.append("Dropped 3 activity records")
+    model = _load(tmp_path, synth)
     assert model.hosts[0].dropped_events == 15
     assert any("dropped 12" in w for w in model.warnings)
