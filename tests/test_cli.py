@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 import pytest
-from synth import build_training_session, write_bad_session, write_session
+from synth import build_training_session, write_bad_session
 
 from tb_gpuadvisor.cli import main
 
 
 @pytest.fixture
 def logdir(tmp_path):
-    write_session(tmp_path, "good", "s1", build_training_session(steps=5, input_wait_frac=0.3).spaces)
+    build_training_session(steps=5, input_wait_frac=0.3).write(tmp_path, "good", "s1")
     write_bad_session(tmp_path, "broken", "s2", "garbage")
     return tmp_path
 
