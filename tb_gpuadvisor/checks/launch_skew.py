@@ -31,8 +31,9 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.breakdown import launch_targets
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
-from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
 
 CHECK_ID = "launch_skew"
 WARNING_AT = 10.0
@@ -57,7 +58,7 @@ SERIAL_FIX = Fix(
     "https://www.tensorflow.org/guide/gpu_performance_analysis")
 
 
-def first_kernel_per_step(dev, model, windows: int) -> np.ndarray:
+def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int) -> np.ndarray:
     """Start of the device's first compute or collective kernel in each window (int64 max if none)."""
     first = np.full(windows, np.iinfo(np.int64).max, np.int64)
     cls = kernels.classify(dev)
@@ -73,7 +74,7 @@ def first_kernel_per_step(dev, model, windows: int) -> np.ndarray:
 
 
 @register(CHECK_ID, "GPU launch skew", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     model = analysis.model
     active = model.active_gpus
     if len(active) < 2:
@@ -135,7 +136,7 @@ def check(analysis) -> Finding:
                    summary, metrics, round(skew_ms, 3), evidence, fixes)
 
 
-def _launch_threads(model, active, labels) -> list[Evidence]:
+def _launch_threads(model: SessionModel, active: list[DeviceActivity], labels: list[str]) -> list[Evidence]:
     """Host threads that launched each GPU's kernels, joined through correlation ids."""
     by_thread: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for host in model.hosts:

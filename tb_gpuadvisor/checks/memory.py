@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 
 CHECK_ID = "memory"
@@ -82,7 +83,7 @@ class AllocatorPeak:
         return 100.0 * self.peak / self.capacity
 
 
-def allocator_peaks(analysis) -> list[AllocatorPeak]:
+def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
     """Peak use of each GPU allocator that has records and a known device memory size."""
     model = analysis.model
     out = []
@@ -106,7 +107,7 @@ def allocator_peaks(analysis) -> list[AllocatorPeak]:
 
 
 @register(CHECK_ID, "GPU memory headroom", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     peaks = allocator_peaks(analysis)
     if not peaks:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",

@@ -28,8 +28,8 @@ speed up (half the bytes) but are not counted, so the estimate is conservative.
 
 from __future__ import annotations
 
-
 from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.analysis.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -61,7 +61,7 @@ FIXES = [
 
 
 @register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
-def check(analysis) -> Finding:
+def check(analysis: Analysis) -> Finding:
     model = analysis.model
     gpus = model.active_gpus
     if not gpus:
