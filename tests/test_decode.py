@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from synth import build_training_session, truncated
 
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.report import analyze_session
 from tb_gpuadvisor.xspace import decode
 from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
 
@@ -60,9 +62,6 @@ def test_corrupt_plane_is_a_capture_error():
 
 
 def test_whole_model_is_the_same_without_the_c_decoder(tmp_path, monkeypatch):
-    from tb_gpuadvisor.discovery import find_sessions
-    from tb_gpuadvisor.report import analyze_session
-
     build_training_session(steps=4, gpus=2, input_wait_frac=0.2, memcpy_frac=0.05).write(tmp_path)
     (ref,) = find_sessions(str(tmp_path))
     fast = analyze_session(ref)
