@@ -15,7 +15,6 @@ class AdvisorApp {
     this.selection = {run: null, session: null, host: '', base: ''};
     this.view = 'report';
     this.controller = null;
-    this.report = null;
 
     this.toolbar = h('div', {class: 'toolbar', role: 'toolbar', 'aria-label': 'Session selection'});
     this.tabs = h('div', {class: 'tabs', role: 'tablist', 'aria-label': 'Views'});
@@ -28,11 +27,7 @@ class AdvisorApp {
 
   async start() {
     this.show(views.statusView('Looking for profile captures…'));
-    if (!(await this.listGroups())) return;
-    this.restoreSelection();
-    this.drawToolbar();
-    this.drawTabs();
-    await this.load();
+    await this.refresh();
   }
 
   /** Fetches the run list into this.groups; false, with the reason shown, when there is nothing to show. */
@@ -154,10 +149,12 @@ class AdvisorApp {
     this.load();
   }
 
+  /** Re-lists the captures, keeping the selection while it still exists (none does at start). */
   async refresh() {
     if (!(await this.listGroups())) return;
     if (!this.currentItem()) this.restoreSelection();
     this.drawToolbar();
+    // Tabs are first drawn once a capture exists (at start or on a later refresh).
     this.drawTabs();
     await this.load();
   }
@@ -188,7 +185,6 @@ class AdvisorApp {
       this.show(views.statusView(`${run} / ${session}:`, progress));
     }, signal);
     if (signal.aborted) return;
-    this.report = report;
     const steps = report.steps || {};
     const context = {
       run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms,
