@@ -11,6 +11,8 @@ from tb_gpuadvisor.checks.base import Fix
 DATA_GUIDE = "https://www.tensorflow.org/guide/data_performance"
 GPU_PERF_GUIDE = "https://www.tensorflow.org/guide/gpu_performance_analysis"
 GPU_GUIDE = "https://www.tensorflow.org/guide/gpu"
+MIXED_PRECISION_GUIDE = "https://www.tensorflow.org/guide/mixed_precision"
+DISTRIBUTED_GUIDE = "https://www.tensorflow.org/guide/distributed_training"
 FUNCTION_GUIDE = "https://www.tensorflow.org/guide/function"
 XLA_GUIDE = "https://www.tensorflow.org/xla"
 KERAS_FIT_DOC = "https://keras.io/api/models/model_training_apis/"

@@ -33,6 +33,7 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
@@ -50,7 +51,7 @@ FIXES = [
         "strategy = tf.distribute.MirroredStrategy()\n"
         "global_batch = 128 * strategy.num_replicas_in_sync   # larger per-replica batch\n"
         "dataset = dataset.batch(global_batch, drop_remainder=True)",
-        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+        GPU_PERF_GUIDE),
     Fix("Pack gradients into few AllReduce calls and avoid extra cross-replica reductions inside "
         "the step (e.g. reduce metrics once per epoch, not per step).",
         "strategy = tf.distribute.MirroredStrategy(\n"

@@ -73,7 +73,7 @@ STATIC_LOSS_SCALE = Fix(
          "work every step; a fixed loss scale removes it (or use bfloat16, which needs none).",
     code="optimizer = keras.mixed_precision.LossScaleOptimizer(\n"
          "    keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",
-    doc="https://www.tensorflow.org/guide/mixed_precision",
+    doc=fixes.MIXED_PRECISION_GUIDE,
 )
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.breakdown import launch_targets
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
 
@@ -43,11 +44,11 @@ FIXES = [
     Fix("Launch each GPU's kernels from its own host threads (set before TensorFlow starts).",
         "export TF_GPU_THREAD_MODE=gpu_private\n"
         "export TF_GPU_THREAD_COUNT=2   # threads per GPU; raise it if one GPU still lags",
-        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+        GPU_PERF_GUIDE),
     Fix("The same from Python, before any TensorFlow op runs.",
         'import os\nos.environ["TF_GPU_THREAD_MODE"] = "gpu_private"\n'
         'os.environ["TF_GPU_THREAD_COUNT"] = "2"\nimport tensorflow as tf',
-        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+        GPU_PERF_GUIDE),
 ]
 SERIAL_FIX = Fix(
     "Look in the trace viewer for what the late GPU waits on: ops that read another replica's "
@@ -55,7 +56,7 @@ SERIAL_FIX = Fix(
     "replicated step with strategy.run so replicas are independent until the gradient AllReduce.",
     "with strategy.scope():\n    model = build_model()        # variables mirrored on every GPU\n"
     "per_replica = strategy.run(train_step, args=(batch,))",
-    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+    GPU_PERF_GUIDE)
 
 
 def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int) -> np.ndarray:

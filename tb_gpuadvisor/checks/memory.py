@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import GPU_GUIDE, GPU_PERF_GUIDE, MIXED_PRECISION_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 
 CHECK_ID = "memory"
@@ -38,13 +39,14 @@ LOW_BELOW = 30.0
 RESERVES_ALL_AT = 85.0      # allocator limit as % of device memory that means "claims it all"
 GIB = 1024 ** 3
 _ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+MEMORY_GROWTH_DOC = f"{GPU_GUIDE}#limiting_gpu_memory_growth"
 
 GROWTH_FIX = Fix(
     "Let TensorFlow allocate GPU memory as needed instead of reserving it all at start-up.",
     'gpus = tf.config.list_physical_devices("GPU")\nfor gpu in gpus:\n'
     "    tf.config.experimental.set_memory_growth(gpu, True)\n"
     "# or, without code changes:  export TF_FORCE_GPU_ALLOW_GROWTH=true",
-    "https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth")
+    MEMORY_GROWTH_DOC)
 JAX_GROWTH_FIX = Fix(
     "JAX preallocates 75% of each GPU at start-up; allocate on demand or lower the fraction.",
     "export XLA_PYTHON_CLIENT_PREALLOCATE=false\n# or: export XLA_PYTHON_CLIENT_MEM_FRACTION=.50",
@@ -54,18 +56,18 @@ LIMIT_FIX = Fix(
     'gpus = tf.config.list_physical_devices("GPU")\n'
     "tf.config.set_logical_device_configuration(\n"
     "    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)])",
-    "https://www.tensorflow.org/guide/gpu#limiting_gpu_memory_growth")
+    MEMORY_GROWTH_DOC)
 NEAR_FULL_FIX = Fix(
     "Reduce peak memory: a smaller batch, or mixed precision, which stores activations in 16-bit.",
     'keras.mixed_precision.set_global_policy("mixed_float16")\n'
     "batch_size //= 2   # and rebuild the dataset with it",
-    "https://www.tensorflow.org/guide/mixed_precision")
+    MIXED_PRECISION_GUIDE)
 LARGER_BATCH_FIX = Fix(
     "Raise the batch size until peak memory approaches ~80% of the GPU; scale the learning "
     "rate with it.",
     "batch_size *= 2\nlearning_rate *= 2\n"
     "dataset = dataset.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)",
-    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+    GPU_PERF_GUIDE)
 
 
 @dataclass

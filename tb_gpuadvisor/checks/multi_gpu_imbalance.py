@@ -36,6 +36,7 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
 )
@@ -54,18 +55,18 @@ FIXES = [
         "global_batch = per_replica_batch * strategy.num_replicas_in_sync\n"
         "dataset = dataset.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)\n"
         "with strategy.scope():\n    model = build_model()\n    model.compile(...)",
-        "https://www.tensorflow.org/guide/distributed_training"),
+        DISTRIBUTED_GUIDE),
     Fix("Give each GPU its own kernel-launch threads so one busy GPU does not starve the others "
         "of host time (set before TensorFlow starts).",
         "export TF_GPU_THREAD_MODE=gpu_private\nexport TF_GPU_THREAD_COUNT=2",
-        "https://www.tensorflow.org/guide/gpu_performance_analysis"),
+        GPU_PERF_GUIDE),
     Fix("Keep extra work off GPU:0: compute metrics and summaries inside the replicated step "
         "(strategy.run) rather than on the default device, and check that no op is pinned with "
         "tf.device('/GPU:0').",
         "@tf.function\ndef train_step(iterator):\n"
         "    per_replica_loss = strategy.run(step_fn, args=(next(iterator),))\n"
         "    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)",
-        "https://www.tensorflow.org/guide/distributed_training"),
+        DISTRIBUTED_GUIDE),
 ]
 
 
@@ -161,7 +162,7 @@ def check(analysis: Analysis) -> Finding:
                              "print(tf.config.list_physical_devices('GPU'))\n"
                              "strategy = tf.distribute.MirroredStrategy()\n"
                              "print(strategy.num_replicas_in_sync)",
-                             "https://www.tensorflow.org/guide/gpu")]
+                             GPU_GUIDE)]
     return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
                    evidence, fixes)
 

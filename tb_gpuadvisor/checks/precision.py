@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import MIXED_PRECISION_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -44,19 +45,19 @@ MIXED_PRECISION = Fix(
     "model = build_model()\n"
     "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
     'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
-    "https://www.tensorflow.org/guide/mixed_precision")
+    MIXED_PRECISION_GUIDE)
 
 FIXES = [
     MIXED_PRECISION,
     Fix("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
         "float32, so no loss scaling is needed.",
         'keras.mixed_precision.set_global_policy("mixed_bfloat16")',
-        "https://www.tensorflow.org/guide/mixed_precision"),
+        MIXED_PRECISION_GUIDE),
     Fix("If the dynamic loss scale's overflow checks show up as host gaps between steps, use a "
         "fixed (static) loss scale (tf.keras / Keras 2 API).",
         "optimizer = tf.keras.mixed_precision.LossScaleOptimizer(\n"
         "    tf.keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",
-        "https://www.tensorflow.org/guide/mixed_precision"),
+        MIXED_PRECISION_GUIDE),
 ]
 
 

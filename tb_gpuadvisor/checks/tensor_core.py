@@ -37,6 +37,7 @@ import numpy as np
 
 from tb_gpuadvisor.analysis import kernels
 from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.analysis.fixes import GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS
@@ -59,7 +60,7 @@ LAYOUT_FIX = Fix(
     "avoid manual transposes around them, so no layout-conversion kernels are needed.",
     'keras.config.set_image_data_format("channels_last")\n'
     'x = keras.layers.Conv2D(64, 3, data_format="channels_last")(x)',
-    "https://www.tensorflow.org/guide/gpu_performance_analysis")
+    GPU_PERF_GUIDE)
 TF32_FIX = Fix(
     "On Ampere or newer GPUs float32 matmuls and convolutions use Tensor Cores through TF32, "
     "unless it was switched off; make sure it is on.",
