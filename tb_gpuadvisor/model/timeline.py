@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -267,7 +268,10 @@ class SessionModel:
     def gpus(self) -> list[DeviceActivity]:
         return [dev for dev in self.devices if dev.device.kind == "gpu"]
 
-    @property
+    @cached_property
     def active_gpus(self) -> list[DeviceActivity]:
-        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded)."""
+        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded).
+
+        Asked by most checks; the devices do not change once the model is built.
+        """
         return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
