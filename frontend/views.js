@@ -9,6 +9,8 @@ import {profileUrl, safeDocUrl} from './model.js';
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
 const SEVERITY_ORDER = ['critical', 'warning', 'info', 'ok', 'not_applicable'];
+/** Severities listed as findings; the others go under "Passed or not applicable". */
+const ACTIONABLE = new Set(['critical', 'warning', 'info']);
 const SEVERITY_LABEL = {
   critical: 'Critical', warning: 'Warning', info: 'Info', ok: 'OK', not_applicable: 'N/A',
 };
@@ -383,16 +385,13 @@ export function deviceChart(breakdown, stragglerName) {
 
 // -- findings ---------------------------------------------------------------------------
 
-/** Findings worth acting on first: by rank, else by estimated saving, then severity. */
+/** Fix-first order: by rank, else by estimated saving, then severity (findingsView splits off passed checks). */
 function rankFindings(findings) {
   const severity = (f) => {
     const index = SEVERITY_ORDER.indexOf(f.severity);
     return index < 0 ? SEVERITY_ORDER.length : index;
   };
   return [...(findings || [])].sort((a, b) => {
-    const actionableA = severity(a) <= 2 ? 0 : 1;
-    const actionableB = severity(b) <= 2 ? 0 : 1;
-    if (actionableA !== actionableB) return actionableA - actionableB;
     if (typeof a.rank === 'number' && typeof b.rank === 'number' && a.rank !== b.rank) return a.rank - b.rank;
     const saveA = Number(a.estimated_savings_ms_per_step) || 0;
     const saveB = Number(b.estimated_savings_ms_per_step) || 0;
@@ -525,8 +524,8 @@ function findingView(finding, context, expanded) {
 
 export function findingsView(report, context) {
   const ranked = rankFindings(report.findings);
-  const actionable = ranked.filter((f) => ['critical', 'warning', 'info'].includes(f.severity));
-  const passed = ranked.filter((f) => !['critical', 'warning', 'info'].includes(f.severity));
+  const actionable = ranked.filter((f) => ACTIONABLE.has(f.severity));
+  const passed = ranked.filter((f) => !ACTIONABLE.has(f.severity));
   const section = h('section', {class: 'findings', 'aria-label': 'Findings'});
   section.appendChild(h('h2', {text: actionable.length ?
     `Findings (${actionable.length}), most valuable first` : 'Findings'}));
