@@ -337,10 +337,9 @@ export function deviceChart(breakdown, stragglerName) {
   const work = (device) => (Number(device.compute_ms) || 0) + (Number(device.copy_ms) || 0);
   const straggler = stragglerName ||
     devices.reduce((best, device) => (work(device) > work(best) ? device : best)).device;
+  // The step components a GPU runs itself (same labels and colours as the step chart), then idle time.
   const parts = [
-    {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
-    {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
-    {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
+    ...COMPONENTS.filter((c) => ['compute_ms', 'copy_ms', 'collective_ms'].includes(c.key)),
     {key: 'idle_ms', label: 'Idle', cls: 'c-idle'},
   ];
   const total = (device) => parts.reduce((sum, p) => sum + (Number(device[p.key]) || 0), 0);
