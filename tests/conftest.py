@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the real captures are, and the synthetic builder on sys.path."""
+"""Shared test fixtures: where the real captures are; the synthetic builder and benchmarks on sys.path."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 # Real captures from other people's GPUs live beside the repo, never inside it.
 CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", REPO.parent / "shared" / "corpus"))

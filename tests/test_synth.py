@@ -7,13 +7,11 @@ the timeline model, so a model bug cannot hide behind a builder bug.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import synth  # noqa: E402
 from synth import PS_PER_MS, event_start_ps, iter_events  # noqa: E402
