@@ -11,7 +11,7 @@ import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from synth import build_training_session
 
-from tb_gpuadvisor.analysis.breakdown import compute_breakdown, op_key
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.attribution.breakdown import compute_breakdown, op_key
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.model.timeline import (

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import synth
-from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import collectives, launch_skew, memory, multi_gpu_imbalance, precision, tensor_core
 from tb_gpuadvisor.checks.base import Severity
 from tb_gpuadvisor.discovery import find_sessions

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from synth import PS_PER_MS, SpaceBuilder, build_training_session, write_session
 
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, all_checks
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session

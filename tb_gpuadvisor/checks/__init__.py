@@ -7,7 +7,7 @@ import pkgutil
 
 from tb_gpuadvisor.checks.base import REGISTRY, Check, Evidence, Finding, Fix, Severity
 
-_NOT_CHECKS = {"base"}
+_NOT_CHECKS = {"base", "context", "fixes"}
 
 
 def all_checks() -> list[Check]:

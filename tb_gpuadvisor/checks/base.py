@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from tb_gpuadvisor.analysis.context import Analysis
+    from tb_gpuadvisor.checks.context import Analysis
 
 
 class Severity(str, enum.Enum):

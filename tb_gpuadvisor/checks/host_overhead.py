@@ -30,8 +30,8 @@ import re
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import fixes
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
 )

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import fixes
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
 )

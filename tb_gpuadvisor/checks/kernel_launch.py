@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import fixes
-from tb_gpuadvisor.analysis.breakdown import DeviceBreakdown
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.kernels import op_type
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.attribution.breakdown import DeviceBreakdown
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )

@@ -29,10 +29,10 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.analysis.breakdown import launch_targets
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.fixes import GPU_PERF_GUIDE
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.attribution.breakdown import launch_targets
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.fixes import GPU_GUIDE, GPU_PERF_GUIDE, MIXED_PRECISION_GUIDE
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import GPU_GUIDE, GPU_PERF_GUIDE, MIXED_PRECISION_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 
 CHECK_ID = "memory"

@@ -34,9 +34,9 @@ import itertools
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
 )

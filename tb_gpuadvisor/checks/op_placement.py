@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import fixes
-from tb_gpuadvisor.analysis.breakdown import op_key, training_threads
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.kernels import name_mask, op_type
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.attribution.breakdown import op_key, training_threads
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
 )

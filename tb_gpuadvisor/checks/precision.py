@@ -28,9 +28,9 @@ speed up (half the bytes) but are not counted, so the estimate is conservative.
 
 from __future__ import annotations
 
-from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.fixes import MIXED_PRECISION_GUIDE
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 

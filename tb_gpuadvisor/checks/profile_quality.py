@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tb_gpuadvisor.analysis.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 

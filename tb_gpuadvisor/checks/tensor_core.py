@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tb_gpuadvisor.analysis import kernels
-from tb_gpuadvisor.analysis.context import Analysis
-from tb_gpuadvisor.analysis.fixes import GPU_PERF_GUIDE
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS

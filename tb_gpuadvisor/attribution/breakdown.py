@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
-from tb_gpuadvisor.analysis import kernels
+from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals

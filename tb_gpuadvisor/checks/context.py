@@ -16,9 +16,10 @@ import numpy as np
 from tb_gpuadvisor.checks.base import Evidence
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
+from tb_gpuadvisor.trust import Trust, assess
 
 if TYPE_CHECKING:
-    from tb_gpuadvisor.analysis.breakdown import Breakdown
+    from tb_gpuadvisor.attribution.breakdown import Breakdown
 
 
 @dataclass
@@ -26,16 +27,21 @@ class Analysis:
     """The analysed session handed to every check."""
 
     model: SessionModel
+    trust: Trust = None  # type: ignore[assignment]  # assessed in __post_init__ when not given
 
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _breakdown: "Breakdown | None" = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.trust is None:
+            self.trust = assess(self.model)
 
     @property
     def breakdown(self) -> "Breakdown":
         """Computed once, by the first check to ask (checks may run in parallel threads)."""
         with self._lock:
             if self._breakdown is None:
-                from tb_gpuadvisor.analysis.breakdown import compute_breakdown
+                from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 
                 self._breakdown = compute_breakdown(self.model)
         return self._breakdown

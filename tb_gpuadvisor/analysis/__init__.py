@@ -1,1 +1,0 @@
-"""Analyses: measurements derived from the timeline model that several checks share."""

@@ -1,0 +1,1 @@
+"""Attribution: every microsecond of a trusted step given one cause, per device."""
