@@ -16,18 +16,24 @@ from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel, load_session
+from tb_gpuadvisor.trust import Trust, confidence
 
 # Findings a user should act on, in the order they are ranked before savings.
 ACTIONABLE = (Severity.CRITICAL, Severity.WARNING)
 
 
-def _steps_json(model: SessionModel) -> dict:
+def _steps_json(model: SessionModel, trust: Trust) -> dict:
+    """The trusted steps, per training step (a marker covering N steps counts as N)."""
     steps = model.steps
-    out: dict = {"count": len(steps), "source": steps.source}
+    out: dict = {"count": steps.training_steps, "source": steps.source}
     if steps.marker_name:
         out["marker"] = steps.marker_name
+    if steps.per_marker > 1:
+        out.update(steps_per_execution=steps.per_marker, markers=len(steps))
+    if trust.excluded:
+        out["excluded"] = len(trust.excluded)
     if len(steps):
-        ms = steps.duration_ps / PS_PER_MS
+        ms = steps.duration_ps / PS_PER_MS / steps.per_marker
         out.update(mean_ms=round(float(ms.mean()), 3), min_ms=round(float(ms.min()), 3),
                    max_ms=round(float(ms.max()), 3), std_ms=round(float(ms.std()), 3),
                    numbers=[int(n) for n in steps.number])
@@ -45,16 +51,38 @@ def _devices_json(model: SessionModel) -> list[dict]:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Actionable findings first, biggest estimated saving first; then by severity."""
+    """Actionable findings the capture supports first, biggest estimated saving first; then
+    low-confidence actionable ones; then by severity."""
     def key(f: Finding) -> tuple:
         actionable = f.severity in ACTIONABLE
-        return (not actionable, -f.estimated_savings_ms_per_step if actionable else 0.0,
+        return (not actionable, f.confidence == "low", -f.estimated_savings_ms_per_step if actionable else 0.0,
                 -f.severity.weight, f.check)
     return sorted(findings, key=key)
 
 
+# What each check's numbers rest on (see trust.confidence); checks not listed rest on the
+# per-step idle attribution of the primary device.
+CHECK_ASPECT = {
+    "precision": "kernels", "tensor_core": "kernels", "multi_gpu_imbalance": "replicas",
+    "launch_skew": "replicas", "collectives": "replicas", "memory": "memory", "profile_quality": "capture",
+}
+
+
+def attach_confidence(findings: list[Finding], analysis: Analysis) -> None:
+    """Give every finding the confidence the capture supports; a check's own reasons are kept and
+    can only lower it."""
+    order = {"high": 0, "medium": 1, "low": 2}
+    for finding in findings:
+        if finding.severity is Severity.NOT_APPLICABLE:
+            continue
+        level, reasons = confidence(analysis.trust, analysis.model, CHECK_ASPECT.get(finding.check, "idle"))
+        if order[level] > order.get(finding.confidence, 0):
+            finding.confidence = level
+        finding.confidence_reasons = reasons + [r for r in finding.confidence_reasons if r not in reasons]
+
+
 def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
-    top = next((f for f in ranked if f.severity in ACTIONABLE), None)
+    top = next((f for f in ranked if f.severity in ACTIONABLE and f.confidence != "low"), None)
     if top is None:
         return None
     saving = top.estimated_savings_ms_per_step
@@ -92,13 +120,15 @@ def session_json(model: SessionModel) -> dict:
     errors = list(model.errors)
     out = {
         "run": model.run, "session": model.session, "hosts": [h.name for h in model.hosts],
-        "framework": model.framework, "devices": _devices_json(model), "steps": _steps_json(model),
+        "framework": model.framework, "devices": _devices_json(model),
+        "steps": _steps_json(model, analysis.trust), "trust": analysis.trust.to_json(),
     }
     try:
         out["breakdown"] = analysis.breakdown.to_json()
     except Exception as err:
         errors.append({"message": f"step breakdown failed: {err!r}"})
     findings, check_errors = run_checks(analysis)
+    attach_confidence(findings, analysis)
     ranked = rank_findings(findings)
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
     out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)

@@ -322,20 +322,21 @@ def test_keras_t4_eligible_ops_miss_tensor_cores(corpus):
         assert len(xprof) == 10 and xprof <= ours
 
 
-def test_bert_multi_gpu_is_sensible(corpus):
+def test_bert_partial_trace_is_not_compared(corpus):
+    """bert-8xv100, checked by hand from the raw XSpace: GPU:4 and GPU:6 each have a derived
+    Steps line for step 0 (group 0), GPU:4's from 1921.05 to 1940.92 ms and GPU:6's from
+    2568.61 to 2589.92 ms on their planes' clocks: the same step traced 647 ms apart, 19.87 and
+    21.31 ms long. GPU:1 has 19 MemcpyH2D, an allocator (GPU_1_bfc) and replica_1 host ops but
+    no kernel. So the device trace is partial: the two replicas cannot be compared (no skew, no
+    imbalance, no "one after another"), the step is GPU:4's ~19.9 ms, not 668.87 ms."""
     (analysis,) = analyse_corpus(corpus / "bert-8xv100")
+    trust = analysis.trust
+    assert trust.misaligned == ["/device:GPU:6"]
+    assert [d.name for d in trust.partial_devices] == ["/device:GPU:1"]
+    assert 19.0 < analysis.mean_step_ms < 21.5
     finding = multi_gpu_imbalance.check(analysis)
-    assert finding.metrics["gpu_planes"] == 8 and finding.metrics["active_gpus"] == 2
-    assert finding.severity is not Severity.NOT_APPLICABLE
-    # GPU:4 and GPU:6 do the same work, but one after the other
-    assert finding.metrics["imbalance_percent"] < 5
-    assert finding.metrics["min_overlap_percent"] < 30
-    assert "/device:GPU:1 only copied data" in finding.summary and "ran no kernels" in finding.summary
-    copy_only = [item for item in finding.evidence if item.name == "/device:GPU:1"]
-    assert copy_only and "copies only" in copy_only[0].detail
-    skew = launch_skew.check(analysis)
-    assert skew.severity is Severity.WARNING and skew.metrics["late_device"] == "/device:GPU:6"
-    assert any("gpu_private" in item.name for item in skew.evidence if item.kind == "thread")
+    assert finding.severity is Severity.NOT_APPLICABLE and "other times" in finding.summary
+    assert launch_skew.check(analysis).severity is Severity.NOT_APPLICABLE
     assert precision.check(analysis).metrics["low_precision_percent"] > 90   # fp16 BERT
     mem = memory.check(analysis)
     assert 30 < mem.metrics["peak_percent"] < 40

@@ -167,7 +167,7 @@ def test_profile_quality_healthy(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("planted, expected, words", [
-    (dict(steps=6, first_step_factor=3.5), Severity.WARNING, "Warm-up"),
+    (dict(steps=6, first_step_factor=3.5), Severity.INFO, "left out"),
     (dict(steps=2), Severity.WARNING, "Only 2 steps"),
     (dict(steps=14), Severity.INFO, "14 steps"),
     (dict(steps=5, marker="none"), Severity.INFO, "inferred"),
@@ -180,16 +180,41 @@ def test_profile_quality_degraded(tmp_path, planted, expected, words) -> None:
     assert finding.fixes
 
 
+def _gpu_session_without_device_events(steps: int = 4):
+    """A GPU training session whose GPU planes lost every line, as when CUPTI records nothing."""
+    session = build_training_session(gpus=1, marker="r", steps=steps)
+    for plane in session.space.planes:
+        if plane.name.startswith("/device:GPU"):
+            del plane.lines[:]
+    return session
+
+
 def test_profile_quality_empty_gpu_trace(tmp_path) -> None:
-    session = build_training_session(gpus=0, marker="r", steps=4)
-    session.space.planes.append(XPlane(id=7, name="/device:GPU:0"))   # a GPU plane without lines
-    session.write(tmp_path)
+    """The GPU ran the model (the host only dispatched: ops of microseconds, launch calls) but
+    its plane is empty: the profiler lost the trace, and the fix is CUPTI's."""
+    _gpu_session_without_device_events().write(tmp_path)
     analysis = load(tmp_path)
     finding = run(analysis, "profile_quality")
     assert finding.severity is Severity.WARNING
     assert finding.metrics["capture_kind"] == "gpu_empty"
-    assert "Empty GPU trace" in finding.title
+    assert finding.metrics["model_ran_on"] == "gpu_trace_lost"
+    assert finding.title == "Empty GPU trace"
     assert any("NVreg_RestrictProfilingToAdminUsers=0" in fix.code for fix in finding.fixes)
+    assert run(analysis, "op_placement").severity is not Severity.CRITICAL
+
+
+def test_model_on_cpu_beside_a_visible_gpu(tmp_path) -> None:
+    """CPU training (ms-long model ops on host threads) with an empty GPU plane: TensorFlow saw the
+    GPU but did not use it. That is op placement, critical, not a profiler problem."""
+    session = build_training_session(gpus=0, marker="r", steps=4)
+    session.space.planes.append(XPlane(id=7, name="/device:GPU:0"))   # a GPU plane without lines
+    session.write(tmp_path)
+    analysis = load(tmp_path)
+    quality = run(analysis, "profile_quality")
+    assert quality.metrics["model_ran_on"] == "host_despite_gpu"
+    assert "ran on the CPU" in quality.title and not any("NVreg" in f.code for f in quality.fixes)
+    placement = run(analysis, "op_placement")
+    assert placement.severity is Severity.CRITICAL and placement.metrics["host_op_percent"] >= 80
 
 
 # --- real captures ----------------------------------------------------------------------------
@@ -210,12 +235,15 @@ def test_launch_overhead_falls_as_batch_grows(corpus) -> None:
 
 
 def test_empty_gpu_trace_capture(corpus) -> None:
+    """The GPU plane is empty because the model ran on the CPU (see tests/test_trust.py for the
+    hand check): the GPU-only checks do not apply, op placement is critical."""
     analysis = load(corpus / "keras-cnn-rtx5000-empty-gpu-trace")
     quality = run(analysis, "profile_quality")
-    assert quality.severity is Severity.WARNING
     assert quality.metrics["capture_kind"] == "gpu_empty"
+    assert quality.metrics["model_ran_on"] == "host_despite_gpu"
     for check in GPU_ONLY:
         assert run(analysis, check).severity is Severity.NOT_APPLICABLE
+    assert run(analysis, "op_placement").severity is Severity.CRITICAL
 
 
 def test_tpu_capture(corpus) -> None:

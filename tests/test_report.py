@@ -45,11 +45,18 @@ def test_a_check_that_crashes_becomes_an_error_and_the_others_still_run(tmp_path
     assert len(session["findings"]) == len(REGISTRY) - 1
 
 
-def test_capture_problem_first_when_nothing_saves_time(corpus):
-    (ref,) = find_sessions(str(corpus / "keras-cnn-rtx5000-empty-gpu-trace"))
-    session = analyze_session(ref)
-    assert session["first_fix"]["check"] == "profile_quality"
-    assert "fix this first" in session["first_fix"]["why"]
+def test_capture_problem_first_when_nothing_saves_time(tmp_path):
+    """A GPU session whose device trace was lost: nothing can be measured on the device, so the
+    capture problem comes first and says why."""
+    session = build_training_session(gpus=1, marker="r", steps=4)
+    for plane in session.space.planes:
+        if plane.name.startswith("/device:GPU"):
+            del plane.lines[:]
+    session.write(tmp_path)
+    (ref,) = find_sessions(str(tmp_path))
+    report = analyze_session(ref)
+    assert report["first_fix"]["check"] == "profile_quality"
+    assert "fix this first" in report["first_fix"]["why"]
 
 
 def test_every_corpus_session_analyses_without_errors(corpus):

@@ -74,6 +74,10 @@ class Finding:
     estimated_savings_ms_per_step: float = 0.0
     evidence: list[Evidence] = field(default_factory=list)
     fixes: list[Fix] = field(default_factory=list)
+    # How far the capture supports it ("high", "medium", "low") and why; set by the report from
+    # the trust stage, or by the check itself when it knows better.
+    confidence: str = "high"
+    confidence_reasons: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -83,6 +87,8 @@ class Finding:
             "summary": self.summary,
             "metrics": self.metrics,
             "estimated_savings_ms_per_step": round(float(self.estimated_savings_ms_per_step), 3),
+            "confidence": self.confidence,
+            "confidence_reasons": self.confidence_reasons,
             "evidence": [item.to_json() for item in self.evidence],
             "fixes": [asdict(fix) for fix in self.fixes],
         }

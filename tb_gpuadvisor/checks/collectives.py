@@ -98,7 +98,7 @@ def parameter_bytes(model: SessionModel) -> int | None:
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
-    active = model.active_gpus
+    active = analysis.comparable_gpus
     if not active:
         return needs_gpu(CHECK_ID, "collectives")
     lo, hi, steps = kernels.step_windows(model)

@@ -53,6 +53,18 @@ class Analysis:
         return gpus[0] if gpus else None
 
     @property
+    def comparable_gpus(self) -> list[DeviceActivity]:
+        """Active GPUs whose traces can be set side by side: replicas whose steps were traced
+        at other times than the primary GPU's are left out (see trust.coverage)."""
+        return [d for d in self.model.active_gpus if d.device.name not in self.trust.misaligned]
+
+    @property
+    def primary_host_name(self) -> str | None:
+        """The host the breakdown measures, by name (the only host of most captures)."""
+        primary = self.breakdown.primary
+        return primary.host if primary is not None else (self.model.hosts[0].name if self.model.hosts else None)
+
+    @property
     def primary_host(self) -> HostModel | None:
         """The host of the breakdown's primary device: its threads are what fed or starved it."""
         primary = self.breakdown.primary
@@ -62,7 +74,8 @@ class Analysis:
 
     @property
     def steps_count(self) -> int:
-        return len(self.model.steps)
+        """Training steps the trusted markers cover (a marker may cover several: steps_per_execution)."""
+        return self.model.steps.training_steps
 
     @property
     def step_time_ps(self) -> int:

@@ -77,10 +77,11 @@ def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int
 @register(CHECK_ID, "GPU launch skew", __doc__)
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
-    active = model.active_gpus
+    active = analysis.comparable_gpus
     if len(active) < 2:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs ran kernels",
-                       f"{len(active)} GPU(s) ran kernels, so there is no skew between GPUs to measure.")
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs with comparable traces",
+                       f"{len(active)} GPU(s) ran kernels in the same steps of this trace, so there is no skew "
+                       "between GPUs to measure.")
     lo, hi, windows = kernels.step_windows(model)
     firsts = np.vstack([first_kernel_per_step(dev, model, windows) for dev in active])
     present = firsts != np.iinfo(np.int64).max

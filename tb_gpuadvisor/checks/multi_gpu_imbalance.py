@@ -80,15 +80,19 @@ def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Interv
 @register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
-    active = model.active_gpus
+    active = analysis.comparable_gpus
     planes = model.gpus
     idle = [dev for dev in planes if dev not in active]
     if len(active) < 2:
+        traced_apart = analysis.trust.misaligned
+        summary = (f"{len(active)} of {len(planes)} GPU(s) in this capture ran kernels that can be compared, "
+                   "so there are no replicas to compare.")
+        if traced_apart:
+            summary += (f" {', '.join(traced_apart)} ran the same steps at other times than "
+                        f"{active[0].device.name} in this trace, so their work cannot be set side by side.")
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE,
-                       "Fewer than two GPUs ran kernels",
-                       f"{len(active)} of {len(planes)} GPU(s) in this capture ran kernels, so there "
-                       "are no replicas to compare.",
-                       {"active_gpus": len(active), "gpu_planes": len(planes)})
+                       "Fewer than two GPUs with comparable traces", summary,
+                       {"active_gpus": len(model.active_gpus), "gpu_planes": len(planes)})
     lo, hi, steps = kernels.step_windows(model)
     busy = [busy_intervals(dev, model) for dev in active]
     per_step = np.vstack([intervals.per_bin_total(b, lo, hi) for b in busy])    # GPU x step
@@ -145,9 +149,10 @@ def check(analysis: Analysis) -> Finding:
         silent = ", ".join(kernels.device_label(model, d) for d in idle if not len(d))
         parts = ([f"{copying} only copied data"] if copying else []) + \
                 ([f"{silent} recorded nothing"] if silent else [])
-        summary += (f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({'; '.join(parts)}): either "
-                    "the training uses fewer GPUs than the machine has, or the profiler traced only some "
-                    "of them.")
+        used = [d.name for d in analysis.trust.partial_devices]
+        cause = (f"the host used {', '.join(used)}, so the profiler traced only part of the job" if used else
+                 "the training uses fewer GPUs than the machine has")
+        summary += f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({'; '.join(parts)}): {cause}."
     if imbalance >= WARNING_AT:
         title = f"{labels[top]} works {imbalance:.0f}% more than the least busy GPU"
     elif serial_pairs:

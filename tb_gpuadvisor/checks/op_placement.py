@@ -29,6 +29,17 @@ Savings model: only host op time during which the GPU sat idle can shorten the s
 that exposed time shrinks by a stated conservative factor of 10 (GPU vs host speed for
 the ops that have GPU kernels): savings = exposed host op ms per step x (1 - 1/10).
 
+Ops of tf.data functions (run ahead of the step on tf.data's threads, or on the runtime's
+threads without the step's group id) are input work, counted by input_bound, not here.
+
+## When the model ran on the CPU although a GPU was there
+When the capture has GPU planes with no kernels while the step's model ops run on host
+compute threads for milliseconds each (see ``trust.placement``), TensorFlow did not use
+the GPU at all. That is a critical finding ranked first: ``host_op_percent`` is then the
+share of the step covered by host model ops, the evidence lists them, and the fixes are the
+checks a user makes: is the GPU listed, do CUDA/cuDNN match the TensorFlow build, where do
+ops run. Savings model: the host op time per step shrinks by the stated factor of 10.
+
 ## On CPU-only captures
 Without a GPU every op runs on the host, so misplacement itself cannot show. What can
 show is the work that would *stay* on the host after moving to a GPU: ops TensorFlow
@@ -45,6 +56,7 @@ import numpy as np
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.attribution.breakdown import op_key, training_threads
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, compute_op_mask
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
@@ -60,14 +72,6 @@ GPU_SPEEDUP = 10.0
 COPY_WINDOW_PS = 100 * PS_PER_US
 TOP = 5
 
-# Ops that move or describe data rather than compute; they run on the host by design.
-BOOKKEEPING_OPS = frozenset({
-    "_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
-    "Identity", "IdentityN", "NoOp", "Const", "Placeholder", "VarHandleOp", "ReadVariableOp",
-    "AssignVariableOp", "Shape", "ShapeN", "Size", "Rank", "Reshape", "ExpandDims", "Squeeze",
-    "StopGradient", "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
-    "OptionalGetValue", "OptionalHasValue", "MultiDeviceIteratorGetNextFromShard",
-})
 # Op types TensorFlow has no GPU kernel for (the guide's example is tf.unique).
 HOST_ONLY_OPS = frozenset({
     "Unique", "UniqueV2", "UniqueWithCounts", "PyFunc", "EagerPyFunc", "StringSplit",
@@ -85,8 +89,25 @@ FIND_CPU_OPS = Fix(
 )
 
 
-def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity]) -> np.ndarray:
-    """Framework op events inside steps that executed on the host (dispatched no GPU work)."""
+CHECK_GPU_VISIBLE = Fix(
+    text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
+         "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
+         "matching ones).",
+    code="import tensorflow as tf\n"
+         "print(tf.config.list_physical_devices('GPU'))   # [] means TensorFlow cannot use the GPU\n"
+         "build = tf.sysconfig.get_build_info()\n"
+         "print(build.get('cuda_version'), build.get('cudnn_version'))  # must match the installed libraries",
+    doc=fixes.GPU_GUIDE,
+)
+
+
+def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], grouped_steps: bool) -> np.ndarray:
+    """Framework op events of the step itself that executed on the host (dispatched no GPU work).
+
+    tf.data runs its map functions' ops ahead of the step: on its own threads, or on the
+    runtime's threads without the step's group id when the capture groups events by step.
+    Those are input work (input_bound's evidence), not misplaced model ops.
+    """
     device_ops = {op_key(o) for dev in gpus for o in dev.ops}
 
     def runs_on_host(name: str) -> bool:
@@ -94,7 +115,8 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity]) -> np.ndarr
                 and op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)
-    return (activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0) & table[activity.name]
+    mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
+    return mask & (activity.group_id >= 0) if grouped_steps else mask
 
 
 def _op_evidence(activity: HostActivity, idx: np.ndarray, gpu_types: set[str], steps: int) -> list[Evidence]:
@@ -164,8 +186,35 @@ def _host_only_ops(analysis: Analysis) -> Finding:
     )
 
 
+def _model_on_host(analysis: Analysis) -> Finding:
+    """The model ran on host threads although TensorFlow saw a GPU (see trust.placement)."""
+    placement = analysis.trust.placement
+    gpus = ", ".join(d.device.name for d in analysis.model.gpus)
+    evidence = [Evidence(kind="op", name=op["op"], value=op["ms_per_step"], unit="ms/step",
+                         detail=f"{op['calls_per_step']:.1f} calls per step on host compute threads",
+                         host=analysis.primary_host_name, tool="tensorflow_stats")
+                for op in placement.ops]
+    summary = (f"The model ran on the CPU: {placement.host_op_percent:.1f}% of the step "
+               f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, most "
+               f"of them for milliseconds each ({100 * placement.long_op_share:.0f}% of host op time is in ops "
+               f"longer than 0.1 ms), while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
+               "model on it: a CPU-only TensorFlow package, CUDA/cuDNN libraries that do not match the "
+               "TensorFlow build, a hidden GPU (CUDA_VISIBLE_DEVICES) or a CPU device scope. Fix this first: "
+               "every other number describes a CPU run.")
+    return Finding(
+        check=CHECK_ID, severity=Severity.CRITICAL, title="The model ran on the CPU, not on the GPU",
+        summary=summary,
+        metrics={"host_op_percent": round(placement.host_op_percent, 2),
+                 "host_op_ms_per_step": round(placement.host_op_ms_per_step, 3), "measured_on": "cpu"},
+        # On the GPU these ops would take a fraction of their host time (the stated GPU_SPEEDUP).
+        estimated_savings_ms_per_step=placement.host_op_ms_per_step * (1.0 - 1.0 / GPU_SPEEDUP),
+        evidence=evidence, fixes=[CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])
+
+
 @register(CHECK_ID, "Ops placed on the host", __doc__)
 def check(analysis: Analysis) -> Finding:
+    if analysis.trust.placement.where == "host_despite_gpu":
+        return _model_on_host(analysis)
     breakdown = analysis.breakdown
     primary = breakdown.primary
     if breakdown.device_kind == "cpu" and analysis.steps_count:
@@ -179,7 +228,7 @@ def check(analysis: Analysis) -> Finding:
     host = analysis.primary_host
     gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
     activity = host.activity
-    idx = np.flatnonzero(host_op_mask(activity, gpus))
+    idx = np.flatnonzero(host_op_mask(activity, gpus, bool(np.any(analysis.model.steps.group_id >= 0))))
     steps = analysis.steps_count
     host_ps = int(activity.dur_ps[idx].sum())
     gpu_ps = primary.total("compute")

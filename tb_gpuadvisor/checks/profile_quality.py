@@ -1,26 +1,30 @@
-"""profile_quality: can this capture be trusted, and what kind of capture is it?
+"""profile_quality: what this capture can and cannot tell, and how to capture a better one.
 
 ## What it measures
-Problems that make the other findings less reliable, each reported with its fix:
-host files that could not be read; no training steps found (or steps only inferred from
-repeated function runs); GPU planes without any events (the CUDA profiling library,
-CUPTI, was not found or the user lacks permission to profile); fewer than 3 steps (too
-few to average); a first step more than twice as slow as the median (warm-up or tracing
-captured); more than 10 steps (the guides warn that long traces blow up memory); dropped
-events or warnings written by the profiler. The summary also says what was captured:
-how many GPUs (and how many of them ran kernels), TPUs, or the host CPU only.
+Nothing about the program: it reports what the trust stage found about the capture, before
+the other checks are read. What kind of capture it is (GPUs and how many ran kernels, TPUs,
+or the host CPU only) and where the model ran; host files that could not be read; no steps
+found, or steps only inferred from repeated function runs; device traces that are missing,
+stop before the host did, or hold copies but no kernels although the host used the device;
+replicas whose same steps were traced at different times; steps left out of every number
+(no device data, or far slower than the median: compilation, warm-up, checkpoints); the
+profiler's own trace export cut off the end of the step; markers that each cover several
+training steps (``steps_per_execution``); for a one-step capture, whether that step looks
+typical (autotuning kernels, compilation); more than 10 steps; dropped events.
 
 ## Why it matters
-Every other check divides by step time and reads device activity. A capture without GPU
-events makes a GPU job look like a CPU job; a warm-up step inflates every average; one or
-two steps are noise. Warning when the analysis is degraded, info for notes that do not
-change the numbers, ok otherwise.
+Every other finding divides by step time and reads device activity. Missing device data
+looks like idle time, a compile step or the trace export looks like a huge per-step cost, and
+one step can be a warm-up step. The findings' confidence comes from the same facts; this
+check says them in one place with the fix. Warning when the analysis is degraded (the
+findings that depend on the missing part are marked low confidence), info for what was
+handled (steps left out, the export cut off) or is worth knowing, ok otherwise.
 
 ## How to fix
-Make CUPTI visible (``LD_LIBRARY_PATH``) and allow non-admin profiling
-(``NVreg_RestrictProfilingToAdminUsers=0``); profile a window of 3-10 steps after
-warm-up (``profile_batch=(10, 15)``); mark steps in custom loops with
-``tf.profiler.experimental.Trace("train", step_num=step, _r=1)``.
+Profile a window of steps after warm-up (``profile_batch=(10, 15)``, or ``tf.profiler``
+around steps 10-15 of a custom loop); make CUPTI visible and allow non-admin profiling
+(``NVreg_RestrictProfilingToAdminUsers=0``); enlarge the device trace buffer when traces stop
+early; profile every GPU and host of a distributed job; mark steps in custom loops.
 
 Savings model: none (0 ms); this check is about the measurement, not the program.
 """
@@ -29,15 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
-WARMUP_RATIO = 2.0
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "custom-loop step annotations with _r=1", "keras2": "Keras TraceContext markers",
             "keras": "Keras 3 'Profiled batch' markers", "steps_line": "TensorFlow's derived Steps line",
@@ -65,6 +66,18 @@ STEP_MARKERS = Fix(
     code="for step, (x, y) in enumerate(dataset):\n"
          "    with tf.profiler.experimental.Trace('train', step_num=step, _r=1):\n"
          "        train_step(x, y)",
+    doc=PROFILER_GUIDE,
+)
+FULL_DEVICE_TRACE = Fix(
+    text="Trace every device for the whole window: keep the window to a few steps so the device "
+         "trace does not overflow, and in a distributed job profile every worker (each writes its "
+         "own host file) from one client call.",
+    code="# on every worker, once at start-up:\n"
+         "tf.profiler.experimental.server.start(6009)\n"
+         "# from one machine, after warm-up, for about 2 s of training:\n"
+         "tf.profiler.experimental.client.trace(\n"
+         "    'grpc://worker0:6009', log_dir, 2000,\n"
+         "    worker_list='grpc://worker0:6009,grpc://worker1:6009')",
     doc=PROFILER_GUIDE,
 )
 
@@ -97,75 +110,133 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     return "cpu", f"a CPU-only capture on {where} (no accelerator planes); the host is analysed as the device"
 
 
-def _issues(analysis: Analysis, kind: str) -> list[Issue]:
-    model = analysis.model
+def _placement_issues(analysis: Analysis) -> list[Issue]:
+    placement = analysis.trust.placement
+    if placement.where == "gpu_trace_lost":
+        gpus = analysis.model.gpus
+        return [Issue(Severity.WARNING, "Empty GPU trace",
+                      "The capture has GPU planes but not a single kernel or copy on them, while the host "
+                      "only dispatched ops (they last microseconds): the GPU ran the model but the profiler "
+                      "could not record it, which happens when CUPTI is missing or the user may not profile "
+                      "the GPU. Device time is unknown; findings about it are low confidence.", CUPTI,
+                      [Evidence(kind="device", name=d.device.name, value=len(d), unit="events", host=d.device.host)
+                       for d in gpus])]
+    if placement.where == "host_despite_gpu":
+        return [Issue(Severity.INFO, "The GPU trace is empty because the model ran on the CPU",
+                      f"The model ran on the CPU: TensorFlow saw a GPU (the profiler wrote its plane) but the "
+                      f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, most of them for milliseconds "
+                      "each: the GPU trace is empty because the GPU did nothing (see the op placement finding), "
+                      "not because the profiler failed.")]
+    return []
+
+
+def _coverage_issues(analysis: Analysis) -> list[Issue]:
+    trust = analysis.trust
+    issues: list[Issue] = []
+    # A wholly lost GPU trace is explained on its own (see _placement_issues).
+    partial = trust.partial_devices if trust.placement.where != "gpu_trace_lost" else []
+    if partial or trust.misaligned:
+        parts = [f"{d.name}: {d.note}" + (f" ({'; '.join(d.used_because)})" if d.used_because else "")
+                 for d in partial]
+        parts += [f"{name}: its work for the same steps was traced at another time than the primary GPU's"
+                  for name in trust.misaligned]
+        used = f" The host drove {trust.expected_devices} device(s)." if trust.expected_devices else ""
+        issues.append(Issue(
+            Severity.WARNING, "Partial device trace",
+            "The device trace is partial: " + "; ".join(parts) + "." + used + " Missing device time is "
+            "not counted as idle: steps without device data are left out, and findings that compare "
+            "devices are low confidence.", FULL_DEVICE_TRACE,
+            [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
+             for d in partial]))
+    if trust.excluded:
+        items = [Evidence(kind="step", name=f"step {e.number}", value=round((e.end_ps - e.start_ps) / PS_PER_MS, 3),
+                          unit="ms", detail=e.reason, start_ms=round(e.start_ps / PS_PER_MS, 3),
+                          end_ms=round(e.end_ps / PS_PER_MS, 3), tool="trace_viewer@")
+                 for e in trust.excluded]
+        issues.append(Issue(
+            Severity.INFO, f"{len(trust.excluded)} step(s) left out",
+            f"{len(trust.excluded)} of {len(trust.candidates)} steps are left out of every per-step number: "
+            + "; ".join(f"step {e.number}: {e.reason}" for e in trust.excluded[:4])
+            + ("; ..." if len(trust.excluded) > 4 else "") + ".", STEP_WINDOW, items))
+    if trust.export_cuts:
+        issues.append(Issue(
+            Severity.INFO, f"Profiler export excluded ({trust.export_excluded_ms:.2f} ms)",
+            f"After the profiled step the TensorBoard callback exported the trace (an untraced stretch, then "
+            f"summary ops carrying the step's group): {trust.export_excluded_ms:.2f} ms that training does not "
+            "pay per step. It is cut off the step and left out of every number."))
+    return issues
+
+
+def _step_issues(analysis: Analysis) -> list[Issue]:
+    model, trust = analysis.model, analysis.trust
     steps = model.steps
     n = len(steps)
+    if trust.candidates.source == "none" or not len(trust.candidates):
+        return [Issue(Severity.WARNING, "No training steps found",
+                      "No step markers and no repeated function runs were found, so no per-step numbers can "
+                      "be computed.", STEP_MARKERS)]
+    issues: list[Issue] = []
+    if trust.candidates.source == "inferred":
+        issues.append(Issue(Severity.INFO, "Steps inferred",
+                            f"Steps were inferred from repeated runs of {steps.marker_name or 'a function'}, "
+                            "not from step markers.", STEP_MARKERS))
+    if steps.per_marker > 1:
+        issues.append(Issue(Severity.INFO, f"{steps.per_marker} training steps per marker",
+                            f"Each step marker covers {steps.per_marker} training steps (steps_per_execution): "
+                            "every per-step number is per training step, i.e. divided by "
+                            f"{steps.per_marker}."))
+    if n == 1 and trust.single_step_atypical:
+        issues.append(Issue(Severity.WARNING, "The only captured step is not typical",
+                            "The capture holds one step and it is not a typical one: "
+                            + "; ".join(trust.single_step_atypical) + ". Findings measured on it are low "
+                            "confidence; profile later batches.", STEP_WINDOW))
+    elif n == 1:
+        issues.append(Issue(Severity.INFO, "One step captured",
+                            "The capture holds one step (the Keras callback profiles batch 2 by default). "
+                            "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
+                            "its own; a few more steps would show how much steps vary.", STEP_WINDOW))
+    elif n == 2:
+        issues.append(Issue(Severity.WARNING, "Only 2 steps count",
+                            "Only 2 steps count; averages over so few steps are noisy and a single slow step "
+                            "dominates them.", STEP_WINDOW))
+    if n > MAX_STEPS:
+        issues.append(Issue(Severity.INFO, f"{n} steps captured",
+                            f"{n} steps were profiled; more than about {MAX_STEPS} makes traces large enough to "
+                            "exhaust memory when captured or viewed, with nothing gained.", STEP_WINDOW))
+    return issues
+
+
+def _issues(analysis: Analysis) -> list[Issue]:
+    model = analysis.model
     issues: list[Issue] = []
     if model.errors:
         issues.append(Issue(Severity.WARNING, f"{len(model.errors)} host file(s) unreadable",
                             "Some host files could not be read: "
                             + "; ".join(f"{e.get('host')}: {e.get('message')}" for e in model.errors)
                             + ". Findings cover the other hosts only."))
-    if kind == "gpu_empty":
-        issues.append(Issue(Severity.WARNING, "Empty GPU trace",
-                            "The capture has GPU planes but not a single kernel or copy on them, which "
-                            "happens when CUPTI is missing or the user may not profile the GPU. Everything "
-                            "below is measured on the host only.", CUPTI,
-                            [Evidence(kind="device", name=d.device.name, value=len(d), unit="events",
-                                      host=d.device.host) for d in model.gpus]))
-    if n == 0:
-        issues.append(Issue(Severity.WARNING, "No training steps found",
-                            "No step markers and no repeated function runs were found, so no per-step "
-                            "numbers can be computed.", STEP_MARKERS))
-        return issues
-    if steps.source == "inferred":
-        issues.append(Issue(Severity.INFO, "Steps inferred",
-                            f"Steps were inferred from repeated runs of {steps.marker_name or 'a function'}, "
-                            "not from step markers.", STEP_MARKERS))
-    durations = steps.duration_ps
-    if n < MIN_STEPS:
-        issues.append(Issue(Severity.WARNING, f"Only {n} step{'s' if n != 1 else ''} captured",
-                            f"Only {n} step(s) were captured; averages over so few steps are noisy and a "
-                            "single slow step dominates them.", STEP_WINDOW))
-    else:
-        median = float(np.median(durations[1:]))
-        ratio = float(durations[0]) / median if median else 0.0
-        if ratio >= WARMUP_RATIO:
-            issues.append(Issue(
-                Severity.WARNING, "Warm-up step captured",
-                f"The first step took {durations[0] / PS_PER_MS:.2f} ms, {ratio:.1f}x the median of the "
-                "others: it probably includes tracing or warm-up, which skews every average.", STEP_WINDOW,
-                analysis.step_evidence(np.where(np.arange(n) == 0, durations, 0), "first step, much slower "
-                                       "than the median", top=1)))
-    if n > MAX_STEPS:
-        issues.append(Issue(Severity.INFO, f"{n} steps captured",
-                            f"{n} steps were profiled; more than about {MAX_STEPS} makes traces large enough to "
-                            "exhaust memory when captured or viewed, with nothing gained.", STEP_WINDOW))
+    issues += _placement_issues(analysis) + _coverage_issues(analysis) + _step_issues(analysis)
     dropped = sum(h.dropped_events for h in model.hosts)
     if dropped or model.warnings:
         text = f"The profiler dropped {dropped} events." if dropped else "The profiler reported problems."
         if model.warnings:
             text += " " + "; ".join(model.warnings[:3])
         issues.append(Issue(Severity.WARNING, "Profiler dropped events or warned",
-                            text + " Time in the missing events is counted as idle.", STEP_WINDOW))
+                            text + " Time in the missing events is unknown.", FULL_DEVICE_TRACE))
     return issues
 
 
 @register(CHECK_ID, "Profile quality", __doc__)
 def check(analysis: Analysis) -> Finding:
-    model = analysis.model
+    model, trust = analysis.model, analysis.trust
     kind, what = capture_kind(analysis)
-    issues = _issues(analysis, kind)
+    issues = _issues(analysis)
     severity = max((i.severity for i in issues), key=lambda s: s.weight, default=Severity.OK)
-    durations = model.steps.duration_ps
-    ratio = (float(durations[0]) / float(np.median(durations[1:]))
-             if durations.size >= MIN_STEPS and np.median(durations[1:]) else None)
     summary = f"This is {what}."
-    if model.steps.source != "none":
-        n = len(model.steps)
-        summary += (f" {n} step{' was' if n == 1 else 's were'} found "
-                    f"({_SOURCES.get(model.steps.source, model.steps.source)}).")
+    if trust.candidates.source != "none":
+        n, total = len(model.steps), len(trust.candidates)
+        counted = f"{n} of them count" if n != total else ("it counts" if n == 1 else "all count")
+        summary += (f" {total} step{' was' if total == 1 else 's were'} found "
+                    f"({_SOURCES.get(trust.candidates.source, trust.candidates.source)}); {counted}.")
     summary += (" " + " ".join(i.text for i in issues)) if issues else " Nothing in it limits the analysis."
     worst = [i for i in issues if i.severity is severity]
     title = ("; ".join(i.title for i in worst) if issues and severity is not Severity.OK
@@ -176,10 +247,13 @@ def check(analysis: Analysis) -> Finding:
             fix_list.append(issue.fix)
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
-        metrics={"capture_kind": kind, "steps_count": len(model.steps), "step_source": model.steps.source,
-                 "gpu_count": len(model.gpus), "active_gpu_count": len(model.active_gpus),
-                 "dropped_events": sum(h.dropped_events for h in model.hosts),
-                 "first_step_ratio": round(ratio, 2) if ratio is not None else None},
+        metrics={"capture_kind": kind, "model_ran_on": trust.placement.where, "steps_count": len(model.steps),
+                 "candidate_steps": len(trust.candidates), "excluded_steps": len(trust.excluded),
+                 "step_source": trust.candidates.source, "gpu_count": len(model.gpus),
+                 "active_gpu_count": len(model.active_gpus), "partial_device_trace": trust.partial,
+                 "profiler_export_excluded_ms": round(trust.export_excluded_ms, 3),
+                 "steps_per_execution": model.steps.per_marker,
+                 "dropped_events": sum(h.dropped_events for h in model.hosts)},
         estimated_savings_ms_per_step=0.0,
         evidence=[e for i in issues for e in i.evidence],
         fixes=fix_list,

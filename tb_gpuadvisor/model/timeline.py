@@ -217,9 +217,21 @@ class Steps:
     end_ps: np.ndarray
     group_id: np.ndarray    # int64, -1 when the marker carries none
     marker_name: str = ""
+    # Training steps one marker covers (Keras steps_per_execution, or a loop of N steps per call).
+    per_marker: int = 1
 
     def __len__(self) -> int:
         return int(self.start_ps.size)
+
+    @property
+    def training_steps(self) -> int:
+        """How many training steps the markers cover: the divisor of every per-step number."""
+        return len(self) * self.per_marker
+
+    def take(self, index: np.ndarray) -> "Steps":
+        """The steps at INDEX (ints or a mask), as a new table with the same source and marker."""
+        return Steps(self.source, self.number[index], self.start_ps[index], self.end_ps[index],
+                     self.group_id[index], self.marker_name, self.per_marker)
 
     @property
     def duration_ps(self) -> np.ndarray:

@@ -1,10 +1,19 @@
 """Trust: what a capture can tell, decided before anything is attributed or advised.
 
-The model holds every step candidate the markers gave; this stage decides which steps
-count (typical steps whose device data is present), the time each device's trace
-covers, and what the capture says about itself. ``assess`` returns a :class:`Trust`
-and re-bases the model's ``steps`` (and every event's ``step`` column) on the steps
-that count, so every later stage measures only those.
+The model holds every step candidate the markers gave. This stage decides, in order:
+
+1. the window of each step a user pays (``windows``): from its host call to the end of its
+   own work, with the profiler's trace export cut off the end;
+2. which devices were traced and for how long (``coverage``): missing device data is never
+   idle time, and replicas traced at different times are not compared;
+3. which steps count (``typical``): steps without device data and one-off slow steps
+   (compilation, warm-up, checkpoints) are listed and left out; markers that cover several
+   training steps (``steps_per_execution``) are divided out;
+4. where the model ran (``placement``);
+5. for a one-step capture, whether that step looks typical.
+
+``assess`` returns a :class:`Trust` and re-bases the model's ``steps`` (and every event's
+``step`` column) on the steps that count, so every later stage measures only those.
 """
 
 from __future__ import annotations
@@ -15,7 +24,14 @@ import numpy as np
 
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.steps import assign_steps
-from tb_gpuadvisor.model.timeline import SessionModel, Steps
+from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
+from tb_gpuadvisor.trust.coverage import DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas
+from tb_gpuadvisor.trust.placement import Placement, where_it_ran
+from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
+from tb_gpuadvisor.trust.windows import ExportCut, anchor_to_host_calls, cut_profiler_export
+
+# A step whose window the primary device's trace covers less than this share of has no device data.
+MIN_STEP_COVERAGE = 0.5
 
 
 @dataclass
@@ -27,6 +43,10 @@ class ExcludedStep:
     end_ps: int
     reason: str
 
+    def to_json(self) -> dict:
+        return {"step": self.number, "start_ms": round(self.start_ps / PS_PER_MS, 3),
+                "duration_ms": round((self.end_ps - self.start_ps) / PS_PER_MS, 3), "reason": self.reason}
+
 
 @dataclass
 class Trust:
@@ -34,27 +54,196 @@ class Trust:
 
     candidates: Steps                       # every step the markers gave
     steps: Steps                            # the steps that count (the model's steps after assess)
-    covered: dict[str, Intervals]           # device name -> the time its trace covers
+    devices: list[DeviceCoverage] = field(default_factory=list)
     excluded: list[ExcludedStep] = field(default_factory=list)
+    export_cuts: list[ExportCut] = field(default_factory=list)
+    misaligned: list[str] = field(default_factory=list)    # replicas traced at other times than the primary
+    placement: Placement = field(default_factory=lambda: Placement("gpu"))
+    single_step_atypical: list[str] = field(default_factory=list)
+    expected_devices: int = 0
+
+    @property
+    def covered(self) -> dict[str, Intervals]:
+        """Device name -> the time its trace covers: from the start of the capture (a device may
+        simply be idle at first) to its last event; devices that recorded nothing are absent."""
+        return {d.name: (np.array([0], np.int64), np.array([d.last_ps], np.int64))
+                for d in self.devices if d.last_ps is not None and d.kernels}
 
     def covered_by(self, device_name: str) -> Intervals:
         """The window DEVICE_NAME's trace covers; empty when it recorded nothing."""
         empty = np.empty(0, np.int64)
         return self.covered.get(device_name, (empty, empty))
 
+    def coverage_of(self, device_name: str) -> DeviceCoverage | None:
+        return next((d for d in self.devices if d.name == device_name), None)
 
-def _coverage(model: SessionModel) -> dict[str, Intervals]:
-    out: dict[str, Intervals] = {}
-    for dev in model.devices:
-        if len(dev):
-            out[dev.device.name] = (np.array([dev.start_ps.min()], np.int64), np.array([dev.end_ps.max()], np.int64))
-    return out
+    @property
+    def partial_devices(self) -> list[DeviceCoverage]:
+        """Devices the host used whose trace is missing or incomplete."""
+        return [d for d in self.devices if d.partial]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.partial_devices or self.misaligned)
+
+    @property
+    def export_excluded_ms(self) -> float:
+        return sum(c.excluded_ps for c in self.export_cuts) / PS_PER_MS
+
+    @property
+    def one_step(self) -> bool:
+        return len(self.steps) == 1
+
+    def to_json(self) -> dict:
+        out: dict = {
+            "steps_marked": self.candidates.source not in ("inferred", "none"),
+            "candidate_steps": len(self.candidates),
+            "trusted_steps": len(self.steps),
+            "excluded_steps": [e.to_json() for e in self.excluded],
+            "devices": [d.to_json() for d in self.devices if d.status != "unused"],
+            "partial_device_trace": self.partial,
+            "model_ran_on": self.placement.where,
+        }
+        if self.steps.per_marker > 1:
+            out["steps_per_execution"] = self.steps.per_marker
+        if self.export_cuts:
+            out["profiler_export_excluded_ms"] = round(self.export_excluded_ms, 3)
+        if self.misaligned:
+            out["replicas_traced_at_other_times"] = self.misaligned
+        if self.expected_devices:
+            out["devices_the_host_used"] = self.expected_devices
+        if self.placement.where not in ("gpu", "tpu"):
+            out["placement"] = self.placement.to_json()
+        if self.one_step:
+            out["single_step"] = {"typical": not self.single_step_atypical, "atypical_because": self.single_step_atypical}
+        return out
+
+
+def _primary(model: SessionModel):
+    gpus = model.active_gpus
+    return gpus[0] if gpus else None
+
+
+def _align_to_primary(steps: Steps, model: SessionModel, misaligned: list[str]) -> Steps:
+    """End each step with the work of the replicas traced with the primary, not with replicas
+    whose same step ran at another time."""
+    if not misaligned:
+        return steps
+    ends = steps.start_ps.copy()
+    for dev in model.active_gpus:
+        if dev.device.name in misaligned:
+            continue
+        inside = dev.step >= 0
+        if inside.any():
+            last = np.full(len(steps), np.iinfo(np.int64).min)
+            np.maximum.at(last, dev.step[inside], dev.end_ps[inside])
+            ends = np.maximum(ends, last)
+    ends = np.where(ends > steps.start_ps, np.minimum(ends, steps.end_ps), steps.end_ps)
+    return Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name, steps.per_marker)
+
+
+def _without_device_data(steps: Steps, primary_cov: DeviceCoverage | None) -> list[ExcludedStep]:
+    if primary_cov is None or primary_cov.last_ps is None:
+        return []
+    # A trace that stops early loses the end of the capture; its start is the capture's start.
+    hi = np.minimum(steps.end_ps, primary_cov.last_ps)
+    share = np.clip(hi - steps.start_ps, 0, None) / np.maximum(steps.duration_ps, 1)
+    missing = np.flatnonzero(share < MIN_STEP_COVERAGE)
+    if missing.size == len(steps):
+        return []            # nothing would be left: keep them, the partial trace is reported
+    return [ExcludedStep(int(steps.number[i]), int(steps.start_ps[i]), int(steps.end_ps[i]),
+                         f"{primary_cov.name}'s trace covers {100 * share[i]:.0f}% of it "
+                         f"(its events end at {primary_cov.last_ps / PS_PER_MS:.2f} ms)")
+            for i in missing]
+
+
+def _release_outside(model: SessionModel, steps: Steps) -> None:
+    """Events outside every trusted window (the export, left-out steps) belong to no step, even
+    when they carry a trusted step's group id."""
+    for host in model.hosts:
+        for table in (host.activity, *host.devices):
+            table.step[steps.locate(table.start_ps) < 0] = -1
 
 
 def assess(model: SessionModel) -> Trust:
-    """Decide which steps count and what each device's trace covers."""
+    """Decide the step windows, the coverage and which steps count (see the module docstring)."""
     candidates = model.steps
-    trust = Trust(candidates=candidates, steps=candidates, covered=_coverage(model))
-    model.steps = trust.steps
-    assign_steps(model.steps, model.hosts)
-    return trust
+    candidates.per_marker = steps_per_marker(candidates)
+    steps = anchor_to_host_calls(candidates, model.hosts)
+    steps, cuts = cut_profiler_export(steps, model.hosts)
+    assign_steps(steps, model.hosts)
+    primary = _primary(model)
+    misaligned = misaligned_replicas(model, steps, primary)
+    steps = _align_to_primary(steps, model, misaligned)
+    devices = device_coverage(model, steps)
+    primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
+                        and d.host == primary.device.host), None)
+    excluded = _without_device_data(steps, primary_cov)
+    keep = np.ones(len(steps), bool)
+    position = {int(n): i for i, n in enumerate(steps.number)}
+    for e in excluded:
+        keep[position[e.number]] = False
+    for o in outliers(steps, keep):
+        keep[o.index] = False
+        excluded.append(ExcludedStep(int(steps.number[o.index]), int(steps.start_ps[o.index]),
+                                     int(steps.end_ps[o.index]), o.reason))
+    trusted = steps.take(keep)
+    model.steps = trusted
+    assign_steps(trusted, model.hosts)
+    _release_outside(model, trusted)
+    return Trust(candidates=candidates, steps=trusted, devices=devices,
+                 excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
+                 placement=where_it_ran(model, trusted), single_step_atypical=single_step_evidence(model, trusted),
+                 expected_devices=expected_device_count(model))
+
+
+# What a finding rests on, for its confidence: per-step idle attribution on the primary device,
+# the composition of device kernels, the comparison of replicas, allocator records, or nothing
+# measured from steps at all.
+ASPECTS = ("idle", "kernels", "replicas", "memory", "capture")
+
+
+def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, list[str]]:
+    """How far a finding resting on ASPECT can be believed, with the reasons in words."""
+    if aspect == "capture":
+        return "high", []
+    low: list[str] = []
+    medium: list[str] = []
+    steps = trust.steps
+    if aspect != "memory":
+        if not len(steps):
+            low.append("no training steps were found, so nothing per step can be measured")
+        elif trust.candidates.source == "inferred":
+            medium.append(f"steps were inferred from repeated runs of {trust.candidates.marker_name or 'a function'}, "
+                          "not marked by the program")
+        if len(steps) == 1 and trust.single_step_atypical:
+            low.append("the only captured step is not typical: " + "; ".join(trust.single_step_atypical))
+        elif len(steps) == 1:
+            medium.append("judged on the one step the capture holds (nothing atypical was found in it)")
+        elif len(steps) == 2:
+            medium.append("only 2 steps count, too few to tell a typical step from noise")
+        dropped = sum(h.dropped_events for h in model.hosts)
+        if dropped:
+            medium.append(f"the profiler dropped {dropped} events")
+    if trust.placement.where == "gpu_trace_lost" and aspect in ("idle", "kernels", "replicas"):
+        low.append("the GPU trace is empty although the model ran on the GPU: device time is unknown")
+    partial = trust.partial_devices
+    if aspect == "replicas" and (partial or trust.misaligned):
+        names = [d.name for d in partial] + trust.misaligned
+        low.append("the device trace is partial (" + ", ".join(sorted(set(names))[:4])
+                   + (", ..." if len(set(names)) > 4 else "") + "): replicas cannot be compared")
+    elif aspect in ("idle", "kernels") and partial:
+        traced = sum(1 for d in trust.devices if d.kernels)
+        if aspect == "idle" and (any(d.status == "stops_early" for d in partial)
+                                 or (trust.expected_devices >= 2 and 2 * traced < trust.expected_devices)):
+            low.append(f"only {traced} of the {max(trust.expected_devices, traced)} devices the host drove were "
+                       "traced, and not for the whole capture: device idle time the host's dispatch seems to "
+                       "cause may be spent on the devices that were not traced")
+        elif any(d.status == "stops_early" for d in partial):
+            medium.append("a device trace stops before the host did; only steps it covers are measured")
+        else:
+            medium.append(f"{len(partial)} device(s) the host used recorded no kernels: only the traced ones "
+                          "are measured")
+    if low:
+        return "low", low + medium
+    return ("medium", medium) if medium else ("high", [])

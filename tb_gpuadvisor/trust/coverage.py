@@ -1,0 +1,189 @@
+"""Which devices were traced, and for how long.
+
+The profiler can lose a device's events (a full CUPTI buffer, a device it was not asked to
+trace, a trace that stops while the host goes on) without saying so. A device that the
+host clearly used (its allocator allocated, ops of its replica ran, an executor thread ran
+programs for it) but that recorded no kernels, or whose events stop while the host keeps
+stepping, is partly traced: its missing time is unknown, never idle. Replicas whose work
+for the same step lies at different times cannot be compared with each other either.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tb_gpuadvisor.model.timeline import (
+    PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
+)
+
+_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+_REPLICA = re.compile(r"replica_(\d+)")
+_GPU_THREAD = re.compile(r"^tf_gpu_private_(\d+)")
+_XLA_EXECUTE_THREAD = "py_xla_execute"
+# A device whose last event comes this long before the host's last step activity stopped early.
+STOP_EARLY_MIN_PS = 5 * PS_PER_MS
+STOP_EARLY_SHARE = 0.1
+
+
+@dataclass
+class DeviceCoverage:
+    """What one device's trace holds and what the host says it should hold."""
+
+    name: str
+    host: str
+    events: int
+    kernels: int
+    first_ps: int | None
+    last_ps: int | None
+    used_because: list[str] = field(default_factory=list)   # host evidence that the device worked
+    status: str = "unused"        # traced | stops_early | no_kernels | missing | unused
+    note: str = ""
+
+    @property
+    def partial(self) -> bool:
+        return self.status in ("stops_early", "no_kernels", "missing")
+
+    def to_json(self) -> dict:
+        out: dict = {"device": self.name, "host": self.host, "status": self.status, "events": self.events,
+                     "kernels": self.kernels}
+        if self.first_ps is not None:
+            out["covered_ms"] = [round(self.first_ps / PS_PER_MS, 3), round(self.last_ps / PS_PER_MS, 3)]
+        if self.used_because:
+            out["used_because"] = self.used_because
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def _allocations(host: HostModel) -> dict[int, int]:
+    """GPU index -> peak bytes its allocator held during the capture."""
+    mem = host.memory
+    out: dict[int, int] = {}
+    for i, name in enumerate(mem.allocators):
+        match = _ALLOCATOR.match(name)
+        pick = mem.allocator == i
+        if match and pick.any():
+            out[int(match.group(1))] = int(mem.bytes_allocated[pick].max(initial=0))
+    return out
+
+
+def _replica_events(host: HostModel) -> Counter:
+    """Replica index -> host events naming it (TensorFlow's per-replica op scopes)."""
+    act = host.activity
+    per_name = np.bincount(act.name, minlength=len(act.names)) if len(act) else np.zeros(len(act.names), int)
+    out: Counter = Counter()
+    for name_id, name in enumerate(act.names):
+        for replica in set(_REPLICA.findall(name)):
+            out[int(replica)] += int(per_name[name_id])
+    return out
+
+
+def _launch_threads(host: HostModel) -> set[int]:
+    return {int(m.group(1)) for t in host.activity.threads if (m := _GPU_THREAD.match(t))}
+
+
+def xla_execute_threads(host: HostModel) -> int:
+    """Host threads that ran compiled XLA programs (JAX runs one per device it drives)."""
+    act = host.activity
+    threads = [i for i, t in enumerate(act.threads) if t.startswith(_XLA_EXECUTE_THREAD)]
+    if not threads:
+        return 0
+    ran = np.isin(act.thread, threads) & act.mask(HostEventKind.FUNCTION, HostEventKind.EXECUTOR)
+    return int(np.unique(act.thread[ran]).size)
+
+
+def _host_active_until(host: HostModel, steps: Steps) -> int | None:
+    """When the host stopped stepping: the last step's end, else its last launch or program run."""
+    if len(steps):
+        return int(steps.end_ps.max())
+    act = host.activity
+    work = act.mask(HostEventKind.LAUNCH, HostEventKind.FUNCTION)
+    return int(act.end_ps[work].max()) if work.any() else None
+
+
+def _coverage_of(dev: DeviceActivity, used_because: list[str], others_ran_kernels: bool,
+                 active_until: int | None) -> DeviceCoverage:
+    kernels = int(np.count_nonzero(dev.kind == DeviceEventKind.KERNEL))
+    cov = DeviceCoverage(dev.device.name, dev.device.host, len(dev), kernels,
+                         int(dev.start_ps.min()) if len(dev) else None,
+                         int(dev.end_ps.max()) if len(dev) else None, used_because)
+    if kernels:
+        cov.status = "traced"
+        span = cov.last_ps - cov.first_ps
+        if active_until is not None and active_until - cov.last_ps > max(STOP_EARLY_MIN_PS, STOP_EARLY_SHARE * span):
+            cov.status = "stops_early"
+            cov.note = (f"its events stop at {cov.last_ps / PS_PER_MS:.2f} ms while the host kept stepping "
+                        f"until {active_until / PS_PER_MS:.2f} ms")
+    elif len(dev) and (used_because or others_ran_kernels):
+        cov.status = "no_kernels"
+        cov.note = f"it recorded {len(dev)} copies or memsets but no kernel"
+    elif used_because:
+        cov.status = "missing"
+        cov.note = "it recorded nothing although the host used it"
+    return cov
+
+
+def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
+    """Coverage of every GPU plane (TPUs and other accelerators are taken as traced when they
+    hold events)."""
+    out: list[DeviceCoverage] = []
+    any_kernels = bool(model.active_gpus)
+    for host in model.hosts:
+        allocations = _allocations(host)
+        replicas = _replica_events(host)
+        threads = _launch_threads(host)
+        until = _host_active_until(host, steps)
+        for dev in host.devices:
+            index = dev.device.index
+            why = []
+            if dev.device.kind == "gpu":
+                if index in allocations:
+                    why.append(f"its allocator held up to {allocations[index] / 2**20:.0f} MiB")
+                if replicas.get(index):
+                    why.append(f"{replicas[index]} host events of replica_{index}")
+                if index in threads:
+                    why.append(f"the host ran its launch thread tf_gpu_private_{index}")
+            if dev.device.kind != "gpu":
+                cov = DeviceCoverage(dev.device.name, dev.device.host, len(dev), len(dev),
+                                     int(dev.start_ps.min()) if len(dev) else None,
+                                     int(dev.end_ps.max()) if len(dev) else None,
+                                     status="traced" if len(dev) else "unused")
+            else:
+                cov = _coverage_of(dev, why, any_kernels, until)
+            out.append(cov)
+    return out
+
+
+def misaligned_replicas(model: SessionModel, steps: Steps, primary: DeviceActivity | None) -> list[str]:
+    """Active GPUs whose work for the trusted steps never overlaps the primary GPU's work for
+    the same steps: the traces of such replicas were taken at different times."""
+    if primary is None or not len(steps):
+        return []
+    def spans(dev: DeviceActivity) -> dict[int, tuple[int, int]]:
+        out: dict[int, tuple[int, int]] = {}
+        for step in np.unique(dev.step[dev.step >= 0]):
+            pick = dev.step == step
+            out[int(step)] = (int(dev.start_ps[pick].min()), int(dev.end_ps[pick].max()))
+        return out
+    mine = spans(primary)
+    bad = []
+    for dev in model.active_gpus:
+        if dev is primary:
+            continue
+        theirs = spans(dev)
+        shared = [s for s in theirs if s in mine]
+        if shared and all(theirs[s][0] >= mine[s][1] or theirs[s][1] <= mine[s][0] for s in shared):
+            bad.append(dev.device.name)
+    return bad
+
+
+def expected_device_count(model: SessionModel) -> int:
+    """How many accelerators the host evidence says the job drove."""
+    count = 0
+    for host in model.hosts:
+        count += max(len(_allocations(host)), len(_replica_events(host)), xla_execute_threads(host))
+    return count

@@ -1,0 +1,122 @@
+"""Where the model ran: the first thing to know before any GPU advice.
+
+Four situations look alike at first sight (a GPU plane with no kernels, or no GPU plane):
+- ``cpu_only``: the machine has no accelerator; the host is the device.
+- ``host_despite_gpu``: TensorFlow saw a GPU (the profiler wrote its plane) but the model's
+  ops executed on host compute threads, milliseconds each: a CPU-only TensorFlow build,
+  CUDA/cuDNN libraries that do not match it, or ops pinned to the CPU.
+- ``gpu_trace_lost``: the GPU ran the model but the profiler recorded no device events
+  (CUPTI missing or not permitted): host op events are short dispatches and launch calls.
+- ``gpu`` / ``tpu``: device events are present.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.kernels import name_mask, op_type
+from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, HostActivity, HostEventKind, SessionModel, Steps
+
+# Ops that move or describe data rather than compute; they run on the host by design.
+BOOKKEEPING_OPS = frozenset({
+    "_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
+    "Identity", "IdentityN", "NoOp", "Const", "Placeholder", "VarHandleOp", "ReadVariableOp",
+    "AssignVariableOp", "Shape", "ShapeN", "Size", "Rank", "Reshape", "ExpandDims", "Squeeze",
+    "StopGradient", "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "OptionalGetValue", "OptionalHasValue", "MultiDeviceIteratorGetNextFromShard",
+})
+# Host op time (as a share of the step) above which the model, not a stray op, ran on the host.
+MODEL_ON_HOST_SHARE = 0.5
+# A model op that computes on the host runs this long or longer; a GPU op's host dispatch takes
+# microseconds. The model ran on the host when most host op time is in such ops.
+HOST_COMPUTE_OP_PS = 100 * PS_PER_US
+LONG_OP_SHARE = 0.5
+TOP = 5
+_PIPELINE_THREAD = re.compile(r"^tf_data_")
+
+
+def step_threads(activity: HostActivity) -> np.ndarray:
+    """Per event: is it on a thread that runs the step (tf.data's producers run ahead of it)?"""
+    pipeline = name_mask(activity.threads, lambda t: bool(_PIPELINE_THREAD.match(t)))
+    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
+
+
+def compute_op_mask(activity: HostActivity) -> np.ndarray:
+    """Framework op events on step threads that compute (not bookkeeping)."""
+    computes = name_mask(activity.names, lambda n: op_type(n) not in BOOKKEEPING_OPS)
+    return (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
+
+
+@dataclass
+class Placement:
+    """Where the model's work ran, with the host ops that say so."""
+
+    where: str                      # gpu | tpu | cpu_only | host_despite_gpu | gpu_trace_lost
+    host_op_percent: float = 0.0    # host compute-op time (union) as a share of step time
+    host_op_ms_per_step: float = 0.0
+    long_op_share: float = 0.0      # share of host op time in ops lasting HOST_COMPUTE_OP_PS or more
+    ops: list[dict] = field(default_factory=list)   # heaviest host op types: type, ms_per_step, calls_per_step
+    launch_calls: int = 0
+
+    def to_json(self) -> dict:
+        return {"where": self.where, "host_op_percent": round(self.host_op_percent, 2),
+                "host_op_ms_per_step": round(self.host_op_ms_per_step, 3),
+                "long_host_op_share": round(self.long_op_share, 3), "top_host_ops": self.ops}
+
+
+def _host_ops(model: SessionModel, steps: Steps) -> tuple[float, float, float, list[dict], int]:
+    """(percent of step time, ms per step, share of op time in long ops, heaviest op types, launch
+    calls) of host compute ops."""
+    windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
+    step_ps = iv.total(windows)
+    n = max(steps.training_steps, 1)
+    covered, launches = 0, 0
+    durations: list[np.ndarray] = []
+    per_type: dict[str, list[float]] = {}
+    for host in model.hosts:
+        act = host.activity
+        launches += int(np.count_nonzero(act.kind == HostEventKind.LAUNCH))
+        pick = compute_op_mask(act)
+        if len(steps):
+            inside = steps.locate(act.start_ps) >= 0
+            pick &= inside
+        idx = np.flatnonzero(pick)
+        if not idx.size:
+            continue
+        ops = iv.union(act.start_ps[idx], act.end_ps[idx])
+        covered += iv.overlap(ops, windows) if len(steps) else iv.total(ops)
+        durations.append(act.dur_ps[idx])
+        types = np.array([op_type(act.names[i]) for i in range(len(act.names))], dtype=object)
+        uniq, inverse = np.unique(types[act.name[idx]].astype(str), return_inverse=True)
+        time_ps = np.bincount(inverse, weights=act.dur_ps[idx])
+        calls = np.bincount(inverse)
+        for name, t, c in zip(uniq, time_ps, calls):
+            entry = per_type.setdefault(str(name), [0.0, 0.0])
+            entry[0] += float(t)
+            entry[1] += float(c)
+    total_ps = step_ps if len(steps) else max(covered, 1)
+    percent = 100.0 * covered / total_ps if total_ps else 0.0
+    all_durations = np.concatenate(durations) if durations else np.empty(0, np.int64)
+    op_ps = float(all_durations.sum())
+    long_share = float(all_durations[all_durations >= HOST_COMPUTE_OP_PS].sum()) / op_ps if op_ps else 0.0
+    top = sorted(per_type.items(), key=lambda kv: -kv[1][0])[:TOP]
+    ops = [{"op": name, "ms_per_step": round(t / PS_PER_MS / n, 3), "calls_per_step": round(c / n, 1)}
+           for name, (t, c) in top]
+    return percent, covered / PS_PER_MS / n, long_share, ops, launches
+
+
+def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
+    """Decide where the model ran (see the module docstring)."""
+    if model.active_gpus:
+        return Placement("gpu")
+    if any(d.device.kind == "tpu" and len(d) for d in model.devices):
+        return Placement("tpu")
+    percent, ms, long_share, ops, launches = _host_ops(model, steps)
+    if not model.gpus:
+        return Placement("cpu_only", percent, ms, long_share, ops, launches)
+    on_host = percent >= 100 * MODEL_ON_HOST_SHARE and long_share >= LONG_OP_SHARE
+    return Placement("host_despite_gpu" if on_host else "gpu_trace_lost", percent, ms, long_share, ops, launches)

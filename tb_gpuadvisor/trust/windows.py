@@ -1,0 +1,153 @@
+"""The step window a user pays: from the step's host call to the end of its own work.
+
+Two things make raw step windows wrong on real captures:
+
+- Older TensorFlow's derived ``Steps`` line (and device-side markers) start a step at its
+  first device op, leaving out the host work of ``train_function`` before it, which can hold
+  the step's only input wait. A step is moved back to the start of the host call that
+  contains it (a ``tf.function``/XLA call or a step marker), never before the previous step.
+- The TensorBoard callback exports the trace right after the profiled batch: an untraced
+  stretch of Python, a large constant holding the run metadata, then ``LogicalAnd``,
+  ``Identity``, ``WriteSummary`` and ``FlushSummaryWriter``. Those ops carry the step's
+  group id, so the ``Steps`` line (and XProf's step time) runs to their end. The export is
+  recognised by its summary-writer ops preceded by an untraced gap, and the step ends where
+  its own work (device work, the loss/metric copies back to the host) ended.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from tb_gpuadvisor.model import classify
+from tb_gpuadvisor.model.kernels import name_mask
+from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
+
+# The callback's trace export (and any summary written after a step) runs these ops after the
+# step's own call returned; a summary writer op always comes last. Seen in TF 2.2-2.21 captures.
+_EXPORT_SEQUENCE = re.compile(r"(^|: )(LogicalAnd|Identity|WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
+_SUMMARY_WRITER = re.compile(r"(^|: )(WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
+
+
+@dataclass
+class ExportCut:
+    """Profiler export work cut off the end of one step."""
+
+    step: int               # the step's position
+    start_ps: int           # where the export run began (the step now ends at or before it)
+    excluded_ps: int        # how much was cut off the step
+
+
+def _step_threads(activity: HostActivity) -> np.ndarray:
+    """Events on threads that run steps (tf.data's producers run ahead, outside the step)."""
+    pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
+    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
+
+
+def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
+    """Move each step's start back to the start of the host call (function or marker) that
+    contains it; a step never starts before the previous one did."""
+    if not len(steps):
+        return steps
+    starts = steps.start_ps.copy()
+    for host in hosts:
+        act = host.activity
+        calls = np.flatnonzero(act.mask(HostEventKind.FUNCTION, HostEventKind.STEP_MARKER) & _step_threads(act))
+        if not calls.size:
+            continue
+        c_start, c_end = act.start_ps[calls], act.end_ps[calls]
+        previous = np.concatenate([[np.iinfo(np.int64).min], steps.start_ps[:-1]])
+        for i, s in enumerate(steps.start_ps):
+            inside = (c_start > previous[i]) & (c_start <= s) & (c_end > s)
+            if inside.any():
+                starts[i] = min(starts[i], int(c_start[inside].min()))
+    ends = steps.end_ps.copy()
+    # Periods stay periods: a step that ran up to the next step's start still does.
+    touching = np.append(steps.end_ps[:-1] == steps.start_ps[1:], False)
+    ends[:-1] = np.where(touching[:-1], starts[1:], ends[:-1])
+    return Steps(steps.source, steps.number, starts, np.maximum(ends, starts), steps.group_id,
+                 steps.marker_name, steps.per_marker)
+
+
+def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
+    """Rows of a start-sorted table that start in [lo, hi)."""
+    return slice(int(np.searchsorted(starts, lo)), int(np.searchsorted(starts, hi)))
+
+
+def _named(act: HostActivity, key: str, pattern: re.Pattern) -> np.ndarray:
+    """Per-event mask of names matching PATTERN, computed once per host table."""
+    mask = act.derived.get(key)
+    if mask is None:
+        mask = act.derived[key] = name_mask(act.names, lambda n: bool(pattern.search(n)))[act.name]
+    return mask
+
+
+def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
+    """The end of a step's own work started in [lo, before): its device work and the host's
+    launch, copy and synchronize calls (the loss/metric copies back to the host)."""
+    end = lo
+    for host in hosts:
+        act = host.activity
+        rows = _span(act.start_ps, lo, before)
+        launches = act.kind[rows] == HostEventKind.LAUNCH
+        if launches.any():
+            end = max(end, int(act.end_ps[rows][launches].max()))
+        for dev in host.devices:
+            rows = _span(dev.start_ps, lo, before)
+            if rows.stop > rows.start:
+                end = max(end, int(dev.end_ps[rows].max()))
+    return end
+
+
+def _call_end(hosts: list[HostModel], lo: int, hi: int) -> int:
+    """The end of the step's host calls (function runs, markers) that finished inside [lo, hi)."""
+    end = lo
+    for host in hosts:
+        act = host.activity
+        rows = _span(act.start_ps, lo, hi)
+        kind = act.kind[rows]
+        calls = ((kind == HostEventKind.FUNCTION) | (kind == HostEventKind.STEP_MARKER)) & (act.end_ps[rows] < hi)
+        if calls.any():
+            end = max(end, int(act.end_ps[rows][calls].max()))
+    return end
+
+
+def _export_start(hosts: list[HostModel], after: int, hi: int) -> int | None:
+    """Where a post-step export sequence begins in [after, hi): its first op, provided a summary
+    writer op follows it."""
+    first = None
+    for host in hosts:
+        act = host.activity
+        rows = _span(act.start_ps, after, hi)
+        if not _named(act, "summary_writer", _SUMMARY_WRITER)[rows].any():
+            continue
+        sequence = np.flatnonzero(_named(act, "export_sequence", _EXPORT_SEQUENCE)[rows])
+        start = int(act.start_ps[rows.start + sequence[0]])
+        first = start if first is None else min(first, start)
+    return first
+
+
+def cut_profiler_export(steps: Steps, hosts: list[HostModel]) -> tuple[Steps, list[ExportCut]]:
+    """End every step whose tail holds the trace export (or a post-step summary write) where
+    its own work ended; the cut is reported, never attributed."""
+    ends = steps.end_ps.copy()
+    cuts: list[ExportCut] = []
+    if not any(_named(h.activity, "summary_writer", _SUMMARY_WRITER).any() for h in hosts):
+        return steps, cuts
+    # The export may run past the step's recorded end: look up to the next step (or the end).
+    limits = np.append(steps.start_ps[1:], np.iinfo(np.int64).max)
+    for i in range(len(steps)):
+        lo, hi = int(steps.start_ps[i]), int(steps.end_ps[i])
+        call_end = _call_end(hosts, lo, hi)
+        export = _export_start(hosts, call_end, int(max(limits[i], hi)))
+        if export is None or export >= hi:
+            continue
+        own_end = max(call_end, _own_work_end(hosts, lo, export))
+        if own_end < hi:
+            ends[i] = own_end
+            cuts.append(ExportCut(step=i, start_ps=export, excluded_ps=hi - own_end))
+    trimmed = Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name,
+                    steps.per_marker)
+    return trimmed, cuts
