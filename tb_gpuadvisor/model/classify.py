@@ -88,6 +88,15 @@ def host_event_kind(name: str) -> HostEventKind:
     return HostEventKind.OTHER
 
 
+# XLA's CPU backend runs the compiled HLO instructions ("dot", "ynn_fusion.1") on threads of
+# its own pools (names seen in JAX CPU captures); those events are the computation itself.
+_XLA_CPU_THREAD = re.compile(r"^(tf_)?XLA(Eigen|PjRtCpuClient)")
+
+
+def is_xla_cpu_thread(thread_name: str) -> bool:
+    return bool(_XLA_CPU_THREAD.match(thread_name))
+
+
 def is_input_pipeline_thread(thread_name: str) -> bool:
     """tf.data runs its producers (and their map functions' ops) on threads of its own."""
     return thread_name.startswith("tf_data_")
