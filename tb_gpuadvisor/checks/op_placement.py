@@ -75,13 +75,19 @@ HOST_ONLY_OPS = frozenset({
     "ParseExample", "ParseExampleV2",
 })
 
-FIND_CPU_OPS = Fix(
+FIND_CPU_OPS = fixes.Remedy(
     text="Make TensorFlow fail instead of silently falling back to the CPU, to find ops without "
          "a GPU kernel; replace them or move them into the tf.data pipeline.",
     code="tf.config.set_soft_device_placement(False)\n"
          "with tf.device('/GPU:0'):\n"
          "    loss = train_step(x, y)  # raises for ops that cannot run on the GPU",
     doc=fixes.GPU_GUIDE,
+    jax=Fix(
+        text="Find what runs on the host: host callbacks (jax.pure_callback, jax.debug.print, "
+             "io_callback) and NumPy code between jitted calls; move the work into jnp inside the step.",
+        code="jax.config.update('jax_platforms', 'gpu')   # fail instead of silently running on the CPU\n"
+             "print(jax.make_jaxpr(train_step)(state, batch))   # look for pure_callback / debug_callback",
+        doc=fixes.JAX_JIT_GUIDE),
 )
 
 
