@@ -127,8 +127,10 @@ def check(analysis: Analysis) -> Finding:
     if not peaks:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
                        "The capture has no GPU allocator records (or no GPU memory size), so peak "
-                       "memory cannot be measured. TensorFlow records them when the profiler's memory "
-                       "tracking is on (the default for tf.profiler captures of GPU runs).")
+                       "memory cannot be measured."
+                       + ("" if analysis.model.framework == "jax" else
+                          " TensorFlow records them when the profiler's memory tracking is on "
+                          "(the default for tf.profiler captures of GPU runs)."))
     worst = max(peaks, key=lambda p: p.percent)
     claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]
     metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),

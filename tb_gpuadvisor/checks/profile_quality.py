@@ -46,7 +46,7 @@ _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "
             "inferred_device": "inferred from repeated XLA program runs on the device",
             "window": "none repeats, so the capture is analysed as one window"}
 
-_CUPTI_JAX = Fix(
+JAX_CUPTI = Fix(
     text="The GPU trace is empty: the profiler could not use CUPTI. Put CUPTI on the library path "
          "and allow non-admin users to read GPU performance counters (or run the profiler as root / "
          "a container with --cap-add=SYS_ADMIN).",
@@ -56,7 +56,7 @@ _CUPTI_JAX = Fix(
          "    sudo tee /etc/modprobe.d/nvidia-profiling.conf",
     doc=JAX_PROFILING_GUIDE,
 )
-CUPTI = Remedy(_CUPTI_JAX.text, _CUPTI_JAX.code, PROFILER_GUIDE, jax=_CUPTI_JAX)
+CUPTI = Remedy(JAX_CUPTI.text, JAX_CUPTI.code, PROFILER_GUIDE, jax=JAX_CUPTI)
 STEP_WINDOW = Remedy(
     text="Profile a short window of steps after warm-up: skip the first steps (tracing, autotuning, "
          "memory allocation) and keep the window to about 3-10 steps.",
