@@ -124,6 +124,7 @@ class _Runs:
     name: str
     device_ps: int = 0
     on_device: bool = False
+    device_events: int = -1     # device events the module ran, -1 when unknown
 
 
 def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
@@ -132,6 +133,7 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
     takes), else the host calls (``PjitFunction(f)`` wins over its nested module execution)."""
     runs: dict[str, _Runs] = {}
     device_ps: dict[str, int] = {}
+    events: dict[str, int] = {}
     for hc in hosts:
         for modules in hc.xla_modules:
             for module_id, module in enumerate(modules.names):
@@ -147,8 +149,10 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
             if dev.hlo_module.size and not hc.xla_modules:
                 has = dev.hlo_module >= 0
                 sums = np.bincount(dev.hlo_module[has], weights=dev.dur_ps[has], minlength=len(dev.hlo_modules))
-                for module, total in zip(dev.hlo_modules, sums):
+                counts = np.bincount(dev.hlo_module[has], minlength=len(dev.hlo_modules))
+                for module, total, count in zip(dev.hlo_modules, sums, counts):
                     device_ps[module] = device_ps.get(module, 0) + int(total)
+                    events[module] = events.get(module, 0) + int(count)
         act = hc.activity
         fn = np.flatnonzero(act.kind == HostEventKind.FUNCTION)
         for name_id in np.unique(act.name[fn]):
@@ -162,6 +166,7 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
                 runs[key] = _Runs(act.start_ps[idx], act.end_ps[idx], name)
     for key, run in runs.items():
         run.device_ps = device_ps.get(key, 0) or int((run.end_ps - run.start_ps).sum())
+        run.device_events = events.get(key, -1)
     return runs
 
 
@@ -174,7 +179,9 @@ def _jax_inferred(hosts: list[HostCapture]) -> Steps | None:
     total = sum(run.device_ps for run in runs.values())
     best = max(runs.values(), key=lambda run: run.device_ps)
     start, end = _top_level(best.start_ps, best.end_ps)
-    if start.size >= 2 and best.device_ps >= DOMINANT_SHARE * total:
+    # A jitted single op (jax.numpy's own PjitFunction(add)) runs one kernel per call: a helper.
+    helper = 0 <= best.device_events <= start.size
+    if start.size >= 2 and best.device_ps >= DOMINANT_SHARE * total and not helper:
         return Steps("inferred_device" if best.on_device else "inferred", np.arange(start.size, dtype=np.int64),
                      start, end, np.full(start.size, -1, np.int64), best.name)
     lo, hi = _capture_span(hosts)
