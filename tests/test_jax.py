@@ -21,7 +21,9 @@ import pytest
 from tb_gpuadvisor.checks import all_checks, fixes
 from tb_gpuadvisor.checks.base import Fix
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import hlo
+from tb_gpuadvisor.model import HostEventKind, hlo
+from tb_gpuadvisor.model.classify import host_event_kind
+from tb_gpuadvisor.model.kernels import is_tensor_core_kernel
 from tb_gpuadvisor.report import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,6 +119,16 @@ def test_hlo_categories():
     assert hlo.module_key("PjitFunction(forward_3d_conv)") == "jit_forward_3d_conv"
     assert hlo.module_key("jit_loss_fn:XLA GPU module") == "jit_loss_fn"
     assert hlo.module_key("__inference_train_function_123") is None
+
+
+def test_vendor_vocabulary():
+    """Launch APIs and matrix-unit kernels as the ROCm JAX captures and NVIDIA libraries name them."""
+    for name in ("hipModuleLaunchKernel", "hipLaunchKernel", "hipExtModuleLaunchKernel", "cuLaunchKernel"):
+        assert host_event_kind(name) == HostEventKind.LAUNCH, name
+    assert is_tensor_core_kernel("Cijk_Ailk_Bljk_BBS_BH_MT256x128x64_MI16x16x16x1_SN_1LDSB0")
+    assert is_tensor_core_kernel("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc")
+    assert is_tensor_core_kernel("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN")
+    assert not is_tensor_core_kernel("input_transpose_fusion")
 
 
 def _check_fixes() -> list[Fix]:

@@ -56,7 +56,11 @@ _INPUT_WAIT = frozenset({
     "IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute",
     "MultiDeviceIteratorGetNextFromShardOp::DoCompute",
 })
-_LAUNCH = re.compile(r"^(cu|cuda|hip|hipModule)(Launch|Memcpy|Memset|Graph(Exec)?Launch)|"
+# Launch and copy APIs per vendor, as the host plane names them: CUDA driver/runtime
+# (cuLaunchKernel, cudaLaunchKernel, cuMemcpy*Async, cuGraphLaunch) and HIP (hipModuleLaunchKernel
+# for XLA's own kernels, hipLaunchKernel for library kernels, hipExtModuleLaunchKernel for
+# hipBLASLt/Tensile, hipMemcpyDtoDAsync, hipMemsetAsync), checked on the ROCm JAX captures.
+_LAUNCH = re.compile(r"^(cu|cuda|hip|hipModule|hipExtModule)(Launch|Memcpy|Memset|Graph(Exec)?Launch)|"
                      r"^(cuLaunchKernel|cudaLaunchKernel|hipLaunchKernel|hipExtLaunchKernel)")
 _FUNCTION = re.compile(r"^__inference_|^__forward_|^[a-z_]*_function$|^PjitFunction\(|^jit_|"
                        r"^TfrtTpuLoadedExecutable::Execute$|^PjRtCApiLoadedExecutable::Execute$")
