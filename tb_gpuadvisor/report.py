@@ -12,7 +12,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks
+from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, fixes
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel, load_session
@@ -129,6 +129,8 @@ def session_json(model: SessionModel) -> dict:
         errors.append({"message": f"step breakdown failed: {err!r}"})
     findings, check_errors = run_checks(analysis)
     attach_confidence(findings, analysis)
+    for finding in findings:   # fixes in the user's own framework
+        finding.fixes = fixes.for_framework(finding.fixes, model.framework)
     ranked = rank_findings(findings)
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
     out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)

@@ -98,16 +98,28 @@ def test_partial_trace_of_eight_gpus(corpus):
     assert finding(session, "profile_quality")["severity"] == "warning"
 
 
-def test_compile_call_is_left_out(corpus):
-    """jax-tpu-v6e: 100 calls of the inference function; by hand the first one takes
-    4052.7 ms (TfrtTpuCompiler::Compile and backend_compile run inside it) and the others
-    about 780 ms. The first is left out of every per-step number."""
+def test_compile_call_is_not_spread_over_the_steps(corpus):
+    """jax-tpu-v6e: 100 calls of the inference function. By hand: the host's first call takes
+    4052.7 ms (TfrtTpuCompiler::Compile and backend_compile run inside it), the others dispatch
+    asynchronously; TPU:0's 100 runs of jit_f last about 784 ms each. Steps are the device's runs,
+    so the compilation (before the first run) is in no step and no per-step number carries it."""
     session = report_of(corpus / "jax-tpu-v6e")
-    excluded = session["trust"]["excluded_steps"]
-    assert any(e["duration_ms"] > 4000 for e in excluded)
-    assert session["steps"]["max_ms"] < 2000
+    steps = session["steps"]
+    assert steps["count"] == 100 and 770 <= steps["mean_ms"] <= 800 and steps["max_ms"] < 1500
     host = finding(session, "host_overhead")
     assert host["estimated_savings_ms_per_step"] < 40
+
+
+def test_outlier_steps_are_left_out(tmp_path):
+    """A planted first step 3.5x slower than the other five (warm-up): it is listed with its
+    reason and left out; the mean is the typical step's."""
+    from synth import build_training_session
+
+    build_training_session(steps=6, step_ms=20.0, first_step_factor=3.5).write(tmp_path)
+    session = report_of(tmp_path)
+    (excluded,) = session["trust"]["excluded_steps"]
+    assert "median" in excluded["reason"] and excluded["duration_ms"] > 60
+    assert session["steps"]["count"] == 5 and session["steps"]["mean_ms"] == pytest.approx(20.0, rel=0.05)
 
 
 @pytest.mark.parametrize("batch", [64, 512])

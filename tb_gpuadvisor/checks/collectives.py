@@ -33,7 +33,8 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
@@ -46,17 +47,27 @@ BYTES_PER_GRADIENT = 4
 TOP = 5
 
 FIXES = [
-    Fix("Increase the per-replica batch: the AllReduce cost per step stays the same while each "
+    Remedy("Increase the per-replica batch: the AllReduce cost per step stays the same while each "
         "step does more work.",
         "strategy = tf.distribute.MirroredStrategy()\n"
         "global_batch = 128 * strategy.num_replicas_in_sync   # larger per-replica batch\n"
         "dataset = dataset.batch(global_batch, drop_remainder=True)",
-        GPU_PERF_GUIDE),
-    Fix("Pack gradients into few AllReduce calls and avoid extra cross-replica reductions inside "
+        GPU_PERF_GUIDE, jax=Fix(
+            "Increase the per-device batch: the gradient all-reduce per step stays the same while "
+            "each step does more work.",
+            "global_batch = 128 * jax.device_count()   # larger per-device batch\n"
+            "batch = jax.device_put(next_batch(global_batch), data_sharding)",
+            fixes.JAX_SHARDING_GUIDE)),
+    Remedy("Pack gradients into few AllReduce calls and avoid extra cross-replica reductions inside "
         "the step (e.g. reduce metrics once per epoch, not per step).",
         "strategy = tf.distribute.MirroredStrategy(\n"
         "    cross_device_ops=tf.distribute.NcclAllReduce(num_packs=1))",
-        "https://www.tensorflow.org/api_docs/python/tf/distribute/NcclAllReduce"),
+        "https://www.tensorflow.org/api_docs/python/tf/distribute/NcclAllReduce",
+        jax=Fix("Let XLA overlap the gradient collectives with compute: its latency-hiding scheduler "
+                "moves collectives so they run while independent kernels execute (set before JAX starts).",
+                "import os\nos.environ['XLA_FLAGS'] = '--xla_gpu_enable_latency_hiding_scheduler=true'\n"
+                "import jax",
+                fixes.JAX_GPU_TIPS)),
 ]
 
 

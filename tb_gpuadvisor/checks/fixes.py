@@ -1,12 +1,171 @@
 """Fixes that several checks recommend, written once so their wording and code agree.
 
 Each is a :class:`Fix` with a sentence saying what to change and why, a code
-snippet a user can paste, and the TensorFlow guide that explains it.
+snippet a user can paste, and the guide that explains it.  A fix written for one
+framework is a :class:`Remedy`: its TensorFlow form plus its JAX form (or none, when
+JAX has no such knob).  Checks list remedies without asking which framework wrote the
+capture; the report resolves them once (:func:`for_framework`), so a JAX user never
+reads TensorFlow code and a TensorFlow user never reads JAX code.  A plain ``Fix``
+says something true in both frameworks.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tb_gpuadvisor.checks.base import Fix
+
+
+@dataclass(eq=False)
+class Remedy(Fix):
+    """A fix in the user's framework: the TensorFlow form (this Fix's own fields, unless
+    ``tensorflow`` is False) and the JAX form ``jax`` (None: nothing to do in JAX)."""
+
+    jax: Fix | None = None
+    tensorflow: bool = True
+
+    def variant(self, framework: str) -> Fix | None:
+        """The fix to show in a capture written by FRAMEWORK ("unknown" reads as TensorFlow)."""
+        if framework == "jax":
+            return self.jax
+        return Fix(self.text, self.code, self.doc) if self.tensorflow else None
+
+
+def jax_only(fix: Fix) -> Remedy:
+    """A remedy that only exists in JAX (dropped from TensorFlow reports)."""
+    return Remedy(fix.text, fix.code, fix.doc, jax=fix, tensorflow=False)
+
+
+def for_framework(fixes: list[Fix], framework: str) -> list[Fix]:
+    """FIXES as the user of FRAMEWORK should read them: one form each, repeats dropped."""
+    out: list[Fix] = []
+    for fix in fixes:
+        chosen = fix.variant(framework) if isinstance(fix, Remedy) else fix
+        if chosen is not None and chosen not in out:
+            out.append(chosen)
+    return out
+
+
+def compiled_step(framework: str) -> str:
+    """What the user's framework calls a compiled step, for the checks' wording."""
+    return "jax.jit" if framework == "jax" else "tf.function"
+
+
+JAX_JIT_GUIDE = "https://docs.jax.dev/en/latest/jit-compilation.html"
+JAX_DONATION_GUIDE = "https://docs.jax.dev/en/latest/buffer_donation.html"
+JAX_SHARDING_GUIDE = "https://docs.jax.dev/en/latest/sharded-computation.html"
+JAX_GPU_TIPS = "https://docs.jax.dev/en/latest/gpu_performance_tips.html"
+JAX_XLA_FLAGS = "https://docs.jax.dev/en/latest/xla_flags.html"
+JAX_PROFILING_GUIDE = "https://docs.jax.dev/en/latest/profiling.html"
+JAX_MEMORY_GUIDE = "https://docs.jax.dev/en/latest/gpu_memory_allocation.html"
+JAX_SCAN_DOC = "https://docs.jax.dev/en/latest/_autosummary/jax.lax.scan.html"
+JAX_DEVICE_PUT_DOC = "https://docs.jax.dev/en/latest/_autosummary/jax.device_put.html"
+JAX_PRECISION_DOC = "https://docs.jax.dev/en/latest/_autosummary/jax.default_matmul_precision.html"
+
+JAX_JIT_STEP = Fix(
+    text="Compile the whole training step (forward, gradients and optimizer update) as one jax.jit "
+         "function, so each step is one XLA program instead of many small dispatches from Python.",
+    code="@jax.jit\n"
+         "def train_step(params, opt_state, batch):\n"
+         "    loss, grads = jax.value_and_grad(loss_fn)(params, batch)\n"
+         "    updates, opt_state = optimizer.update(grads, opt_state, params)\n"
+         "    return optax.apply_updates(params, updates), opt_state, loss",
+    doc=JAX_JIT_GUIDE,
+)
+
+JAX_DONATE = Fix(
+    text="Donate the buffers the step replaces (parameters, optimizer state), so XLA writes the new "
+         "values in place instead of allocating and copying a second set every step.",
+    code="train_step = jax.jit(train_step, donate_argnums=(0, 1))   # params, opt_state\n"
+         "params, opt_state, loss = train_step(params, opt_state, batch)",
+    doc=JAX_DONATION_GUIDE,
+)
+
+JAX_DEVICE_PUT = Fix(
+    text="Place inputs on the devices with the sharding the step expects before calling it; an "
+         "argument that lives elsewhere is re-sharded (copied between devices) on every call.",
+    code="mesh = jax.make_mesh((jax.device_count(),), ('data',))\n"
+         "sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))\n"
+         "batch = jax.device_put(batch, sharding)        # once per batch, outside the step\n"
+         "params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))",
+    doc=JAX_SHARDING_GUIDE,
+)
+
+JAX_SCAN_STEPS = Fix(
+    text="Run several steps per call with jax.lax.scan (or lax.fori_loop) inside one jitted "
+         "function, so Python and dispatch run once per group of steps instead of every step.",
+    code="@jax.jit\n"
+         "def train_steps(state, batches):          # batches: leading axis = steps\n"
+         "    def body(state, batch):\n"
+         "        state, loss = train_step(state, batch)\n"
+         "        return state, loss\n"
+         "    return jax.lax.scan(body, state, batches)",
+    doc=JAX_SCAN_DOC,
+)
+
+JAX_STEP_ANNOTATION = Fix(
+    text="Mark each training step so the profile groups events into steps.",
+    code="for step, batch in enumerate(batches):\n"
+         "    with jax.profiler.StepTraceAnnotation('train', step_num=step):\n"
+         "        state, loss = train_step(state, batch)",
+    doc=JAX_PROFILING_GUIDE,
+)
+
+JAX_BF16 = Fix(
+    text="Compute matmuls and convolutions in bfloat16 (keep float32 parameters for the update): "
+         "cast the inputs and weights in the step, or let float32 matmuls use bf16 passes.",
+    code="x = x.astype(jnp.bfloat16)\n"
+         "y = jnp.dot(x, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)\n"
+         "# or for float32 code: lower matmul precision globally\n"
+         "jax.config.update('jax_default_matmul_precision', 'bfloat16')",
+    doc=JAX_PRECISION_DOC,
+)
+
+JAX_PREFETCH = Fix(
+    text="Copy the next batch to the device while the current step runs: jax.device_put returns "
+         "at once, so issue it for batch i+1 before waiting on step i.",
+    code="batches = iter(loader)\n"
+         "next_batch = jax.device_put(next(batches), sharding)\n"
+         "for step in range(num_steps):\n"
+         "    batch, next_batch = next_batch, jax.device_put(next(batches), sharding)\n"
+         "    state, loss = train_step(state, batch)",
+    doc=JAX_DEVICE_PUT_DOC,
+)
+
+JAX_SYNTHETIC_INPUT_TEST = Fix(
+    text="Confirm the diagnosis: time a few steps on one random batch already on the device. If "
+         "the step time drops, the input pipeline is the bottleneck; if not, look elsewhere.",
+    code="batch = jax.device_put(jax.random.normal(jax.random.key(0), (batch_size, *shape)))\n"
+         "for _ in range(50):\n"
+         "    state, loss = train_step(state, batch)\n"
+         "loss.block_until_ready()",
+    doc=JAX_PROFILING_GUIDE,
+)
+
+JAX_LARGER_BATCH = Fix(
+    text="Use a larger batch (scaling the learning rate accordingly): each XLA kernel then does "
+         "more work, so fixed per-launch costs shrink relative to compute.",
+    code="batch_size = 256   # e.g. up from 32, as far as device memory allows",
+    doc=JAX_GPU_TIPS,
+)
+
+JAX_CONV_LAYOUT = Fix(
+    text="Give convolutions the layout the GPU library wants (channels last, NHWC / NDHWC, and "
+         "kernels HWIO) in the model itself, so XLA needs no transpose fusions around each call.",
+    code="y = jax.lax.conv_general_dilated(\n"
+         "    x, w, window_strides=(1, 1), padding='SAME',\n"
+         "    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))   # x: [N, H, W, C], w: [H, W, I, O]",
+    doc="https://docs.jax.dev/en/latest/_autosummary/jax.lax.conv_general_dilated.html",
+)
+
+JAX_PLACEMENT = Fix(
+    text="Check that JAX sees the accelerator and that the step's arrays live on it; arrays "
+         "created with NumPy or on the CPU backend make the step run there or copy each call.",
+    code="print(jax.devices())                 # the GPUs, not only CpuDevice\n"
+         "print(batch.sharding, params_leaf.devices())\n"
+         "jax.config.update('jax_log_compiles', True)   # see which functions compile for which device",
+    doc=JAX_DEVICE_PUT_DOC,
+)
 
 DATA_GUIDE = "https://www.tensorflow.org/guide/data_performance"
 GPU_PERF_GUIDE = "https://www.tensorflow.org/guide/gpu_performance_analysis"
@@ -17,22 +176,24 @@ FUNCTION_GUIDE = "https://www.tensorflow.org/guide/function"
 XLA_GUIDE = "https://www.tensorflow.org/xla"
 KERAS_FIT_DOC = "https://keras.io/api/models/model_training_apis/"
 
-PREFETCH = Fix(
+PREFETCH = Remedy(
     text="Let tf.data prepare the next batches while the current step runs: end the pipeline with "
          "prefetch(tf.data.AUTOTUNE).",
     code="dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)",
     doc=DATA_GUIDE,
+    jax=JAX_PREFETCH,
 )
 
-PARALLEL_MAP = Fix(
+PARALLEL_MAP = Remedy(
     text="Run the preprocessing function on several CPU cores; batching before map lets a "
          "vectorized function process a whole batch per call.",
     code="dataset = dataset.batch(batch_size)\n"
          "dataset = dataset.map(preprocess_batch, num_parallel_calls=tf.data.AUTOTUNE)",
     doc=DATA_GUIDE,
+    jax=None,
 )
 
-CACHE_AND_INTERLEAVE = Fix(
+CACHE_AND_INTERLEAVE = Remedy(
     text="Read files in parallel and cache what fits in memory (after the expensive, "
          "deterministic steps) so later epochs skip reading and decoding.",
     code="files = tf.data.Dataset.list_files(pattern)\n"
@@ -40,9 +201,10 @@ CACHE_AND_INTERLEAVE = Fix(
          "                           num_parallel_calls=tf.data.AUTOTUNE)\n"
          "dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()",
     doc=DATA_GUIDE,
+    jax=None,
 )
 
-SYNTHETIC_INPUT_TEST = Fix(
+SYNTHETIC_INPUT_TEST = Remedy(
     text="Confirm the diagnosis: train a few steps on random tensors of the same shape. If the "
          "step time drops, the input pipeline is the bottleneck; if not, look elsewhere.",
     code="images = tf.random.uniform((batch_size, *image_shape))\n"
@@ -50,9 +212,10 @@ SYNTHETIC_INPUT_TEST = Fix(
          "synthetic = tf.data.Dataset.from_tensors((images, labels)).repeat()\n"
          "model.fit(synthetic, steps_per_epoch=50)",
     doc=GPU_PERF_GUIDE,
+    jax=JAX_SYNTHETIC_INPUT_TEST,
 )
 
-TF_FUNCTION = Fix(
+TF_FUNCTION = Remedy(
     text="Run the whole training step as one tf.function graph instead of op by op from Python "
          "(Model.fit does this unless run_eagerly=True).",
     code="@tf.function\n"
@@ -63,9 +226,10 @@ TF_FUNCTION = Fix(
          "    optimizer.apply_gradients(zip(grads, model.trainable_variables))\n"
          "    return loss",
     doc=FUNCTION_GUIDE,
+    jax=JAX_JIT_STEP,
 )
 
-XLA_JIT = Fix(
+XLA_JIT = Remedy(
     text="Compile the step with XLA: it fuses chains of small element-wise ops into a few "
          "kernels, so there are fewer launches per step.",
     code="model.compile(optimizer=optimizer, loss=loss, jit_compile=True)\n"
@@ -73,23 +237,26 @@ XLA_JIT = Fix(
          "@tf.function(jit_compile=True)\n"
          "def train_step(x, y): ...",
     doc=XLA_GUIDE,
+    jax=JAX_JIT_STEP,
 )
 
-LARGER_BATCH = Fix(
+LARGER_BATCH = Remedy(
     text="Use a larger batch (scaling the learning rate accordingly): the same number of kernel "
          "launches then does more work each, so fixed per-launch costs shrink relative to compute.",
     code="dataset = dataset.batch(256)  # e.g. up from 32, as far as device memory allows",
     doc=GPU_PERF_GUIDE,
+    jax=JAX_LARGER_BATCH,
 )
 
-STEPS_PER_EXECUTION = Fix(
+STEPS_PER_EXECUTION = Remedy(
     text="Run several training steps per call into the compiled function, so Python and "
          "callback work between steps happens once per group of steps.",
     code="model.compile(optimizer=optimizer, loss=loss, steps_per_execution=32)",
     doc=KERAS_FIT_DOC,
+    jax=JAX_SCAN_STEPS,
 )
 
-GPU_PRIVATE_THREADS = Fix(
+GPU_PRIVATE_THREADS = Remedy(
     text="Give each GPU its own host threads for launching kernels, so launches do not queue "
          "behind other host work. Set the variables before TensorFlow starts.",
     code="import os\n"
@@ -97,9 +264,10 @@ GPU_PRIVATE_THREADS = Fix(
          "os.environ['TF_GPU_THREAD_COUNT'] = '2'\n"
          "import tensorflow as tf",
     doc=GPU_PERF_GUIDE,
+    jax=None,
 )
 
-LOG_DEVICE_PLACEMENT = Fix(
+LOG_DEVICE_PLACEMENT = Remedy(
     text="Print where every op runs to find the ones TensorFlow put on the CPU, then pin the "
          "model to the GPU explicitly.",
     code="tf.debugging.set_log_device_placement(True)\n"
@@ -107,4 +275,5 @@ LOG_DEVICE_PLACEMENT = Fix(
          "with strategy.scope():\n"
          "    model = build_model()",
     doc=GPU_GUIDE,
+    jax=JAX_PLACEMENT,
 )

@@ -50,15 +50,23 @@ _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKin
                  HostEventKind.MEMORY)
 _LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
 
-FEWER_CALLBACKS = Fix(
+FEWER_CALLBACKS = fixes.Remedy(
     text="Do less per-step work in callbacks and metrics: log to TensorBoard per epoch, drop "
          "metrics you do not need during training, avoid .numpy() or print in the step.",
     code="tensorboard = keras.callbacks.TensorBoard(log_dir, update_freq='epoch')\n"
          "model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'])  # only what you read",
     doc=fixes.GPU_PERF_GUIDE,
+    jax=Fix(
+        text="Keep host work out of the step loop: do not read results back every step (float(loss), "
+             "print, .block_until_ready()); log every N steps so dispatch can run ahead of the device.",
+        code="for step, batch in enumerate(batches):\n"
+             "    state, loss = train_step(state, batch)\n"
+             "    if step % 100 == 0:\n"
+             "        print(step, float(loss))   # the only host sync",
+        doc=fixes.JAX_GPU_TIPS),
 )
 
-LOOP_IN_GRAPH = Fix(
+LOOP_IN_GRAPH = fixes.Remedy(
     text="In a custom training loop, run the loop over the dataset inside tf.function too, so "
          "Python is not re-entered between steps.",
     code="@tf.function\n"
@@ -66,14 +74,20 @@ LOOP_IN_GRAPH = Fix(
          "    for x, y in dataset:  # becomes a tf.while_loop\n"
          "        train_step(x, y)",
     doc=fixes.FUNCTION_GUIDE,
+    jax=fixes.JAX_SCAN_STEPS,
 )
 
-STATIC_LOSS_SCALE = Fix(
+STATIC_LOSS_SCALE = fixes.Remedy(
     text="The step runs dynamic loss scaling, whose finite-check and conditional update add host "
          "work every step; a fixed loss scale removes it (or use bfloat16, which needs none).",
     code="optimizer = keras.mixed_precision.LossScaleOptimizer(\n"
          "    keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",
     doc=fixes.MIXED_PRECISION_GUIDE,
+    jax=Fix(
+        text="The step runs dynamic loss scaling, whose finite-check and conditional update add "
+             "work every step; bfloat16 needs no loss scaling at all.",
+        code="x = x.astype(jnp.bfloat16)   # bf16 activations: no loss scale to check",
+        doc=fixes.JAX_GPU_TIPS),
 )
 
 
@@ -123,7 +137,8 @@ def check(analysis: Analysis) -> Finding:
 
     summary = (f"In {percent:.1f}% of step time ({other_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
                f"{device} while the host was busy with something other than input or kernel launches: "
-               f"Python code, callbacks, metrics, ops run outside tf.function, or gaps between steps.")
+               f"Python code, callbacks, metrics, ops run outside "
+               f"{fixes.compiled_step(analysis.model.framework)}, or gaps between steps.")
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
     title = (f"Host overhead idles the device {percent:.1f}% of step time" if severity is not Severity.OK

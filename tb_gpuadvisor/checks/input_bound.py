@@ -158,7 +158,7 @@ def check(analysis: Analysis) -> Finding:
     who = "the training threads waited" if on_cpu else f"{primary.name} sat idle while the host waited"
 
     summary = (f"In {percent:.1f}% of step time ({input_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
-               f"{who} for the next batch from tf.data. ")
+               f"{who} for the next batch{' from tf.data' if analysis.model.framework != 'jax' else ''}. ")
     if severity is Severity.OK:
         summary += "The input pipeline keeps up with training."
         title = f"Input pipeline keeps up ({percent:.1f}% of step time waiting)"

@@ -32,7 +32,8 @@ import numpy as np
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
 
@@ -41,22 +42,28 @@ WARNING_AT = 10.0
 TOP_THREADS = 3
 
 FIXES = [
-    Fix("Launch each GPU's kernels from its own host threads (set before TensorFlow starts).",
+    Remedy("Launch each GPU's kernels from its own host threads (set before TensorFlow starts).",
         "export TF_GPU_THREAD_MODE=gpu_private\n"
         "export TF_GPU_THREAD_COUNT=2   # threads per GPU; raise it if one GPU still lags",
         GPU_PERF_GUIDE),
-    Fix("The same from Python, before any TensorFlow op runs.",
+    Remedy("The same from Python, before any TensorFlow op runs.",
         'import os\nos.environ["TF_GPU_THREAD_MODE"] = "gpu_private"\n'
         'os.environ["TF_GPU_THREAD_COUNT"] = "2"\nimport tensorflow as tf',
         GPU_PERF_GUIDE),
 ]
-SERIAL_FIX = Fix(
+SERIAL_FIX = Remedy(
     "Look in the trace viewer for what the late GPU waits on: ops that read another replica's "
     "tensors, tf.control_dependencies across devices or variables placed on one GPU; run the "
     "replicated step with strategy.run so replicas are independent until the gradient AllReduce.",
     "with strategy.scope():\n    model = build_model()        # variables mirrored on every GPU\n"
     "per_replica = strategy.run(train_step, args=(batch,))",
-    GPU_PERF_GUIDE)
+    GPU_PERF_GUIDE, jax=Fix(
+        "Look in the trace viewer for what the late GPU waits on: arrays committed to one device "
+        "and copied to the others, or work run per device from Python; run one jitted step over "
+        "all devices with sharded inputs so XLA launches every device's work together.",
+        "batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec('data')))\n"
+        "state, loss = train_step(state, batch)   # one jax.jit call for all devices",
+        fixes.JAX_SHARDING_GUIDE))
 
 
 def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int) -> np.ndarray:

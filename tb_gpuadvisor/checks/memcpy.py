@@ -42,24 +42,32 @@ _DIRECTION = {DeviceEventKind.MEMCPY_H2D: "H2D", DeviceEventKind.MEMCPY_D2H: "D2
               DeviceEventKind.MEMCPY_D2D: "D2D", DeviceEventKind.MEMCPY_P2P: "P2P",
               DeviceEventKind.MEMCPY_OTHER: "copy", DeviceEventKind.MEMSET: "memset"}
 
-PREFETCH_TO_DEVICE = Fix(
+PREFETCH_TO_DEVICE = fixes.Remedy(
     text="Copy the next batch to the GPU while the current step runs: make device prefetch the "
          "last stage of the input pipeline.",
     code="dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)\n"
          "dataset = dataset.apply(tf.data.experimental.prefetch_to_device('/gpu:0'))",
     doc=fixes.DATA_GUIDE,
+    jax=fixes.JAX_PREFETCH,
 )
 
-COMPACT_INPUT = Fix(
+COMPACT_INPUT = fixes.Remedy(
     text="Transfer compact data and convert on the GPU: uint8 images are a quarter of the bytes "
          "of float32 ones.",
     code="dataset = dataset.map(lambda img, label: (tf.cast(img, tf.uint8), label))\n"
          "# in the model, on the GPU:\n"
          "x = keras.layers.Rescaling(1.0 / 255)(inputs)",
     doc=fixes.GPU_PERF_GUIDE,
+    jax=Fix(
+        text="Transfer compact data and convert on the device: uint8 images are a quarter of the "
+             "bytes of float32 ones.",
+        code="batch = jax.device_put(images_uint8, sharding)   # copy the small dtype\n"
+             "# inside the jitted step, on the device:\n"
+             "x = batch.astype(jnp.bfloat16) / 255.0",
+        doc=fixes.JAX_DEVICE_PUT_DOC),
 )
 
-NO_ROUND_TRIPS = Fix(
+NO_ROUND_TRIPS = fixes.Remedy(
     text="Keep the step on the GPU: avoid .numpy(), Python conditionals on tensor values and "
          "printing inside the step; accumulate metrics on the device and read them once per epoch.",
     code="@tf.function\n"
@@ -68,6 +76,14 @@ NO_ROUND_TRIPS = Fix(
          "    loss_metric.update_state(loss)   # stays on the GPU\n"
          "    return loss                      # no loss.numpy() per step",
     doc=fixes.GPU_PERF_GUIDE,
+    jax=Fix(
+        text="Keep the step on the device: avoid float(), np.asarray() or jax.device_get on results "
+             "every step and Python conditionals on array values; accumulate metrics on the device.",
+        code="for step, batch in enumerate(batches):\n"
+             "    state, metrics = train_step(state, batch)   # metrics stay on the device\n"
+             "    if step % 100 == 0:\n"
+             "        print(jax.device_get(metrics))           # one copy every 100 steps",
+        doc=fixes.JAX_GPU_TIPS),
 )
 
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import GPU_GUIDE, GPU_PERF_GUIDE, MIXED_PRECISION_GUIDE
+from tb_gpuadvisor.checks.fixes import (
+    GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE, Remedy,
+)
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 
 CHECK_ID = "memory"
@@ -41,33 +43,44 @@ GIB = 1024 ** 3
 _ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 MEMORY_GROWTH_DOC = f"{GPU_GUIDE}#limiting_gpu_memory_growth"
 
-GROWTH_FIX = Fix(
+GROWTH_FIX = Remedy(
     "Let TensorFlow allocate GPU memory as needed instead of reserving it all at start-up.",
     'gpus = tf.config.list_physical_devices("GPU")\nfor gpu in gpus:\n'
     "    tf.config.experimental.set_memory_growth(gpu, True)\n"
     "# or, without code changes:  export TF_FORCE_GPU_ALLOW_GROWTH=true",
-    MEMORY_GROWTH_DOC)
-JAX_GROWTH_FIX = Fix(
-    "JAX preallocates 75% of each GPU at start-up; allocate on demand or lower the fraction.",
-    "export XLA_PYTHON_CLIENT_PREALLOCATE=false\n# or: export XLA_PYTHON_CLIENT_MEM_FRACTION=.50",
-    "https://jax.readthedocs.io/en/latest/gpu_memory_allocation.html")
-LIMIT_FIX = Fix(
+    MEMORY_GROWTH_DOC, jax=Fix(
+        "JAX preallocates 75% of each GPU at start-up; allocate on demand or lower the fraction.",
+        "export XLA_PYTHON_CLIENT_PREALLOCATE=false\n# or: export XLA_PYTHON_CLIENT_MEM_FRACTION=.50",
+        JAX_MEMORY_GUIDE))
+LIMIT_FIX = Remedy(
     "Cap how much memory TensorFlow may use on a GPU (a hard limit, in MB).",
     'gpus = tf.config.list_physical_devices("GPU")\n'
     "tf.config.set_logical_device_configuration(\n"
     "    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)])",
-    MEMORY_GROWTH_DOC)
-NEAR_FULL_FIX = Fix(
+    MEMORY_GROWTH_DOC, jax=Fix(
+        "Cap the share of each GPU that JAX may use (set before JAX starts).",
+        "export XLA_PYTHON_CLIENT_MEM_FRACTION=.50",
+        JAX_MEMORY_GUIDE))
+NEAR_FULL_FIX = Remedy(
     "Reduce peak memory: a smaller batch, or mixed precision, which stores activations in 16-bit.",
     'keras.mixed_precision.set_global_policy("mixed_float16")\n'
     "batch_size //= 2   # and rebuild the dataset with it",
-    MIXED_PRECISION_GUIDE)
-LARGER_BATCH_FIX = Fix(
+    MIXED_PRECISION_GUIDE, jax=Fix(
+        "Reduce peak memory: donate the buffers the step replaces, store activations in bfloat16, "
+        "or use a smaller batch.",
+        "train_step = jax.jit(train_step, donate_argnums=(0, 1))   # params, opt_state updated in place\n"
+        "x = x.astype(jnp.bfloat16)",
+        JAX_DONATION_GUIDE))
+LARGER_BATCH_FIX = Remedy(
     "Raise the batch size until peak memory approaches ~80% of the GPU; scale the learning "
     "rate with it.",
     "batch_size *= 2\nlearning_rate *= 2\n"
     "dataset = dataset.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)",
-    GPU_PERF_GUIDE)
+    GPU_PERF_GUIDE, jax=Fix(
+        "Raise the batch size until peak memory approaches ~80% of the device; scale the learning "
+        "rate with it.",
+        "batch_size *= 2\nlearning_rate *= 2",
+        JAX_GPU_TIPS))
 
 
 @dataclass
@@ -114,10 +127,11 @@ def check(analysis: Analysis) -> Finding:
     if not peaks:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
                        "The capture has no GPU allocator records (or no GPU memory size), so peak "
-                       "memory cannot be measured. TensorFlow records them when the profiler's memory "
-                       "tracking is on (the default for tf.profiler captures of GPU runs).")
+                       "memory cannot be measured."
+                       + ("" if analysis.model.framework == "jax" else
+                          " TensorFlow records them when the profiler's memory tracking is on "
+                          "(the default for tf.profiler captures of GPU runs)."))
     worst = max(peaks, key=lambda p: p.percent)
-    growth_fix = JAX_GROWTH_FIX if analysis.model.framework == "jax" else GROWTH_FIX
     claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]
     metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
                "capacity_gib": round(worst.capacity / GIB, 3),
@@ -142,11 +156,11 @@ def check(analysis: Analysis) -> Finding:
                        "larger batch or model will run out of memory." + reserve_note,
                        metrics, 0.0, evidence, [NEAR_FULL_FIX, LIMIT_FIX])
     if worst.percent < LOW_BELOW:
-        fixes = [LARGER_BATCH_FIX] + ([growth_fix] if claims_all else [])
+        fixes = [LARGER_BATCH_FIX] + ([GROWTH_FIX] if claims_all else [])
         return Finding(CHECK_ID, Severity.INFO,
                        f"GPU memory peaks at only {worst.percent:.0f}%: room for a larger batch",
                        f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
                        "overheads over more examples." + reserve_note, metrics, 0.0, evidence, fixes)
     return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
                    f"{where}: neither close to running out nor mostly unused." + reserve_note,
-                   metrics, 0.0, evidence, [growth_fix] if claims_all else [])
+                   metrics, 0.0, evidence, [GROWTH_FIX] if claims_all else [])

@@ -36,7 +36,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE
+from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
 )
@@ -47,26 +47,47 @@ CHECK_ID = "multi_gpu_imbalance"
 CRITICAL_AT, WARNING_AT = 20.0, 10.0
 SERIAL_OVERLAP_BELOW = 30.0   # pairwise overlap (percent of the less busy GPU) that means "serial"
 
+ALL_DEVICES_FIX = Remedy(
+    "If the job should use every GPU, check which devices the strategy sees.",
+    "print(tf.config.list_physical_devices('GPU'))\n"
+    "strategy = tf.distribute.MirroredStrategy()\n"
+    "print(strategy.num_replicas_in_sync)",
+    GPU_GUIDE, jax=Fix(
+        "If the job should use every GPU, check which devices JAX sees and that the step's "
+        "inputs are sharded over all of them.",
+        "print(jax.devices())\nprint(batch.sharding)   # a mesh over all devices, not one device",
+        JAX_SHARDING_GUIDE))
+
 FIXES = [
-    Fix("Let MirroredStrategy split one global batch evenly: scale the batch with the number of "
+    Remedy("Let MirroredStrategy split one global batch evenly: scale the batch with the number of "
         "replicas so every GPU gets the same per-replica batch.",
         "strategy = tf.distribute.MirroredStrategy()\n"
         "per_replica_batch = 64\n"
         "global_batch = per_replica_batch * strategy.num_replicas_in_sync\n"
         "dataset = dataset.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)\n"
         "with strategy.scope():\n    model = build_model()\n    model.compile(...)",
-        DISTRIBUTED_GUIDE),
-    Fix("Give each GPU its own kernel-launch threads so one busy GPU does not starve the others "
+        DISTRIBUTED_GUIDE, jax=Fix(
+            "Split one global batch evenly over the devices: shard its leading axis over a mesh of "
+            "all devices so every device gets the same slice.",
+            "mesh = jax.make_mesh((jax.device_count(),), ('data',))\n"
+            "batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec('data')))   # N divisible by devices",
+            JAX_SHARDING_GUIDE)),
+    Remedy("Give each GPU its own kernel-launch threads so one busy GPU does not starve the others "
         "of host time (set before TensorFlow starts).",
         "export TF_GPU_THREAD_MODE=gpu_private\nexport TF_GPU_THREAD_COUNT=2",
         GPU_PERF_GUIDE),
-    Fix("Keep extra work off GPU:0: compute metrics and summaries inside the replicated step "
+    Remedy("Keep extra work off GPU:0: compute metrics and summaries inside the replicated step "
         "(strategy.run) rather than on the default device, and check that no op is pinned with "
         "tf.device('/GPU:0').",
         "@tf.function\ndef train_step(iterator):\n"
         "    per_replica_loss = strategy.run(step_fn, args=(next(iterator),))\n"
         "    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)",
-        DISTRIBUTED_GUIDE),
+        DISTRIBUTED_GUIDE, jax=Fix(
+            "Keep extra work off the first device: arrays created without a sharding live on "
+            "device 0, so metrics and inputs built there make it do more than the others.",
+            "print(x.sharding)                  # SingleDeviceSharding -> everything on device 0\n"
+            "x = jax.device_put(x, NamedSharding(mesh, PartitionSpec('data')))",
+            JAX_SHARDING_GUIDE)),
 ]
 
 
@@ -163,11 +184,7 @@ def check(analysis: Analysis) -> Finding:
         title = f"GPU work is balanced within {imbalance:.0f}%"
     fixes = FIXES if severity in (Severity.WARNING, Severity.CRITICAL) else []
     if idle:
-        fixes = fixes + [Fix("If the job should use every GPU, check which devices the strategy sees.",
-                             "print(tf.config.list_physical_devices('GPU'))\n"
-                             "strategy = tf.distribute.MirroredStrategy()\n"
-                             "print(strategy.num_replicas_in_sync)",
-                             GPU_GUIDE)]
+        fixes = fixes + [ALL_DEVICES_FIX]
     return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
                    evidence, fixes)
 

@@ -79,17 +79,23 @@ HOST_ONLY_OPS = frozenset({
     "ParseExample", "ParseExampleV2",
 })
 
-FIND_CPU_OPS = Fix(
+FIND_CPU_OPS = fixes.Remedy(
     text="Make TensorFlow fail instead of silently falling back to the CPU, to find ops without "
          "a GPU kernel; replace them or move them into the tf.data pipeline.",
     code="tf.config.set_soft_device_placement(False)\n"
          "with tf.device('/GPU:0'):\n"
          "    loss = train_step(x, y)  # raises for ops that cannot run on the GPU",
     doc=fixes.GPU_GUIDE,
+    jax=Fix(
+        text="Find what runs on the host: host callbacks (jax.pure_callback, jax.debug.print, "
+             "io_callback) and NumPy code between jitted calls; move the work into jnp inside the step.",
+        code="jax.config.update('jax_platforms', 'gpu')   # fail instead of silently running on the CPU\n"
+             "print(jax.make_jaxpr(train_step)(state, batch))   # look for pure_callback / debug_callback",
+        doc=fixes.JAX_JIT_GUIDE),
 )
 
 
-CHECK_GPU_VISIBLE = Fix(
+CHECK_GPU_VISIBLE = fixes.Remedy(
     text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
          "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
          "matching ones).",
@@ -98,6 +104,14 @@ CHECK_GPU_VISIBLE = Fix(
          "build = tf.sysconfig.get_build_info()\n"
          "print(build.get('cuda_version'), build.get('cudnn_version'))  # must match the installed libraries",
     doc=fixes.GPU_GUIDE,
+    jax=Fix(
+        text="Check that JAX can use the GPU: jax.devices() must list GPU devices; a CPU-only jaxlib "
+             "runs everything on the host. Install the CUDA build.",
+        code="import jax\n"
+             "print(jax.devices())          # [CpuDevice(id=0)] means JAX cannot use the GPU\n"
+             "print(jax.default_backend())  # 'gpu' expected\n"
+             "# pip install -U 'jax[cuda12]'",
+        doc="https://docs.jax.dev/en/latest/installation.html"),
 )
 
 

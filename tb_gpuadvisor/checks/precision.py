@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -38,22 +39,22 @@ CHECK_ID = "precision"
 WARNING_BELOW = 10.0
 TOP = 5
 
-MIXED_PRECISION = Fix(
+MIXED_PRECISION = Remedy(
     "Enable mixed precision before building the model: layers compute in float16 and keep "
     "float32 variables; Keras wraps the optimizer with dynamic loss scaling.",
     'import keras\nkeras.mixed_precision.set_global_policy("mixed_float16")\n\n'
     "model = build_model()\n"
     "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
     'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
-    MIXED_PRECISION_GUIDE)
+    MIXED_PRECISION_GUIDE, jax=fixes.JAX_BF16)
 
 FIXES = [
     MIXED_PRECISION,
-    Fix("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
+    Remedy("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
         "float32, so no loss scaling is needed.",
         'keras.mixed_precision.set_global_policy("mixed_bfloat16")',
-        MIXED_PRECISION_GUIDE),
-    Fix("If the dynamic loss scale's overflow checks show up as host gaps between steps, use a "
+        MIXED_PRECISION_GUIDE, jax=fixes.JAX_BF16),
+    Remedy("If the dynamic loss scale's overflow checks show up as host gaps between steps, use a "
         "fixed (static) loss scale (tf.keras / Keras 2 API).",
         "optimizer = tf.keras.mixed_precision.LossScaleOptimizer(\n"
         "    tf.keras.optimizers.Adam(), dynamic=False, initial_scale=1024)",

@@ -35,16 +35,19 @@ from dataclasses import dataclass, field
 
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, Remedy
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
-_SOURCES = {"custom_loop": "custom-loop step annotations with _r=1", "keras2": "Keras TraceContext markers",
+_SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": "Keras TraceContext markers",
             "keras": "Keras 3 'Profiled batch' markers", "steps_line": "TensorFlow's derived Steps line",
-            "inferred": "inferred from repeated function runs"}
+            "inferred": "inferred from repeated function runs",
+            "inferred_device": "inferred from repeated XLA program runs on the device",
+            "window": "none repeats, so the capture is analysed as one window"}
 
-CUPTI = Fix(
+JAX_CUPTI = Fix(
     text="The GPU trace is empty: the profiler could not use CUPTI. Put CUPTI on the library path "
          "and allow non-admin users to read GPU performance counters (or run the profiler as root / "
          "a container with --cap-add=SYS_ADMIN).",
@@ -52,23 +55,34 @@ CUPTI = Fix(
          "# permanently allow profiling for all users, then reboot:\n"
          "echo 'options nvidia NVreg_RestrictProfilingToAdminUsers=0' | \\\n"
          "    sudo tee /etc/modprobe.d/nvidia-profiling.conf",
-    doc=PROFILER_GUIDE,
+    doc=JAX_PROFILING_GUIDE,
 )
-STEP_WINDOW = Fix(
+CUPTI = Remedy(JAX_CUPTI.text, JAX_CUPTI.code, PROFILER_GUIDE, jax=JAX_CUPTI)
+STEP_WINDOW = Remedy(
     text="Profile a short window of steps after warm-up: skip the first steps (tracing, autotuning, "
          "memory allocation) and keep the window to about 3-10 steps.",
     code="tensorboard = keras.callbacks.TensorBoard(log_dir, profile_batch=(10, 15))\n"
          "model.fit(dataset, epochs=1, callbacks=[tensorboard])",
     doc=PROFILER_GUIDE,
+    jax=Fix(
+        text="Profile a short window of steps after warm-up: skip the first steps (compilation, "
+             "autotuning, memory allocation) and keep the window to about 3-10 steps.",
+        code="for step, batch in enumerate(batches):\n"
+             "    if step == 10: jax.profiler.start_trace(log_dir)\n"
+             "    with jax.profiler.StepTraceAnnotation('train', step_num=step):\n"
+             "        state, loss = train_step(state, batch)\n"
+             "    if step == 15: loss.block_until_ready(); jax.profiler.stop_trace()",
+        doc=JAX_PROFILING_GUIDE),
 )
-STEP_MARKERS = Fix(
+STEP_MARKERS = Remedy(
     text="Mark each training step so the profiler can group events into steps.",
     code="for step, (x, y) in enumerate(dataset):\n"
          "    with tf.profiler.experimental.Trace('train', step_num=step, _r=1):\n"
          "        train_step(x, y)",
     doc=PROFILER_GUIDE,
+    jax=JAX_STEP_ANNOTATION,
 )
-FULL_DEVICE_TRACE = Fix(
+FULL_DEVICE_TRACE = Remedy(
     text="Trace every device for the whole window: keep the window to a few steps so the device "
          "trace does not overflow, and in a distributed job profile every worker (each writes its "
          "own host file) from one client call.",
@@ -79,6 +93,18 @@ FULL_DEVICE_TRACE = Fix(
          "    'grpc://worker0:6009', log_dir, 2000,\n"
          "    worker_list='grpc://worker0:6009,grpc://worker1:6009')",
     doc=PROFILER_GUIDE,
+    jax=Fix(
+        text="Trace every device for the whole window: keep the window to a few steps so the device "
+             "trace does not overflow, and in a multi-process job trace every process around the same "
+             "steps (each writes its own host file into the same log dir).",
+        code="# in every process, around the same few steps after warm-up:\n"
+             "jax.profiler.start_trace(log_dir)\n"
+             "for step in range(10, 15):\n"
+             "    with jax.profiler.StepTraceAnnotation('train', step_num=step):\n"
+             "        state, loss = train_step(state, next(batches))\n"
+             "loss.block_until_ready()\n"
+             "jax.profiler.stop_trace()",
+        doc=JAX_PROFILING_GUIDE),
 )
 
 
@@ -176,10 +202,16 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
                       "No step markers and no repeated function runs were found, so no per-step numbers can "
                       "be computed.", STEP_MARKERS)]
     issues: list[Issue] = []
-    if trust.candidates.source == "inferred":
+    if trust.candidates.source.startswith("inferred"):
         issues.append(Issue(Severity.INFO, "Steps inferred",
                             f"Steps were inferred from repeated runs of {steps.marker_name or 'a function'}, "
                             "not from step markers.", STEP_MARKERS))
+    elif trust.candidates.source == "window":
+        issues.append(Issue(Severity.INFO, "No repeated step: one window",
+                            "Nothing repeats in this capture the way training steps do (no markers, no "
+                            "dominant repeated program), so it is analysed as one window: the numbers are per "
+                            "capture, not per step.", STEP_MARKERS))
+        return issues
     if steps.per_marker > 1:
         issues.append(Issue(Severity.INFO, f"{steps.per_marker} training steps per marker",
                             f"Each step marker covers {steps.per_marker} training steps (steps_per_execution): "

@@ -37,7 +37,8 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE
+from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS
@@ -46,7 +47,7 @@ CHECK_ID = "tensor_core"
 WARNING_AT = 10.0
 TOP = 6
 
-DIMS_FIX = Fix(
+DIMS_FIX = Remedy(
     "Make the dimensions that feed matrix multiplies and convolutions multiples of 8 "
     "(units, filters, embedding and vocabulary sizes, batch size): Tensor Core kernels are "
     "only picked for aligned shapes.",
@@ -54,18 +55,30 @@ DIMS_FIX = Fix(
     "vocab_size = round_up(vocab_size)          # pad the vocabulary, e.g. 30522 -> 30528\n"
     "x = keras.layers.Dense(round_up(1000))(x)   # 1000 units -> 1000 (already aligned)\n"
     "x = keras.layers.Conv2D(round_up(60), 3, padding=\"same\")(x)  # 60 filters -> 64",
-    "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html")
-LAYOUT_FIX = Fix(
+    "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html",
+    jax=Fix(
+        "Make the dimensions that feed matrix multiplies and convolutions multiples of 8 (hidden "
+        "and feature sizes, vocabulary, batch): matrix-unit kernels are only picked for aligned shapes.",
+        "def round_up(n, multiple=8):\n    return (n + multiple - 1) // multiple * multiple\n\n"
+        "vocab_size = round_up(vocab_size)   # pad the vocabulary, e.g. 30522 -> 30528\n"
+        "w = jnp.zeros((round_up(d_in), round_up(d_out)), jnp.bfloat16)",
+        "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html"))
+LAYOUT_FIX = Remedy(
     "Keep convolutions in the channels_last (NHWC) layout that Tensor Core kernels use, and "
     "avoid manual transposes around them, so no layout-conversion kernels are needed.",
     'keras.config.set_image_data_format("channels_last")\n'
     'x = keras.layers.Conv2D(64, 3, data_format="channels_last")(x)',
-    GPU_PERF_GUIDE)
-TF32_FIX = Fix(
+    GPU_PERF_GUIDE, jax=fixes.JAX_CONV_LAYOUT)
+TF32_FIX = Remedy(
     "On Ampere or newer GPUs float32 matmuls and convolutions use Tensor Cores through TF32, "
     "unless it was switched off; make sure it is on.",
     "import tensorflow as tf\ntf.config.experimental.enable_tensor_float32_execution(True)",
-    "https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float32_execution")
+    "https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float32_execution",
+    jax=Fix(
+        "On Ampere or newer GPUs float32 matmuls and convolutions can use Tensor Cores through TF32; "
+        "make sure the matmul precision was not raised to full float32.",
+        "jax.config.update('jax_default_matmul_precision', 'tensorfloat32')",
+        fixes.JAX_PRECISION_DOC))
 
 
 @dataclass

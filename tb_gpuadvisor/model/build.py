@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.arrays import map_small_ints
-from tb_gpuadvisor.model import classify
+from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
 )
@@ -28,7 +28,8 @@ _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
 
 _DROPPED = re.compile(r"dropped\s+(\d+)", re.IGNORECASE)
 _OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
-_DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS
+_XLA_STATS = ("hlo_module", "name")       # with hlo_op: the XLA view of a kernel (model/hlo.py)
+_DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS + _XLA_STATS
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
 _MEMORY_STATS = ("allocator_name", "fragmentation", "tf_op") + _MEMORY_INTS
@@ -198,6 +199,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
                               np.int32, len(dp.lines))
 
+    xla = _xla_columns(dp, is_tpu)
     order = np.flatnonzero(keep)
     order = order[np.argsort(start[order], kind="stable")]
     name_idx = map_small_ints(dp.metadata_id[order], md_name)
@@ -212,8 +214,30 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
         group_id=dp.stats["group_id"].ints(n, dp.strings)[order],
         nbytes=nbytes[order].astype(np.int64), details=det[order], names=names.strings,
         ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
-        step=np.full(order.size, -1, np.int32))
+        step=np.full(order.size, -1, np.int32),
+        **{key: column[order] for key, column in xla[0].items()}, **xla[1])
     return activity, steps_line, modules
+
+
+def _xla_columns(dp: DecodedPlane, is_tpu: bool) -> tuple[dict, dict]:
+    """The XLA instruction, module and source op of every event (columns, then their strings).
+
+    TPU events carry no ``hlo_op`` stat: their name is the instruction's HLO text (their JAX
+    source op is the ``op`` column, from ``tf_op``).
+    """
+    n = dp.n_events
+    interners = {key: _Interner() for key in ("hlo_op", "hlo_module", "source")}
+    columns = {key: dp.stats[stat].interned(n, dp.stat_names, dp.strings, interners[key].add)
+               for key, stat in (("hlo_op", "hlo_op"), ("hlo_module", "hlo_module"),
+                                 ("source", "name"))}
+    if is_tpu:
+        md_hlo = {mid: interners["hlo_op"].add(hlo.instruction(meta.name))
+                  for mid, meta in dp.shell.event_metadata.items()}
+        columns["hlo_op"] = np.where(columns["hlo_op"] >= 0, columns["hlo_op"],
+                                     map_small_ints(dp.metadata_id, md_hlo))
+    strings = {"hlo_ops": interners["hlo_op"].strings, "hlo_modules": interners["hlo_module"].strings,
+               "sources": interners["source"].strings}
+    return columns, strings
 
 
 def _memcpy_bytes(details: str) -> int:
@@ -293,6 +317,10 @@ class _HostBuilder:
         # step number are step markers (FunctionRun also carries _r=1, without step_num).
         kind = np.where((col["corr"] >= 0) & (kind != HostEventKind.MEMORY), np.int8(HostEventKind.LAUNCH), kind)
         kind = np.where(col["is_root"] & (col["step_num"] >= 0), np.int8(HostEventKind.STEP_MARKER), kind)
+        xla_cpu = np.fromiter(map(classify.is_xla_cpu_thread, self.threads.strings), bool, len(self.threads.strings))
+        if xla_cpu.any():
+            kind = np.where(xla_cpu[col["thread"]] & (kind == HostEventKind.OTHER),
+                            np.int8(HostEventKind.FRAMEWORK_OP), kind)
         activity = HostActivity(
             host=self.host, start_ps=start[order], dur_ps=col["dur_ps"], thread=col["thread"],
             name=col["name"], kind=kind.astype(np.int8), step_num=col["step_num"], is_root=col["is_root"],

@@ -56,7 +56,11 @@ _INPUT_WAIT = frozenset({
     "IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute",
     "MultiDeviceIteratorGetNextFromShardOp::DoCompute",
 })
-_LAUNCH = re.compile(r"^(cu|cuda|hip|hipModule)(Launch|Memcpy|Memset|Graph(Exec)?Launch)|"
+# Launch and copy APIs per vendor, as the host plane names them: CUDA driver/runtime
+# (cuLaunchKernel, cudaLaunchKernel, cuMemcpy*Async, cuGraphLaunch) and HIP (hipModuleLaunchKernel
+# for XLA's own kernels, hipLaunchKernel for library kernels, hipExtModuleLaunchKernel for
+# hipBLASLt/Tensile, hipMemcpyDtoDAsync, hipMemsetAsync), checked on the ROCm JAX captures.
+_LAUNCH = re.compile(r"^(cu|cuda|hip|hipModule|hipExtModule)(Launch|Memcpy|Memset|Graph(Exec)?Launch)|"
                      r"^(cuLaunchKernel|cudaLaunchKernel|hipLaunchKernel|hipExtLaunchKernel)")
 _FUNCTION = re.compile(r"^__inference_|^__forward_|^[a-z_]*_function$|^PjitFunction\(|^jit_|"
                        r"^TfrtTpuLoadedExecutable::Execute$|^PjRtCApiLoadedExecutable::Execute$")
@@ -86,6 +90,15 @@ def host_event_kind(name: str) -> HostEventKind:
     if _TF_OP.match(name):
         return HostEventKind.FRAMEWORK_OP
     return HostEventKind.OTHER
+
+
+# XLA's CPU backend runs the compiled HLO instructions ("dot", "ynn_fusion.1") on threads of
+# its own pools (names seen in JAX CPU captures); those events are the computation itself.
+_XLA_CPU_THREAD = re.compile(r"^(tf_)?XLA(Eigen|PjRtCpuClient)")
+
+
+def is_xla_cpu_thread(thread_name: str) -> bool:
+    return bool(_XLA_CPU_THREAD.match(thread_name))
 
 
 def is_input_pipeline_thread(thread_name: str) -> bool:

@@ -25,10 +25,11 @@ from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind
 # Ampere; Hopper kernels are recognised here too: warpgroup MMA ("wgmma"), cuBLAS's "nvjet"
 # GEMMs and cuDNN/CUTLASS "sm90_" xmma/gmma engines, otherwise every Hopper GEMM would be
 # reported as "not on Tensor Cores". AMD matrix cores show up in rocBLAS/hipBLASLt (Tensile)
-# names as "_MI<m>x<n>x<k>" (MFMA instruction shape).
+# names as "_MI<m>x<n>x<k>" (MFMA instruction shape, e.g. "Cijk_..._MT256x128x64_MI16x16x16x1"
+# in the MI300X JAX capture), as "mfma"/"wmma" in composable-kernel and RDNA kernel names.
 _TENSOR_CORE = re.compile(
     r"h884|s884|h1688|s1688|16816|i8816|hmma|xmma|wgmma|gmma|tensorop|nvjet"
-    r"|sm(?:80|86|89|90|100|120)_.*(?:gemm|conv|fprop|dgrad|wgrad)|_MI\d+x\d+x\d+",
+    r"|sm(?:80|86|89|90|100|120)_.*(?:gemm|conv|fprop|dgrad|wgrad)|_MI\d+x\d+x\d+|mfma|wmma",
     re.IGNORECASE)
 
 # 16-bit (and narrower) floating point and int8 kernels. XProf counts bf16 kernels as

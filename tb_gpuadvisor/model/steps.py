@@ -9,10 +9,12 @@ function runs (tf.function or XLA executables).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys
-from tb_gpuadvisor.model import classify
+from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, Steps
 
@@ -69,7 +71,9 @@ def _steps_line(hosts: list[HostCapture]) -> Steps | None:
 
 
 def _inferred(hosts: list[HostCapture]) -> Steps | None:
-    """Steps from the most time-consuming repeated function (or the only one), at top level."""
+    """Steps from repeated top-level function runs (TensorFlow) or XLA module runs (JAX)."""
+    if framework(hosts) == "jax":
+        return _jax_inferred(hosts)
     best: tuple[int, int, np.ndarray, np.ndarray, str] | None = None
     for hc in hosts:
         act = hc.activity
@@ -88,14 +92,107 @@ def _inferred(hosts: list[HostCapture]) -> Steps | None:
     if best is None:
         return None
     _, _, start, end, name = best
-    order = np.argsort(start)
-    start, end = start[order], end[order]
-    # Nested calls of the same function are one step.
-    keep = np.ones(start.size, bool)
-    keep[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
-    start, end = start[keep], end[keep]
+    start, end = _top_level(start, end)
     return Steps("inferred", np.arange(start.size, dtype=np.int64), start, end,
                  np.full(start.size, -1, np.int64), name)
+
+
+def _top_level(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs in time order, nested or overlapping runs (one call seen on several threads or
+    devices) merged into one."""
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    if not start.size:
+        return start, end
+    first = np.ones(start.size, bool)
+    first[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
+    groups = np.flatnonzero(first)
+    return start[first], np.maximum.reduceat(end, groups)
+
+
+# A JAX computation is a step when it repeats and holds at least this share of the device time
+# of all compiled computations; below it the capture is an op-by-op program with no step.
+DOMINANT_SHARE = 0.5
+
+
+@dataclass
+class _Runs:
+    """The runs of one XLA module: where they are timed, and the device time they used."""
+
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    name: str
+    device_ps: int = 0
+    on_device: bool = False
+    device_events: int = -1     # device events the module ran, -1 when unknown
+
+
+def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
+    """Runs per XLA module: device-side module runs where the device records them (TPU's
+    "XLA Modules" line: dispatch is asynchronous, so only the device says how long a call
+    takes), else the host calls (``PjitFunction(f)`` wins over its nested module execution)."""
+    runs: dict[str, _Runs] = {}
+    device_ps: dict[str, int] = {}
+    events: dict[str, int] = {}
+    for hc in hosts:
+        for modules in hc.xla_modules:
+            for module_id, module in enumerate(modules.names):
+                key = hlo.module_key(module)
+                pick = modules.name == module_id
+                if key is None or not pick.any():
+                    continue
+                device_ps[key] = device_ps.get(key, 0) + int((modules.end_ps - modules.start_ps)[pick].sum())
+                # Devices run the same calls slightly shifted: the steps are one device's runs.
+                if key not in runs or runs[key].start_ps.size < pick.sum():
+                    runs[key] = _Runs(modules.start_ps[pick], modules.end_ps[pick], module, on_device=True)
+        for dev in hc.devices:
+            if dev.hlo_module.size and not hc.xla_modules:
+                has = dev.hlo_module >= 0
+                sums = np.bincount(dev.hlo_module[has], weights=dev.dur_ps[has], minlength=len(dev.hlo_modules))
+                counts = np.bincount(dev.hlo_module[has], minlength=len(dev.hlo_modules))
+                for module, total, count in zip(dev.hlo_modules, sums, counts):
+                    device_ps[module] = device_ps.get(module, 0) + int(total)
+                    events[module] = events.get(module, 0) + int(count)
+        act = hc.activity
+        fn = np.flatnonzero(act.kind == HostEventKind.FUNCTION)
+        for name_id in np.unique(act.name[fn]):
+            name = act.names[int(name_id)]
+            key = hlo.module_key(name)
+            if key is None or (key in runs and runs[key].on_device):
+                continue
+            idx = fn[act.name[fn] == name_id]
+            # The outer call (PjitFunction) includes argument handling the module run does not.
+            if key not in runs or name.startswith("PjitFunction"):
+                runs[key] = _Runs(act.start_ps[idx], act.end_ps[idx], name)
+    for key, run in runs.items():
+        run.device_ps = device_ps.get(key, 0) or int((run.end_ps - run.start_ps).sum())
+        run.device_events = events.get(key, -1)
+    return runs
+
+
+def _jax_inferred(hosts: list[HostCapture]) -> Steps | None:
+    """The dominant repeated XLA computation by device time, never a small helper
+    (``PjitFunction(add)``); a capture where none dominates is one window, not invented steps."""
+    runs = _jax_runs(hosts)
+    if not runs:
+        return None
+    total = sum(run.device_ps for run in runs.values())
+    best = max(runs.values(), key=lambda run: run.device_ps)
+    start, end = _top_level(best.start_ps, best.end_ps)
+    # A jitted single op (jax.numpy's own PjitFunction(add)) runs one kernel per call: a helper.
+    helper = 0 <= best.device_events <= start.size
+    if start.size >= 2 and best.device_ps >= DOMINANT_SHARE * total and not helper:
+        return Steps("inferred_device" if best.on_device else "inferred", np.arange(start.size, dtype=np.int64),
+                     start, end, np.full(start.size, -1, np.int64), best.name)
+    lo, hi = _capture_span(hosts)
+    one = np.zeros(1, np.int64)
+    return Steps("window", one, one + lo, one + hi, one - 1)
+
+
+def _capture_span(hosts: list[HostCapture]) -> tuple[int, int]:
+    """First and last device activity (host activity when no device ran anything)."""
+    tables = [dev for hc in hosts for dev in hc.devices if len(dev)] or [hc.activity for hc in hosts if len(hc.activity)]
+    return (min(int(t.start_ps.min()) for t in tables), max(int(t.end_ps.max()) for t in tables))
 
 
 def find_steps(hosts: list[HostCapture]) -> Steps:

@@ -119,6 +119,8 @@ class DeviceActivity(_EventColumns):
       nbytes             int64, bytes moved by copies/memsets, 0 otherwise
       details            int32, index into ``details`` (kernel_details string), -1 if absent
       step               int32, index into the session's Steps arrays, -1 outside any step
+      hlo_op, hlo_module, source  int32, indices into ``hlo_ops``/``hlo_modules``/``sources``
+                         (XLA instruction, XLA module, JAX source op), -1 if absent (see model/hlo.py)
     """
 
     device: Device
@@ -137,6 +139,12 @@ class DeviceActivity(_EventColumns):
     streams: list[str]
     detail_strings: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    hlo_op: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    hlo_module: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    source: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    hlo_ops: list[str] = field(default_factory=list)
+    hlo_modules: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
     # Values derived from these columns by analyses, kept with the table they describe.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 

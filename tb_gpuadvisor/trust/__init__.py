@@ -3,7 +3,7 @@
 The model holds every step candidate the markers gave. This stage decides, in order:
 
 1. the window of each step a user pays (``windows``): from its host call to the end of its
-   own work, with the profiler's trace export cut off the end;
+   own work (the device work it launched included), with the profiler's trace export cut off;
 2. which devices were traced and for how long (``coverage``): missing device data is never
    idle time, and replicas traced at different times are not compared;
 3. which steps count (``typical``): steps without device data and one-off slow steps
@@ -28,7 +28,7 @@ from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
 from tb_gpuadvisor.trust.coverage import DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
-from tb_gpuadvisor.trust.windows import ExportCut, anchor_to_host_calls, cut_profiler_export
+from tb_gpuadvisor.trust.windows import ExportCut, anchor_to_host_calls, cut_profiler_export, include_launched_work
 
 # A step whose window the primary device's trace covers less than this share of has no device data.
 MIN_STEP_COVERAGE = 0.5
@@ -96,7 +96,7 @@ class Trust:
 
     def to_json(self) -> dict:
         out: dict = {
-            "steps_marked": self.candidates.source not in ("inferred", "none"),
+            "steps_marked": self.candidates.source not in ("inferred", "inferred_device", "window", "none"),
             "candidate_steps": len(self.candidates),
             "trusted_steps": len(self.steps),
             "excluded_steps": [e.to_json() for e in self.excluded],
@@ -169,7 +169,7 @@ def assess(model: SessionModel) -> Trust:
     """Decide the step windows, the coverage and which steps count (see the module docstring)."""
     candidates = model.steps
     candidates.per_marker = steps_per_marker(candidates)
-    steps = anchor_to_host_calls(candidates, model.hosts)
+    steps = include_launched_work(anchor_to_host_calls(candidates, model.hosts), model.hosts)
     steps, cuts = cut_profiler_export(steps, model.hosts)
     assign_steps(steps, model.hosts)
     primary = _primary(model)
@@ -213,12 +213,14 @@ def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, lis
     if aspect != "memory":
         if not len(steps):
             low.append("no training steps were found, so nothing per step can be measured")
-        elif trust.candidates.source == "inferred":
+        elif trust.candidates.source.startswith("inferred"):
             medium.append(f"steps were inferred from repeated runs of {trust.candidates.marker_name or 'a function'}, "
                           "not marked by the program")
+        elif trust.candidates.source == "window":
+            medium.append("nothing repeats like a training step, so the capture is judged as one window")
         if len(steps) == 1 and trust.single_step_atypical:
             low.append("the only captured step is not typical: " + "; ".join(trust.single_step_atypical))
-        elif len(steps) == 1:
+        elif len(steps) == 1 and trust.candidates.source != "window":
             medium.append("judged on the one step the capture holds (nothing atypical was found in it)")
         elif len(steps) == 2:
             medium.append("only 2 steps count, too few to tell a typical step from noise")

@@ -48,8 +48,12 @@ def _step_threads(activity: HostActivity) -> np.ndarray:
 
 def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
     """Move each step's start back to the start of the host call (function or marker) that
-    contains it; a step never starts before the previous one did."""
-    if not len(steps):
+    contains it; a step never starts before the previous one did.
+
+    Only the derived Steps line starts steps on the device while the host call that ran them
+    started earlier; markers already start on the host, and device-side steps of asynchronous
+    dispatch (TPU) are the device's own time, which a host call does not bound."""
+    if not len(steps) or steps.source != "steps_line":
         return steps
     starts = steps.start_ps.copy()
     for host in hosts:
@@ -69,6 +73,32 @@ def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
     ends[:-1] = np.where(touching[:-1], starts[1:], ends[:-1])
     return Steps(steps.source, steps.number, starts, np.maximum(ends, starts), steps.group_id,
                  steps.marker_name, steps.per_marker)
+
+
+def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
+    """The last step ends no earlier than the device work its launch calls started: with
+    asynchronous dispatch (JAX, XLA) the host call returns long before the device finishes."""
+    if not len(steps):
+        return steps
+    lo, hi = int(steps.start_ps[-1]), int(steps.end_ps[-1])
+    end = hi
+    for host in hosts:
+        act = host.activity
+        rows = _span(act.start_ps, lo, hi)
+        launched = act.correlation_id[rows]
+        launched = launched[launched >= 0]
+        if not launched.size:
+            continue
+        for dev in host.devices:
+            mine = np.isin(dev.correlation_id, launched)
+            if mine.any():
+                end = max(end, int(dev.end_ps[mine].max()))
+    if end == hi:
+        return steps
+    ends = steps.end_ps.copy()
+    ends[-1] = end
+    return Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name,
+                 steps.per_marker)
 
 
 def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
