@@ -234,40 +234,38 @@ def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True)
     return _decode_objects(buf, span, choose)
 
 
-def count_events(buf, span: tuple[int, int], fast: bool = True, limit: int | None = None) -> tuple[int, int]:
+def count_events(buf, span: tuple[int, int], fast: bool = True) -> tuple[int, int]:
     """(events, stats) in the lines of the plane at SPAN, without decoding them.
 
-    Counting stops at malformed bytes (decoding reports those) and, on the pure-Python
-    walk, once events + stats pass LIMIT: the caller only needs to know it is too many.
+    The pure-Python count stops at the events (stats would cost as much as decoding)
+    and gives -1 stats.  Counting ends quietly at malformed bytes: decoding reports those.
     """
     view = buf[span[0]:span[1]]
     if fast and _wire is not None:
         return _wire.count_plane(view)
-    counts = [0, 0]
+    events = 0
     try:
-        _count(view, 0, len(view), 0, counts, limit)
-    except (CaptureError, _Enough):
+        for number, wire, _, start, stop, _ in fields(view, 0, len(view)):
+            if number == _LINES and wire == 2:
+                events += _count_events(bytes(view[start:stop]))
+    except CaptureError:
         pass
-    return counts[0], counts[1]
+    return events, -1
 
 
-class _Enough(Exception):
-    """The count passed its limit."""
-
-
-_CHILD = (_LINES, 4, 4)     # XPlane.lines, XLine.events, XEvent.stats
-
-
-def _count(view, start: int, stop: int, level: int, counts: list[int], limit: int | None) -> None:
-    for number, wire, _, a, b, _ in fields(view, start, stop):
-        if wire != 2 or number != _CHILD[level]:
+def _count_events(line: bytes) -> int:
+    """XLine.events fields in LINE; 1-byte tags and lengths stepped over inline (this runs per event)."""
+    count = pos = 0
+    stop = len(line)
+    while pos < stop:
+        key = line[pos]
+        if key < 0x80 and pos + 1 < stop and line[pos + 1] < 0x80 and key & 7 in (0, 2):
+            count += key == 0x22
+            pos += 2 + (line[pos + 1] if key & 7 == 2 else 0)
             continue
-        if level:
-            counts[level - 1] += 1
-            if limit is not None and counts[0] + counts[1] > limit:
-                raise _Enough
-        if level < 2:
-            _count(view, a, b, level + 1, counts, limit)
+        number, wire, _, _, _, pos = next(fields(line, pos, stop))
+        count += number == 4 and wire == 2
+    return count
 
 
 def has_fast_decoder() -> bool:
