@@ -71,7 +71,7 @@ def seeds() -> list[bytes]:
     return found
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while True:
         out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
@@ -94,9 +94,9 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         elif kind == 3:                                 # a tag or value with edge-case numbers
             number = rng.choice([0, 1, 2, 3, 4, 5, 7, 11, (1 << 29) - 1, 1 << 29, 1 << 61])
             wire = rng.choice([0, 1, 2, 3, 4, 5, 6, 7])
-            out[at:at] = _varint(number << 3 | wire)
+            out[at:at] = varint(number << 3 | wire)
         else:                                           # a big varint (timestamps, ref values)
-            out[at:at] = _varint(rng.choice([1 << 62, (1 << 63) + 5, (1 << 64) - 1, 1 << 31]))
+            out[at:at] = varint(rng.choice([1 << 62, (1 << 63) + 5, (1 << 64) - 1, 1 << 31]))
         if not out:
             out = bytearray(data[:1])
     return bytes(out)

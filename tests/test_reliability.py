@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fuzz import varint
 from synth import build_training_session, write_session
 from test_plugin import PLUGIN_ROOT, make_client, make_flags
 from test_service import SESSION, RecordingAnalyzer
@@ -149,8 +150,8 @@ def test_memory_bomb_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
     event = b"\x22\x00"
     n = 2_000_000
     line = b"\x08\x01\x12\x09Stream #1\x18\x01" + event * n
-    plane = b"\x08\x01\x12\x0d/device:GPU:0" + b"\x1a" + _varint(len(line)) + line
-    space = b"\x0a" + _varint(len(plane)) + plane
+    plane = b"\x08\x01\x12\x0d/device:GPU:0" + b"\x1a" + varint(len(line)) + line
+    space = b"\x0a" + varint(len(plane)) + plane
     write_session(tmp_path, "run", "s", {"h": space})
     monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "300")
     for fast in (True, False):
@@ -160,15 +161,6 @@ def test_memory_bomb_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
         assert not model.hosts
         (error,) = model.errors
         assert "refused" in error["message"] and "2,000,000 events" in error["message"]
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
 
 
 @pytest.mark.parametrize("fast", [True, False])
