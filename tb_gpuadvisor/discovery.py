@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,8 @@ class SessionRef:
     path: str
     hosts: tuple[str, ...]
     fs: Any = field(default=None, compare=False, hash=False, repr=False)
+    # (file name, or "" for the folder itself; why it is not read): reported as errors.
+    skipped: tuple[tuple[str, str], ...] = ()
 
     def host_file(self, host: str) -> str:
         if host not in self.hosts:
@@ -83,6 +86,34 @@ def _hosts_in(names: list[str]) -> tuple[str, ...]:
                         if n.endswith(XPLANE_SUFFIX) and len(n) > len(XPLANE_SUFFIX)))
 
 
+def _why_skipped(path: str, real_root: str | None) -> str | None:
+    """Why a local capture file must not be read: not a regular file, or a link out of REAL_ROOT."""
+    try:
+        if real_root is not None and os.path.islink(path):
+            target = os.path.realpath(path)
+            if os.path.commonpath([real_root, target]) != real_root:
+                return "a symbolic link to a file outside the log directory; not read"
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None             # gone or unreadable: reading it reports that
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device named like a capture); not read"
+    return None
+
+
+def _local_hosts(folder: str, names: list[str], real_root: str | None = None
+                 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(readable hosts, skipped files) among the file NAMES of a local session FOLDER."""
+    hosts, skipped = [], []
+    for host in _hosts_in(names):
+        reason = _why_skipped(os.path.join(folder, host + XPLANE_SUFFIX), real_root)
+        if reason:
+            skipped.append((host + XPLANE_SUFFIX, reason))
+        else:
+            hosts.append(host)
+    return tuple(hosts), tuple(skipped)
+
+
 def _run_name(paths, logdir: str, run_dir: str) -> str:
     """TensorBoard's name for a run: its folder relative to the logdir ("." for the logdir)."""
     rel = paths.relpath(run_dir, logdir)
@@ -104,11 +135,13 @@ def _split_session_dir(session_dir: str) -> tuple[str, str] | None:
     return None
 
 
-def _walk(fs, root: str):
+def _walk(fs, root: str, unreadable: list[tuple[str, str]]):
+    """os.walk / fs.walk; local folders below ROOT that cannot be listed go to UNREADABLE."""
     if fs is None:
         def onerror(err: OSError) -> None:
             if err.filename == root:
                 raise DiscoveryError(f"{root}: {err.strerror}")
+            unreadable.append((err.filename, err.strerror or str(err)))
         yield from os.walk(root, onerror=onerror)
     else:
         for dirpath, dirnames, filenames in fs.walk(root):
@@ -139,20 +172,34 @@ def find_sessions(path: str) -> list[SessionRef]:
     # A session folder given directly.
     split = _split_session_dir(root)
     if split:
-        names = os.listdir(root) if fs is None else [posixpath.basename(p) for p in fs.ls(root, detail=False)]
-        hosts = _hosts_in(names)
-        if hosts:
-            return [SessionRef(_own_name(split[0]), split[1], root, hosts, fs)]
+        if fs is None:
+            try:
+                hosts, skipped = _local_hosts(root, os.listdir(root))
+            except OSError as err:
+                raise DiscoveryError(f"{path}: cannot list the session folder: {err.strerror}") from None
+        else:
+            hosts, skipped = _hosts_in([posixpath.basename(p) for p in fs.ls(root, detail=False)]), ()
+        if hosts or skipped:
+            return [SessionRef(_own_name(split[0]), split[1], root, hosts, fs, skipped)]
 
     paths = os.path if fs is None else posixpath
     sessions: list[SessionRef] = []
-    for dirpath, dirnames, filenames in _walk(fs, root):
+    unreadable: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
         dirnames.sort()
-        hosts = _hosts_in(filenames)
         found = _split_session_dir(dirpath)
-        if hosts and found:
+        if not found:
+            continue
+        hosts, skipped = _local_hosts(dirpath, filenames) if fs is None else (_hosts_in(filenames), ())
+        if hosts or skipped:
             run_dir, session = found
-            sessions.append(SessionRef(_run_name(paths, root, run_dir), session, dirpath, hosts, fs))
+            sessions.append(SessionRef(_run_name(paths, root, run_dir), session, dirpath, hosts, fs, skipped))
+    for folder, reason in unreadable:
+        # A session folder that cannot be listed is reported, not silently left out.
+        found = _split_session_dir(folder)
+        if found:
+            sessions.append(SessionRef(_run_name(paths, root, found[0]), found[1], folder, (), fs,
+                                       (("", f"cannot list the session folder: {reason}"),)))
     sessions.sort(key=lambda ref: (ref.run, ref.session))
     return sessions
 
@@ -188,12 +235,14 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
             raise UnsafePathError("run/session resolves outside the logdir")
         if not os.path.isdir(session_dir):
             raise LookupError(f"no session {session!r} in run {run!r}")
-        names = os.listdir(session_dir)
+        try:
+            hosts, skipped = _local_hosts(session_dir, os.listdir(session_dir), real_root)
+        except OSError as err:
+            hosts, skipped = (), (("", f"cannot list the session folder: {err.strerror}"),)
     else:
         if not fs.isdir(session_dir):
             raise LookupError(f"no session {session!r} in run {run!r}")
-        names = [posixpath.basename(p) for p in fs.ls(session_dir, detail=False)]
-    hosts = _hosts_in(names)
-    if not hosts:
+        hosts, skipped = _hosts_in([posixpath.basename(p) for p in fs.ls(session_dir, detail=False)]), ()
+    if not hosts and not skipped:
         raise LookupError(f"session {session!r} of run {run!r} holds no capture")
-    return SessionRef(run, session, session_dir, hosts, fs)
+    return SessionRef(run, session, session_dir, hosts, fs, skipped)

@@ -131,19 +131,22 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
-        # Routed only for names in self._static; other paths never get here.
+        # Routed for names in self._static, but TensorBoard also routes "<name>/..." here.
         name = request.path.rsplit("/", 1)[-1]
-        mimetype = _STATIC_TYPES[os.path.splitext(name)[1]]
-        return http_util.Respond(request, self._static[name], mimetype)
+        if name not in self._static:
+            return http_util.Respond(request, {"error": "not found"}, "application/json", code=404)
+        return http_util.Respond(request, self._static[name], _STATIC_TYPES[os.path.splitext(name)[1]])
 
     def _answer(self, request: wrappers.Request, compute) -> wrappers.Response:
-        """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names."""
+        """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names, 503 when the queue is full."""
         try:
             result = compute()
         except service.BadRequest as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=400)
         except service.NotFound as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=404)
+        except service.Busy as exc:
+            return http_util.Respond(request, {"error": str(exc)}, "application/json", code=503)
         if isinstance(result, service.Pending):
             body = {"status": "pending", "progress": result.progress}
             return http_util.Respond(request, body, "application/json", code=202)

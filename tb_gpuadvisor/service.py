@@ -36,6 +36,10 @@ DEFAULT_WAIT_S = 1.0
 CACHE_SIZE = 64
 # Used for progress estimates until the first analysis has been timed.
 INITIAL_BYTES_PER_S = 2e6
+# Analyses waiting for a worker; more requests for new sessions get 503 until some finish.
+MAX_QUEUED = 16
+# A queued analysis nobody has asked about for this long is dropped when its turn comes.
+ABANDONED_S = 60.0
 
 Analyzer = Callable[[Any], dict]
 _URL_RE = re.compile(r"[a-zA-Z][0-9a-zA-Z.]*://")
@@ -47,6 +51,10 @@ class BadRequest(ValueError):
 
 class NotFound(LookupError):
     """The run, session or host does not exist (HTTP 404)."""
+
+
+class Busy(RuntimeError):
+    """Too many analyses are queued already (HTTP 503); the client retries later."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +127,11 @@ def check_name(kind: str, value: str | None, allow_slash: bool = True) -> str:
     return value
 
 
+def canonical_run(run: str) -> str:
+    """One spelling per run ("./a", "a/", "a//b" are "a", "a", "a/b"), so each has one cache entry."""
+    return "/".join(part for part in run.split("/") if part not in ("", ".")) or "."
+
+
 def _join_run(prefix: str, run: str) -> str:
     if not prefix:
         return run
@@ -140,10 +153,13 @@ def _split_run(root: LogRoot, run: str) -> str | None:
 class _Job:
     """One analysis, finished or not, for one (session, hosts, files) state."""
 
+    key: tuple
     fingerprint: tuple
     future: Future
     submitted: float
     started: float | None = None
+    asked: float = 0.0                  # when a client last asked for it
+    task: Future | None = None          # the worker pool's handle, to cancel it while queued
 
     @property
     def size_bytes(self) -> int:
@@ -206,7 +222,7 @@ class AdvisorService:
         Raises BadRequest for unsafe values (nothing is touched on disk) and
         NotFound for names that are safe but unknown.
         """
-        run = check_name("run", run)
+        run = canonical_run(check_name("run", run))
         session = check_name("session", session, allow_slash=False)
         if host is not None:
             host = check_name("host", host, allow_slash=False)
@@ -261,21 +277,39 @@ class AdvisorService:
         """The cached job for this session state, or a newly submitted one."""
         stamp = ref.stat_key()
         key = (ref.run, ref.session, host)
+        now = time.monotonic()
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.fingerprint == stamp:
                 self._jobs.move_to_end(key)
+                job.asked = now
                 return job
-            job = _Job(stamp, Future(), time.monotonic())
+            if sum(1 for j in self._jobs.values() if j.started is None) >= MAX_QUEUED:
+                raise Busy(f"{MAX_QUEUED} analyses are already queued; retry in a few seconds")
+            if job is not None:
+                self._cancel(job)       # an older state of the files: nobody will wait for it
+            job = _Job(key, stamp, Future(), now, asked=now)
             self._jobs[key] = job
             self._jobs.move_to_end(key)
             while len(self._jobs) > CACHE_SIZE:
-                self._jobs.popitem(last=False)
-        self._pool.submit(self._run_job, job, ref)
+                self._cancel(self._jobs.popitem(last=False)[1])
+            job.task = self._pool.submit(self._run_job, job, ref)
         return job
 
+    @staticmethod
+    def _cancel(job: _Job) -> None:
+        """Drop a queued job's work; a running or finished one is left alone."""
+        if job.task is not None and job.started is None:
+            job.task.cancel()
+
     def _run_job(self, job: _Job, ref: discovery.SessionRef) -> None:
-        job.started = time.monotonic()
+        with self._lock:
+            if time.monotonic() - job.asked > ABANDONED_S:
+                # Nobody polled for it while it queued: forget it (a new request starts it again).
+                if self._jobs.get(job.key) is job:
+                    del self._jobs[job.key]
+                return
+            job.started = time.monotonic()
         try:
             result = self._analyzer()(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does

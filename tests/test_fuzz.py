@@ -15,6 +15,7 @@ from synth import build_training_session, truncated, write_session
 
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.xspace.decode import has_fast_decoder
 
 _SCRIPT = """
 import random, sys, tempfile, pathlib
@@ -55,3 +56,20 @@ def test_cut_capture_reports_the_host_error(tmp_path, keep):
     (ref,) = find_sessions(str(tmp_path))
     session = analyze_session(ref)
     assert session["errors"] and session["errors"][0]["host"] == "h"
+
+
+def test_both_decoders_agree_on_mutated_captures():
+    """Differential fuzzing (benchmarks/fuzz.py): same columns, or both a CaptureError.
+
+    A bounded batch here; `python benchmarks/fuzz.py --seconds 600` runs longer.
+    A child process, so a crash in the C decoder fails the test instead of killing pytest.
+    """
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = (f"import sys; sys.path.insert(0, {str(bench)!r}); import fuzz; "
+              "tried, failures = fuzz.run(inputs=4000, seconds=20, seed=0); "
+              "print('\\n'.join(failures[:5])); print(tried, len(failures))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tried, failed = map(int, result.stdout.split()[-2:])
+    assert failed == 0, result.stdout[-3000:]
+    assert tried > 500 or not has_fast_decoder()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.model.build import HostCapture, read_host
+from tb_gpuadvisor.metadata import XPLANE_SUFFIX
+from tb_gpuadvisor.model.build import MAX_PS, HostCapture, read_host
 from tb_gpuadvisor.model.steps import assign_steps, find_steps, framework
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel,
@@ -25,11 +26,20 @@ MEMORY_BASELINE_BYTES = 150 << 20
 PARALLEL_HOSTS_MIN_BYTES = 64 << 20
 
 
-def memory_budget() -> int | None:
-    """Bytes this analysis may use: available memory, or TB_GPUADVISOR_MEMORY_LIMIT_MB if lower."""
-    limits = []
-    if os.environ.get("TB_GPUADVISOR_MEMORY_LIMIT_MB"):
-        limits.append(int(os.environ["TB_GPUADVISOR_MEMORY_LIMIT_MB"]) << 20)
+def memory_budget() -> tuple[int | None, str | None]:
+    """(bytes this analysis may use, a warning about the setting or None).
+
+    Available memory, or TB_GPUADVISOR_MEMORY_LIMIT_MB if lower; a limit that is not a
+    positive whole number is ignored with a warning rather than failing every session.
+    """
+    limits, warning = [], None
+    setting = os.environ.get("TB_GPUADVISOR_MEMORY_LIMIT_MB", "").strip()
+    if setting:
+        if setting.isdigit() and int(setting) > 0:
+            limits.append(int(setting) << 20)
+        else:
+            warning = (f"TB_GPUADVISOR_MEMORY_LIMIT_MB={setting[:40]!r} is not a positive number of MB; "
+                       "it was ignored (only free memory limits this analysis)")
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -37,12 +47,11 @@ def memory_budget() -> int | None:
                     limits.append(int(line.split()[1]) << 10)
     except OSError:
         pass
-    return min(limits) if limits else None
+    return (min(limits) if limits else None), warning
 
 
-def check_memory(sizes: list[int]) -> str | None:
-    """Why a capture of these host-file sizes cannot be analysed here, or None when it can."""
-    budget = memory_budget()
+def check_memory(sizes: list[int], budget: int | None) -> str | None:
+    """Why a capture of these host-file sizes cannot be analysed within BUDGET, or None when it can."""
     total = sum(s for s in sizes if s > 0)
     needed = MEMORY_BASELINE_BYTES + MEMORY_PER_CAPTURE_BYTE * total
     if budget is None or needed <= budget:
@@ -52,18 +61,32 @@ def check_memory(sizes: list[int]) -> str | None:
             "capture fewer steps (a shorter profile_batch range)")
 
 
-def _read(job: tuple[str, str, object]) -> HostCapture | CaptureError:
-    path, host, opener = job
+def _host_budgets(sizes: list[int], budget: int | None) -> list[int | None]:
+    """Each host's share of the memory left after the baseline, in proportion to its file size."""
+    if budget is None:
+        return [None] * len(sizes)
+    spare = max(budget - MEMORY_BASELINE_BYTES, 0)
+    total = sum(max(s, 0) for s in sizes)
+    return [spare * max(s, 0) // total if total else spare for s in sizes]
+
+
+def _read(job: tuple[str, str, object, int | None]) -> HostCapture | CaptureError:
+    path, host, opener, budget = job
     try:
-        return read_host(path, host, opener)
+        return read_host(path, host, opener, budget)
     except CaptureError as err:
         return err
+    except Exception as err:    # one host's bad bytes must never hide the other hosts
+        return CaptureError(f"this capture could not be analysed ({type(err).__name__}: {err}); "
+                            "it is probably corrupt")
 
 
-def _read_hosts(ref: SessionRef, paths: list[str], total: int) -> list[HostCapture | CaptureError]:
-    jobs = [(path, host, ref.opener()) for host, path in zip(ref.hosts, paths)]
+def _read_hosts(ref: SessionRef, paths: list[str], sizes: list[int],
+                budget: int | None) -> list[HostCapture | CaptureError]:
+    jobs = [(path, host, ref.opener(), share)
+            for host, path, share in zip(ref.hosts, paths, _host_budgets(sizes, budget))]
     workers = min(len(jobs), os.cpu_count() or 1)
-    if workers > 1 and total >= PARALLEL_HOSTS_MIN_BYTES and ref.fs is None:
+    if workers > 1 and sum(max(s, 0) for s in sizes) >= PARALLEL_HOSTS_MIN_BYTES and ref.fs is None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor   # only here: a slow import otherwise unused
 
@@ -74,12 +97,31 @@ def _read_hosts(ref: SessionRef, paths: list[str], total: int) -> list[HostCaptu
     return [_read(job) for job in jobs]
 
 
+def _same_clock(captures: list[tuple[HostCapture, str]], errors: list[dict]) -> list[tuple[HostCapture, str]]:
+    """The captures whose clocks can share one origin; the others become errors."""
+    if not captures:
+        return captures
+    origins = sorted(c.origin_ns for c, _ in captures)
+    median = origins[len(origins) // 2]
+    kept = []
+    for capture, path in captures:
+        if abs(capture.origin_ns - median) * 1000 >= MAX_PS >> 1:   # room for the shift onto one origin
+            errors.append({"host": capture.host, "file": os.path.basename(path),
+                           "message": f"its clock ({capture.origin_ns} ns) is too far from the other hosts'; "
+                                      "the capture is corrupt"})
+        else:
+            kept.append((capture, path))
+    return kept
+
+
 def load_session(ref: SessionRef) -> SessionModel:
     paths = [ref.host_file(host) for host in ref.hosts]
     sizes = [size for _, size, _ in ref.stat_key()]
-    errors: list[dict] = []
-    refusal = check_memory(sizes)
-    results = [] if refusal else _read_hosts(ref, paths, sum(max(s, 0) for s in sizes))
+    errors = [{"host": name[: -len(XPLANE_SUFFIX)], "file": name, "message": reason} if name else {"message": reason}
+              for name, reason in ref.skipped]
+    budget, budget_warning = memory_budget()
+    refusal = check_memory(sizes, budget)
+    results = [] if refusal else _read_hosts(ref, paths, sizes, budget)
     if refusal:
         errors.append({"message": refusal})
     captures: list[tuple[HostCapture, str]] = []
@@ -89,6 +131,7 @@ def load_session(ref: SessionRef) -> SessionModel:
             errors.append({"host": host, "file": os.path.basename(path), "message": str(result)})
         else:
             captures.append((result, path))
+    captures = _same_clock(captures, errors)
     if captures:
         origin = min(c.origin_ns for c, _ in captures)
         for capture, _ in captures:
@@ -99,6 +142,8 @@ def load_session(ref: SessionRef) -> SessionModel:
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events)
              for c, path in captures]
     model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)
+    if budget_warning:
+        model.warnings.append(budget_warning)
     for c in host_captures:
         model.warnings.extend(f"{c.host}: {w}" for w in c.warnings)
     return model

@@ -20,8 +20,8 @@ from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
 )
-from tb_gpuadvisor.xspace.decode import DecodedPlane, decode_plane
-from tb_gpuadvisor.xspace.reader import CaptureFile, Opener
+from tb_gpuadvisor.xspace.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, Opener
 
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU|XPU|CUSTOM):(\d+)$")
 _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
@@ -134,10 +134,30 @@ def _device_of(plane, host: str, stat_names: dict[int, str]) -> Device:
     )
 
 
+# Times are int64 picoseconds from the host's origin: about 53 days either way leaves room for sums.
+MAX_PS = 1 << 62
+
+
 def _starts(dp: DecodedPlane, origin_ns: int) -> np.ndarray:
     """Absolute event starts: each line's timestamp plus the event offsets."""
-    bases = np.fromiter(((line.timestamp_ns - origin_ns) * 1000 for line in dp.lines), np.int64, len(dp.lines))
-    return dp.offset_ps + np.repeat(bases, [line.count for line in dp.lines])
+    bases = [(line.timestamp_ns - origin_ns) * 1000 for line in dp.lines]
+    for line, base in zip(dp.lines, bases):
+        if abs(base) >= MAX_PS:
+            raise CaptureError(f"plane {dp.shell.name!r}, line {line.name!r}: its timestamp ({line.timestamp_ns} ns) "
+                               "is too far from the capture's other times; the capture is corrupt")
+    if dp.n_events and (np.abs(dp.offset_ps).max() >= MAX_PS or np.abs(dp.duration_ps).max() >= MAX_PS):
+        raise CaptureError(f"plane {dp.shell.name!r}: an event offset or duration is out of range; "
+                           "the capture is corrupt")
+    return dp.offset_ps + np.repeat(np.asarray(bases, np.int64), [line.count for line in dp.lines])
+
+
+def _name_indices(ids: np.ndarray, md_name: dict[int, int], names: "_Interner") -> np.ndarray:
+    """Interned event names; events whose metadata id has no entry get the empty name."""
+    idx = map_small_ints(ids, md_name)
+    missing = idx < 0
+    if missing.any():
+        idx[missing] = names.add("")
+    return idx
 
 
 def _line_mask(dp: DecodedPlane, keep) -> np.ndarray:
@@ -202,7 +222,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     xla = _xla_columns(dp, is_tpu)
     order = np.flatnonzero(keep)
     order = order[np.argsort(start[order], kind="stable")]
-    name_idx = map_small_ints(dp.metadata_id[order], md_name)
+    name_idx = _name_indices(dp.metadata_id[order], md_name, names)
     kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
                                len(names.strings))
     activity = DeviceActivity(
@@ -277,7 +297,7 @@ class _HostBuilder:
         start = _starts(dp, origin_ns)
         ints = {name: dp.stats[name].ints(n, dp.strings) for name in ("correlation_id", "group_id", "step_num", "_r")}
         self.parts.append({
-            "start_ps": start, "dur_ps": dp.duration_ps, "name": map_small_ints(dp.metadata_id, md_name),
+            "start_ps": start, "dur_ps": dp.duration_ps, "name": _name_indices(dp.metadata_id, md_name, self.names),
             "thread": line_thread[dp.line_index()] if n else np.empty(0, np.int32),
             "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
             "corr": ints["correlation_id"],
@@ -379,14 +399,60 @@ def _read_plane(buffer, span: tuple[int, int], host: str) -> _DevicePlane | Deco
     return _DevicePlane(*_build_device(dp, host, origin or 0), origin)
 
 
+@dataclass(frozen=True)
+class MemoryCost:
+    """Peak bytes of building one host's tables, per unit counted before decoding."""
+
+    per_file_byte: int
+    per_event: int
+    per_stat: int
+
+    def needed(self, size: int, events: int, stats: int) -> int:
+        return self.per_file_byte * size + self.per_event * events + self.per_stat * max(stats, 0)
+
+
+# Measured with captures of 2-byte events, of empty stats and of benchmark-like events
+# (tests/test_reliability.py checks the estimate bounds the real peak).  The C decoder packs
+# columns; the pure-Python one holds a protobuf object per stat and cannot count stats
+# cheaply, so its file bytes are charged at the cost of the smallest possible stats.
+COST_C = MemoryCost(per_file_byte=1, per_event=130, per_stat=24)
+COST_PYTHON = MemoryCost(per_file_byte=40, per_event=200, per_stat=0)
+
+
+def memory_needed(capture: CaptureFile) -> tuple[int, int]:
+    """(peak bytes to build this capture's tables, its events), from a count that decodes nothing."""
+    fast = has_fast_decoder()
+    counts = [count_events(capture.buffer, span, fast) for span in capture.index.plane_spans]
+    events, stats = sum(e for e, _ in counts), sum(s for _, s in counts)
+    return (COST_C if fast else COST_PYTHON).needed(capture.size, events, stats), events
+
+
+def _check_budget(capture: CaptureFile, budget: int | None) -> None:
+    if budget is None:
+        return
+    needed, events = memory_needed(capture)
+    if needed > budget:
+        hint = "" if has_fast_decoder() else "; installing with a C compiler (the fast decoder) needs far less"
+        raise CaptureError(
+            f"refused: this capture holds {events:,} events and analysing it needs about "
+            f"{needed / 2**30:.2f} GiB of memory, more than the {budget / 2**30:.2f} GiB available for it "
+            f"(free memory or TB_GPUADVISOR_MEMORY_LIMIT_MB){hint}; capture fewer steps "
+            "(a shorter profile_batch range) or analyse it on a machine with more memory")
+
+
 # Planes are decoded and converted in parallel: the C decoder and numpy release the GIL.
 # Twice the cores: while one thread holds the GIL for Python work, another decodes in C.
 WORKERS = min(4, 2 * (os.cpu_count() or 1))
 
 
-def read_host(path: str, host: str, opener: Opener | None = None) -> HostCapture:
-    """Build one host's tables from its capture file (raises CaptureError when unreadable)."""
+def read_host(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
+    """Build one host's tables from its capture file.
+
+    Raises CaptureError when the file is unreadable, or when its events would need more than
+    BUDGET bytes (checked by counting them before anything is decoded).
+    """
     with CaptureFile(path, opener) as capture:
+        _check_budget(capture, budget)
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
         spans = capture.index.plane_spans

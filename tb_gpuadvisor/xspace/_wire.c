@@ -22,6 +22,16 @@
  * Columns are read-only buffers (numpy.frombuffer wraps them without a copy).
  *   strings      list of str values met in wanted stats
  * Raises ValueError on malformed or truncated input.
+ *
+ * The wire rules are those of the protobuf runtime that parses the same bytes on
+ * the pure-Python path (so both decoders accept and refuse the same planes):
+ * tags of at most 5 bytes with a field number of 1..2^29-1, groups (wire types
+ * 3/4) skipped as unknown fields up to 100 levels of nesting, strict UTF-8 in
+ * string fields, a field with an unexpected wire type treated as unknown, and
+ * the last member of a oneof wins.
+ *
+ * count_plane(buffer) returns (events, stats) of the plane's lines without
+ * decoding them, for the memory estimate; it stops counting at malformed bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,7 +41,8 @@
 #define MAX_WANTED 64
 #define SLOT_TABLE 4096 /* stat metadata ids below this are looked up directly */
 
-enum { OK = 0, MALFORMED = -1, NO_MEMORY = -3 };
+enum { OK = 0, MALFORMED = -1, BAD_UTF8 = -2, NO_MEMORY = -3 };
+#define MAX_DEPTH 100 /* nesting the protobuf runtime allows below the message it parses */
 
 typedef struct {
     char *data;
@@ -73,9 +84,35 @@ static inline int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *o
     return MALFORMED;
 }
 
+/* A field tag: a varint of at most 5 bytes below 2^32, with a non-zero field number. */
+static inline int read_key(const uint8_t **p, const uint8_t *end, int *field, int *wire) {
+    uint64_t key;
+    const uint8_t *q = *p;
+    const uint8_t *limit = end - q > 5 ? q + 5 : end;
+    if (read_varint(&q, limit, &key) < 0 || key > 0xFFFFFFFFu || (key >> 3) == 0) return MALFORMED;
+    *p = q;
+    *field = (int)(key >> 3);
+    *wire = (int)(key & 7);
+    return OK;
+}
+
+static int skip_payload(const uint8_t **p, const uint8_t *end, int field, int wire, int depth,
+                        const uint8_t **start, const uint8_t **stop);
+
+/* Skip a group's fields up to its end tag (which must carry the group's field number). */
+static int skip_group(const uint8_t **p, const uint8_t *end, int field, int depth) {
+    if (depth <= 0) return MALFORMED;
+    for (;;) {
+        int inner, wire;
+        if (*p >= end || read_key(p, end, &inner, &wire) < 0) return MALFORMED;
+        if (wire == 4) return inner == field ? OK : MALFORMED;
+        if (skip_payload(p, end, inner, wire, depth - 1, NULL, NULL) < 0) return MALFORMED;
+    }
+}
+
 /* Advance past one field's payload; for length-delimited fields return its bounds. */
-static inline int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
-                               const uint8_t **start, const uint8_t **stop) {
+static int skip_payload(const uint8_t **p, const uint8_t *end, int field, int wire, int depth,
+                        const uint8_t **start, const uint8_t **stop) {
     uint64_t v;
     switch (wire) {
     case 0:
@@ -90,6 +127,8 @@ static inline int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
         *p += v;
         if (stop) *stop = *p;
         return OK;
+    case 3:
+        return skip_group(p, end, field, depth);
     case 5:
         if (end - *p < 4) return MALFORMED;
         *p += 4;
@@ -97,6 +136,29 @@ static inline int skip_payload(const uint8_t **p, const uint8_t *end, int wire,
     default:
         return MALFORMED;
     }
+}
+
+/* Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF), as protobuf requires. */
+static int valid_utf8(const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint8_t c = *p;
+        if (c < 0x80) { p++; continue; }
+        int n;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) n = 1;
+        else if (c == 0xE0) { n = 2; lo = 0xA0; }
+        else if (c == 0xED) { n = 2; hi = 0x9F; }
+        else if (c >= 0xE1 && c <= 0xEF) n = 2;
+        else if (c == 0xF0) { n = 3; lo = 0x90; }
+        else if (c == 0xF4) { n = 3; hi = 0x8F; }
+        else if (c >= 0xF1 && c <= 0xF3) n = 3;
+        else return 0;
+        if (end - p <= n || p[1] < lo || p[1] > hi) return 0;
+        for (int i = 2; i <= n; i++)
+            if ((p[i] & 0xC0) != 0x80) return 0;
+        p += n + 1;
+    }
+    return 1;
 }
 
 /* A line, with its strings as offsets into the plane buffer. */
@@ -122,14 +184,14 @@ static inline int find_slot(const State *s, int64_t id) {
     return -1;
 }
 
-static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t event) {
+static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t event, int depth) {
     int64_t metadata_id = 0, value = 0;
     int8_t type = 0;
     const uint8_t *text = NULL, *text_end = NULL;
     while (p < end) {
-        uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) return MALFORMED;
-        int field = (int)(key >> 3), wire = (int)(key & 7);
+        uint64_t v;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0) return MALFORMED;
         if (field == 1 && wire == 0) {
             if (read_varint(&p, end, &v) < 0) return MALFORMED;
             metadata_id = (int64_t)v;
@@ -143,9 +205,14 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
             p += 8;
             type = 5;
         } else if ((field == 5 || field == 6) && wire == 2) {
-            if (skip_payload(&p, end, wire, &text, &text_end) < 0) return MALFORMED;
+            const uint8_t *a, *b;
+            if (skip_payload(&p, end, field, wire, depth, &a, &b) < 0) return MALFORMED;
+            if (field == 5 && !valid_utf8(a, b)) return BAD_UTF8;
+            text = a;
+            text_end = b;
+            value = 0;
             type = field == 5 ? 4 : 6;
-        } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
+        } else if (skip_payload(&p, end, field, wire, depth, NULL, NULL) < 0) {
             return MALFORMED;
         }
     }
@@ -162,24 +229,25 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
     return OK;
 }
 
-static int decode_event(State *s, const uint8_t *p, const uint8_t *end) {
+static int decode_event(State *s, const uint8_t *p, const uint8_t *end, int depth) {
     int64_t metadata_id = 0, offset = 0, duration = 0;
     int64_t event = s->n_events;
     while (p < end) {
-        uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) return MALFORMED;
-        int field = (int)(key >> 3), wire = (int)(key & 7);
+        uint64_t v;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0) return MALFORMED;
         if (wire == 0 && (field == 1 || field == 2 || field == 3 || field == 5)) {
             if (read_varint(&p, end, &v) < 0) return MALFORMED;
             if (field == 1) metadata_id = (int64_t)v;
             else if (field == 2) offset = (int64_t)v;
             else if (field == 3) duration = (int64_t)v;
+            else offset = 0; /* num_occurrences shares a oneof with offset_ps: the last one set wins */
         } else if (field == 4 && wire == 2) {
             const uint8_t *a, *b;
-            if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
-            int rc = decode_stat(s, a, b, event);
+            if (skip_payload(&p, end, field, wire, depth, &a, &b) < 0) return MALFORMED;
+            int rc = decode_stat(s, a, b, event, depth - 1);
             if (rc < 0) return rc;
-        } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
+        } else if (skip_payload(&p, end, field, wire, depth, NULL, NULL) < 0) {
             return MALFORMED;
         }
     }
@@ -190,26 +258,27 @@ static int decode_event(State *s, const uint8_t *p, const uint8_t *end) {
     return OK;
 }
 
-static int decode_line(State *s, const uint8_t *p, const uint8_t *end) {
+static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth) {
     LineInfo line = {0};
     line.first = s->n_events;
     while (p < end) {
-        uint64_t key, v;
-        if (read_varint(&p, end, &key) < 0) return MALFORMED;
-        int field = (int)(key >> 3), wire = (int)(key & 7);
+        uint64_t v;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0) return MALFORMED;
         if (wire == 0 && (field == 1 || field == 3)) {
             if (read_varint(&p, end, &v) < 0) return MALFORMED;
             if (field == 1) line.id = (int64_t)v; else line.timestamp = (int64_t)v;
         } else if (wire == 2 && (field == 2 || field == 4 || field == 11)) {
             const uint8_t *a, *b;
-            if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
+            if (skip_payload(&p, end, field, wire, depth, &a, &b) < 0) return MALFORMED;
+            if (field != 4 && !valid_utf8(a, b)) return BAD_UTF8;
             if (field == 2) { line.name_at = a - s->base; line.name_len = b - a; }
             else if (field == 11) { line.display_at = a - s->base; line.display_len = b - a; }
             else {
-                int rc = decode_event(s, a, b);
+                int rc = decode_event(s, a, b, depth - 1);
                 if (rc < 0) return rc;
             }
-        } else if (skip_payload(&p, end, wire, NULL, NULL) < 0) {
+        } else if (skip_payload(&p, end, field, wire, depth, NULL, NULL) < 0) {
             return MALFORMED;
         }
     }
@@ -221,13 +290,12 @@ static int decode_line(State *s, const uint8_t *p, const uint8_t *end) {
 static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int with_lines) {
     while (p < end) {
         const uint8_t *field_start = p, *a, *b;
-        uint64_t key;
-        if (read_varint(&p, end, &key) < 0) return MALFORMED;
-        int field = (int)(key >> 3), wire = (int)(key & 7);
-        if (skip_payload(&p, end, wire, &a, &b) < 0) return MALFORMED;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0 || wire == 4) return MALFORMED;
+        if (skip_payload(&p, end, field, wire, MAX_DEPTH, &a, &b) < 0) return MALFORMED;
         if (field == 3 && wire == 2) {
             if (with_lines) {
-                int rc = decode_line(s, a, b);
+                int rc = decode_line(s, a, b, MAX_DEPTH - 1);
                 if (rc < 0) return rc;
             }
         } else {
@@ -236,6 +304,21 @@ static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int wit
         }
     }
     return OK;
+}
+
+/* Events (counts[0]) and stats (counts[1]) below a plane (level 0), line (1) or event (2). */
+static void count_fields(const uint8_t *p, const uint8_t *end, int level, int64_t *counts) {
+    static const int child[] = {3, 4, 4}; /* XPlane.lines, XLine.events, XEvent.stats */
+    while (p < end) {
+        const uint8_t *a, *b;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0 || wire == 4 ||
+            skip_payload(&p, end, field, wire, MAX_DEPTH, &a, &b) < 0)
+            return;
+        if (wire != 2 || field != child[level]) continue;
+        if (level > 0) counts[level - 1]++;
+        if (level < 2) count_fields(a, b, level + 1, counts);
+    }
 }
 
 /* A read-only buffer that owns a malloc'd column: numpy wraps it without copying. */
@@ -364,6 +447,7 @@ static PyObject *decode_plane(PyObject *self, PyObject *args) {
     err = decode_fields(s, s->base, s->base + data.len, with_lines);
     Py_END_ALLOW_THREADS
     if (err == MALFORMED) PyErr_SetString(PyExc_ValueError, "malformed or truncated XPlane");
+    else if (err == BAD_UTF8) PyErr_SetString(PyExc_ValueError, "a string field is not valid UTF-8");
     else if (err == NO_MEMORY) PyErr_NoMemory();
     else result = build_result(s);
 done:
@@ -376,8 +460,20 @@ done:
     return result;
 }
 
+static PyObject *count_plane(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    int64_t counts[2] = {0, 0};
+    Py_BEGIN_ALLOW_THREADS
+    count_fields((const uint8_t *)data.buf, (const uint8_t *)data.buf + data.len, 0, counts);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(LL)", (long long)counts[0], (long long)counts[1]);
+}
+
 static PyMethodDef methods[] = {
     {"decode_plane", decode_plane, METH_VARARGS, "Decode an XPlane's lines and events into columns."},
+    {"count_plane", count_plane, METH_VARARGS, "Count an XPlane's events and their stats without decoding."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,10 @@
 The C decoder (``_wire.c``) walks the wire bytes once; when it was not built
 (no compiler at install time) the same columns come from protobuf message
 objects, slower but identical.  Either way the plane's small fields (name,
-metadata maps, plane stats) are parsed with the protobuf runtime.
+metadata maps, plane stats) are parsed with the protobuf runtime, and a plane
+the caller skips is checked only as far as its top-level framing, so both
+decoders accept and refuse exactly the same bytes (the C decoder follows the
+protobuf runtime's wire rules).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tb_gpuadvisor.arrays import distinct_small_ints, map_small_ints
-from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.xspace.reader import CaptureError, fields
 from tb_gpuadvisor.xspace.schema import XPlane
 
 try:
@@ -120,11 +123,20 @@ def _empty_column() -> StatColumn:
     return StatColumn(np.empty(0, np.int64), np.empty(0, np.int8), np.empty(0, np.int64))
 
 
+_LINES = 3
+
+
 def _shell(buf, spans) -> XPlane:
     try:
         return XPlane.FromString(b"".join(bytes(buf[a:b]) for a, b in spans))
     except DecodeError as err:
         raise CaptureError(f"a plane's header is corrupt: {err}") from None
+
+
+def _shell_spans(view) -> list[tuple[int, int]]:
+    """Byte spans of every plane field that is not a line (the pure-Python twin of the C walk)."""
+    return [(first, last) for number, wire, first, _, _, last in fields(view, 0, len(view))
+            if not (number == _LINES and wire == 2)]
 
 
 Chooser = Callable[[XPlane], "tuple[str, ...] | None"]
@@ -162,13 +174,14 @@ _VALUE_FIELDS = {"int64_value": INT64, "uint64_value": UINT64, "ref_value": REF,
 def _decode_objects(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | None:
     """The same columns through protobuf message objects (no C decoder)."""
     start, stop = span
+    view = buf[start:stop]
     try:
-        plane = XPlane.FromString(buf[start:stop])
-    except DecodeError as err:
+        wanted = choose(_shell(view, _shell_spans(view)))
+        if wanted is None:
+            return None
+        plane = XPlane.FromString(view)
+    except (DecodeError, CaptureError) as err:
         raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
-    wanted = choose(plane)
-    if wanted is None:
-        return None
     stat_names = {sid: meta.name for sid, meta in plane.stat_metadata.items()}
     wanted_ids = {sid: name for sid, name in stat_names.items() if name in wanted}
     lines, md, off, dur, strings = [], [], [], [], []
@@ -194,8 +207,8 @@ def _decode_objects(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane
                     value = int(np.float64(value).view(np.int64))
                 elif kind == BYTES:
                     value = 0
-                elif kind == UINT64:
-                    value = int(np.uint64(value).astype(np.int64))
+                elif kind == UINT64 or kind == REF:     # unsigned on the wire, int64 bits in columns
+                    value = value - (1 << 64) if value >= 1 << 63 else value
                 rows[name].append((index, kind, value))
     columns = {}
     for name, found in rows.items():
@@ -219,6 +232,40 @@ def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True)
     if fast and _wire is not None:
         return _decode_fast(buf, span, choose)
     return _decode_objects(buf, span, choose)
+
+
+def count_events(buf, span: tuple[int, int], fast: bool = True) -> tuple[int, int]:
+    """(events, stats) in the lines of the plane at SPAN, without decoding them.
+
+    The pure-Python count stops at the events (stats would cost as much as decoding)
+    and gives -1 stats.  Counting ends quietly at malformed bytes: decoding reports those.
+    """
+    view = buf[span[0]:span[1]]
+    if fast and _wire is not None:
+        return _wire.count_plane(view)
+    events = 0
+    try:
+        for number, wire, _, start, stop, _ in fields(view, 0, len(view)):
+            if number == _LINES and wire == 2:
+                events += _count_events(bytes(view[start:stop]))
+    except CaptureError:
+        pass
+    return events, -1
+
+
+def _count_events(line: bytes) -> int:
+    """XLine.events fields in LINE; 1-byte tags and lengths stepped over inline (this runs per event)."""
+    count = pos = 0
+    stop = len(line)
+    while pos < stop:
+        key = line[pos]
+        if key < 0x80 and pos + 1 < stop and line[pos + 1] < 0x80 and key & 7 in (0, 2):
+            count += key == 0x22
+            pos += 2 + (line[pos + 1] if key & 7 == 2 else 0)
+            continue
+        number, wire, _, _, _, pos = next(fields(line, pos, stop))
+        count += number == 4 and wire == 2
+    return count
 
 
 def has_fast_decoder() -> bool:

@@ -4,18 +4,27 @@ The top level of an XSpace is just a list of length-delimited fields, so the
 planes can be located here and decoded separately (``xspace.decode``): a huge
 capture never needs the whole message tree in memory.  Every
 way a file can be unusable (missing, unreadable, empty, truncated, not a
-protobuf) becomes a :class:`CaptureError` with a message meant for the user.
+protobuf, not a regular file, changed while read) becomes a :class:`CaptureError`
+with a message meant for the user.
+
+``fields`` walks one message level with the protobuf runtime's rules (tags of at
+most 5 bytes, field number 1..2^29-1, groups skipped, 100 levels of nesting), so
+that what it accepts is what ``XPlane.FromString`` accepts; the C decoder follows
+the same rules.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
+import stat
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 _PLANES, _ERRORS, _WARNINGS, _HOSTNAMES = 1, 2, 3, 4
-_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_GROUP, _WIRE_END, _WIRE_I32 = 0, 1, 2, 3, 4, 5
+# Nesting the protobuf runtime allows below the message being parsed (messages and groups).
+MAX_DEPTH = 100
+_U64 = (1 << 64) - 1
 
 
 class CaptureError(Exception):
@@ -32,55 +41,87 @@ class SpaceIndex:
     hostnames: list[str] = field(default_factory=list)
 
 
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+def _varint(buf, pos: int, end: int, max_bytes: int = 10) -> tuple[int, int]:
     result = shift = 0
+    limit = min(end, pos + max_bytes)
     while True:
-        if pos >= end:
-            raise CaptureError("the file ends in the middle of a field (truncated capture?)")
+        if pos >= limit:
+            if pos >= end:
+                raise CaptureError("the file ends in the middle of a field (truncated capture?)")
+            raise CaptureError("not an XSpace protobuf (malformed varint)")
         byte = buf[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return result, pos
+            return result & _U64, pos
         shift += 7
-        if shift > 63:
-            raise CaptureError("not an XSpace protobuf (malformed varint)")
+
+
+def _tag(buf, pos: int, end: int) -> tuple[int, int, int]:
+    """(field number, wire type, next position) of the tag at POS."""
+    key, pos = _varint(buf, pos, end, max_bytes=5)
+    if key >> 32 or key >> 3 == 0:
+        raise CaptureError(f"not an XSpace protobuf (invalid field tag before offset {pos})")
+    return key >> 3, key & 7, pos
+
+
+def _skip(buf, pos: int, end: int, number: int, wire: int, depth: int) -> tuple[int, int, int]:
+    """(payload start, payload end, next position) of a field whose tag ended at POS."""
+    if wire == _WIRE_VARINT:
+        _, stop = _varint(buf, pos, end)
+        return pos, stop, stop
+    if wire == _WIRE_I64 or wire == _WIRE_I32:
+        stop = pos + (8 if wire == _WIRE_I64 else 4)
+        if stop > end:
+            raise CaptureError("the file ends in the middle of a field (truncated capture?)")
+        return pos, stop, stop
+    if wire == _WIRE_LEN:
+        length, start = _varint(buf, pos, end)
+        if length > end - start:
+            raise CaptureError(
+                f"truncated or corrupt: a field needs {length} bytes at offset {start} "
+                f"but only {end - start} remain")
+        return start, start + length, start + length
+    if wire == _WIRE_GROUP:
+        if depth <= 0:
+            raise CaptureError("corrupt: fields nested too deeply")
+        inner = pos
+        while True:
+            if inner >= end:
+                raise CaptureError("corrupt: a group has no end")
+            inner_number, inner_wire, after = _tag(buf, inner, end)
+            if inner_wire == _WIRE_END:
+                if inner_number != number:
+                    raise CaptureError("corrupt: a group ends with the wrong field number")
+                return pos, inner, after
+            inner = _skip(buf, after, end, inner_number, inner_wire, depth - 1)[2]
+    raise CaptureError(f"not an XSpace protobuf (wire type {wire} before offset {pos})")
+
+
+def fields(buf, pos: int, end: int, depth: int = MAX_DEPTH) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(number, wire, field start, payload start, payload end, field end) of each field of one message."""
+    while pos < end:
+        number, wire, after = _tag(buf, pos, end)
+        if wire == _WIRE_END:
+            raise CaptureError(f"corrupt: a group ends where none started (offset {pos})")
+        start, stop, nxt = _skip(buf, after, end, number, wire, depth)
+        yield number, wire, pos, start, stop, nxt
+        pos = nxt
 
 
 def index_space(buf) -> SpaceIndex:
     """Scan the top level of a serialized XSpace without decoding the planes."""
-    end = len(buf)
-    if end == 0:
+    if len(buf) == 0:
         raise CaptureError("the file is empty (0 bytes)")
     index = SpaceIndex()
     strings = {_ERRORS: index.errors, _WARNINGS: index.warnings, _HOSTNAMES: index.hostnames}
-    pos = 0
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise CaptureError("not an XSpace protobuf (field number 0)")
-        if wire == _WIRE_LEN:
-            length, pos = _varint(buf, pos, end)
-            if pos + length > end:
-                raise CaptureError(
-                    f"the file is truncated: a field needs {length} bytes at offset {pos} "
-                    f"but the file has {end} bytes")
-            if number == _PLANES:
-                index.plane_spans.append((pos, pos + length))
-            elif number in strings:
-                strings[number].append(bytes(buf[pos:pos + length]).decode("utf-8", "replace"))
-            pos += length
-        elif wire == _WIRE_VARINT:
-            _, pos = _varint(buf, pos, end)
-        elif wire == _WIRE_I64:
-            pos += 8
-        elif wire == _WIRE_I32:
-            pos += 4
-        else:
-            raise CaptureError(f"not an XSpace protobuf (wire type {wire} at offset {pos})")
-    if pos != end:
-        raise CaptureError("the file is truncated in its last field")
+    for number, wire, _, start, stop, _ in fields(buf, 0, len(buf)):
+        if wire != _WIRE_LEN:
+            continue
+        if number == _PLANES:
+            index.plane_spans.append((start, stop))
+        elif number in strings:
+            strings[number].append(bytes(buf[start:stop]).decode("utf-8", "replace"))
     return index
 
 
@@ -97,52 +138,66 @@ _OS_ERRORS = (
 class CaptureFile:
     """An open capture: its bytes and the index of its planes (xspace.decode decodes them).
 
-    Local files are memory-mapped; remote ones (through an fsspec opener) are
-    read into memory once.  Use as a context manager.
+    The file is read into memory once, not memory-mapped: captures are rewritten
+    while TensorBoard runs, and a mapped file that shrinks kills the process
+    (SIGBUS) when a vanished page is touched.  Reading costs no more memory
+    (touched mapped pages count as resident too) and a file that changes while
+    it is read becomes a CaptureError.  Only regular files are opened, without
+    blocking: a FIFO named like a capture would otherwise hang the reader forever.
+    Use as a context manager.
     """
 
     def __init__(self, path: str, opener: Opener | None = None):
         self.path = path
         self.buffer: memoryview | None = None
-        self._mmap: mmap.mmap | None = None
-        self._file: IO[bytes] | None = None
         try:
-            self._open(opener)
+            data = _read_local(path) if opener is None else _read_remote(path, opener)
         except OSError as err:
-            self.close()
             message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
                            f"cannot read the file: {err.strerror or err}")
             raise CaptureError(message) from None
-        except CaptureError:
-            self.close()
-            raise
-
-    def _open(self, opener: Opener | None) -> None:
-        if opener is None:
-            self._file = open(self.path, "rb")
-            if os.fstat(self._file.fileno()).st_size == 0:
-                raise CaptureError("the file is empty (0 bytes)")
-            self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-            self.buffer = memoryview(self._mmap)
-        else:
-            with opener(self.path) as handle:
-                self.buffer = memoryview(handle.read())
-        self.size = len(self.buffer)
+        self.buffer = memoryview(data)
+        self.size = len(data)
         self.index = index_space(self.buffer)
 
     def close(self) -> None:
         if self.buffer is not None:
             self.buffer.release()
             self.buffer = None
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
     def __enter__(self) -> "CaptureFile":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _read_local(path: str) -> bytearray:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise CaptureError("not a regular file (a FIFO, socket or device named like a capture); skipped")
+        if before.st_size == 0:
+            raise CaptureError("the file is empty (0 bytes)")
+        data = bytearray(before.st_size)
+        view = memoryview(data)
+        got = 0
+        while got < len(data):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break
+            got += n
+        view.release()
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if got != len(data) or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        raise CaptureError("the file changed while it was read (is the profiler still writing it?); "
+                           "reload to analyse the new version")
+    return data
+
+
+def _read_remote(path: str, opener: Opener) -> bytes:
+    with opener(path) as handle:
+        return handle.read()

@@ -1,0 +1,137 @@
+"""Differential fuzzing of the two plane decoders (C and pure Python).
+
+Seeds are synthetic captures (tests/synth.py) and, when present, the small real
+captures of the shared corpus.  Each input is a seed mutated by byte flips, cuts,
+duplicated slices or inserted varints; every plane is then decoded by both
+decoders, which must agree: the same columns, or both a CaptureError.  Anything
+else (another exception, a crash, a disagreement) fails.
+
+    python benchmarks/fuzz.py --seconds 600            # a long run
+    python benchmarks/fuzz.py --inputs 2000 --seed 7   # a reproducible batch
+
+The test suite runs a bounded batch (tests/test_fuzz.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from tb_gpuadvisor.xspace import decode  # noqa: E402
+from tb_gpuadvisor.xspace.reader import CaptureError, index_space  # noqa: E402
+
+WANTED = ("correlation_id", "group_id", "level 0", "tf_op", "memcpy_details", "kernel_details", "step_num", "_r")
+CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", REPO.parent / "shared" / "corpus"))
+MAX_SEED_BYTES = 200_000
+
+
+def _choose(plane) -> tuple[str, ...] | None:
+    return WANTED if plane.name.startswith(("/device:", "/host:CPU")) else None
+
+
+def outcome(data: bytes, fast: bool) -> object:
+    """What one decoder makes of every plane: comparable values, "error" for a CaptureError."""
+    view = memoryview(data)
+    try:
+        spans = index_space(view).plane_spans
+    except CaptureError:
+        return "error"
+    planes = []
+    for span in spans:
+        try:
+            dp = decode.decode_plane(view, span, _choose, fast=fast)
+        except CaptureError:
+            planes.append("error")
+            continue
+        if dp is None:
+            planes.append(None)
+            continue
+        planes.append((dp.shell.SerializeToString(deterministic=True), dp.lines, dp.metadata_id.tolist(),
+                       dp.offset_ps.tolist(), dp.duration_ps.tolist(), dp.strings,
+                       {name: (c.event.tolist(), c.kind.tolist(), c.value.tolist())
+                        for name, c in sorted(dp.stats.items())}))
+    return planes
+
+
+def seeds() -> list[bytes]:
+    from synth import build_training_session
+
+    found = [build_training_session(steps=2, gpus=2, memcpy_frac=0.05).space.SerializeToString(),
+             build_training_session(steps=2, framework="jax", marker="none").space.SerializeToString(),
+             build_training_session(steps=2, marker="r", cupti_plane=True, launch_api="cuLaunchKernel").space.SerializeToString()]
+    if CORPUS.is_dir():
+        found += [p.read_bytes() for p in sorted(CORPUS.rglob("*.xplane.pb")) if p.stat().st_size <= MAX_SEED_BYTES]
+    return found
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 6)):
+        at = rng.randrange(len(out))
+        kind = rng.randrange(5)
+        if kind == 0:                                   # flip a byte
+            out[at] = rng.randrange(256)
+        elif kind == 1:                                 # cut a slice
+            del out[at:at + rng.randint(1, 64)]
+        elif kind == 2:                                 # duplicate a slice
+            out[at:at] = out[at:at + rng.randint(1, 32)]
+        elif kind == 3:                                 # a tag or value with edge-case numbers
+            number = rng.choice([0, 1, 2, 3, 4, 5, 7, 11, (1 << 29) - 1, 1 << 29, 1 << 61])
+            wire = rng.choice([0, 1, 2, 3, 4, 5, 6, 7])
+            out[at:at] = varint(number << 3 | wire)
+        else:                                           # a big varint (timestamps, ref values)
+            out[at:at] = varint(rng.choice([1 << 62, (1 << 63) + 5, (1 << 64) - 1, 1 << 31]))
+        if not out:
+            out = bytearray(data[:1])
+    return bytes(out)
+
+
+def run(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
+    """(inputs tried, disagreements); stops at INPUTS or SECONDS, whichever comes first."""
+    if not decode.has_fast_decoder():
+        return 0, []
+    pool = seeds()
+    rng = random.Random(seed)
+    deadline = time.monotonic() + seconds
+    failures: list[str] = []
+    tried = 0
+    while tried < inputs and time.monotonic() < deadline:
+        data = mutate(rng.choice(pool), rng)
+        tried += 1
+        fast, slow = outcome(data, True), outcome(data, False)
+        if fast != slow:
+            failures.append(f"input {tried} (seed {seed}): {data.hex()[:200]}...")
+    return tried, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--inputs", type=int, default=10**9)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    tried, failures = run(args.inputs, args.seconds, args.seed)
+    for line in failures[:20]:
+        print(line)
+    print(f"{tried} inputs, {len(failures)} disagreements")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

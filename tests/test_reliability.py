@@ -1,0 +1,280 @@
+"""Issue 14: files changing under the reader, hostile files, memory bombs and request floods
+never take the process down and never hide a good host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fuzz import varint
+from synth import build_training_session, write_session
+from test_plugin import PLUGIN_ROOT, make_client, make_flags
+from test_service import SESSION, RecordingAnalyzer
+from test_service import _write as make_session
+
+from tb_gpuadvisor import service
+from tb_gpuadvisor.discovery import find_sessions, resolve_session
+from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.xspace import decode
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, index_space
+from tb_gpuadvisor.xspace.schema import XSpace
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _good() -> bytes:
+    return build_training_session(steps=3, gpus=2).space.SerializeToString()
+
+
+def _session(tmp_path, files: dict[str, bytes]) -> dict:
+    write_session(tmp_path, "run", "s", files)
+    (ref,) = find_sessions(str(tmp_path))
+    return analyze_session(ref)
+
+
+def _device_hosts(session: dict) -> set[str]:
+    return {d["host"] for d in session["devices"]}
+
+
+def test_capture_truncated_while_open_is_decoded_from_what_was_read(tmp_path):
+    # Item 1: with a memory map this died of SIGBUS (a child, so a crash fails the test only).
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(_good())
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(TESTS)!r})
+from tb_gpuadvisor.xspace.reader import CaptureFile
+from tb_gpuadvisor.xspace.decode import decode_plane
+with CaptureFile({str(path)!r}) as cap:
+    os.truncate({str(path)!r}, 100)
+    for span in cap.index.plane_spans:
+        decode_plane(cap.buffer, span, lambda plane: ())
+print("survived")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+
+
+def test_file_that_changes_while_read_is_a_capture_error(tmp_path, monkeypatch):
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(_good())
+    real_readv = os.readv
+
+    def readv_then_shrink(fd, buffers):   # the profiler rewrites the file mid-read
+        os.truncate(path, 10)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", readv_then_shrink)
+    with pytest.raises(CaptureError, match="changed while it was read"):
+        CaptureFile(str(path))
+
+
+def test_corrupt_plane_in_one_host_keeps_the_good_host(tmp_path):
+    # Item 3: a bad plane used to surface as BufferError from closing the map, losing the session.
+    good = _good()
+    bad = bytearray(good)
+    bad[bad.find(b"MatMul")] = 0xFF                      # invalid UTF-8 in an event name
+    session = _session(tmp_path, {"good": good, "bad": bytes(bad)})
+    assert _device_hosts(session) == {"good"}
+    assert [e["host"] for e in session["errors"]] == ["bad"]
+
+
+def test_fifo_named_like_a_capture_is_skipped_and_reported(tmp_path):
+    # Item 4: opening the FIFO for reading blocked forever.
+    write_session(tmp_path, "run", "s", {"good": _good()})
+    (folder,) = {p.parent for p in tmp_path.rglob("good.xplane.pb")}
+    os.mkfifo(folder / "pipe.xplane.pb")
+    (ref,) = find_sessions(str(tmp_path))
+    done: list[dict] = []
+    worker = threading.Thread(target=lambda: done.append(analyze_session(ref)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert done, "the analysis blocked on the FIFO"
+    assert _device_hosts(done[0]) == {"good"}
+    assert any("not a regular file" in e["message"] and e["host"] == "pipe" for e in done[0]["errors"])
+    with pytest.raises(CaptureError, match="not a regular file"):
+        CaptureFile(str(folder / "pipe.xplane.pb"))
+
+
+def _gpu_plane_space(metadata_id: int, timestamp_ns: int = 1000) -> XSpace:
+    space = XSpace()
+    plane = space.planes.add(id=1, name="/device:GPU:0")
+    plane.event_metadata[1].id = 1
+    plane.event_metadata[1].name = "volta_sgemm_128x64_nn"
+    line = plane.lines.add(id=1, name="Stream #1", timestamp_ns=timestamp_ns)
+    line.events.add(metadata_id=metadata_id, offset_ps=10, duration_ps=5)
+    return space
+
+
+def test_event_with_missing_metadata_is_analysed(tmp_path):
+    # Item 5: IndexError from the name lookup lost the whole session.
+    space = _gpu_plane_space(metadata_id=7)
+    space.planes[0].ClearField("event_metadata")
+    session = _session(tmp_path, {"h": space.SerializeToString()})
+    assert session["errors"] == [] and len(session["devices"]) == 1
+
+
+def test_timestamp_out_of_range_is_that_hosts_error(tmp_path):
+    # Item 5: OverflowError from a 2^62 ns line timestamp lost the whole session.
+    space = XSpace.FromString(_good())
+    host = next(p for p in space.planes if p.name.startswith("/host"))
+    host.lines[0].timestamp_ns = 2**62
+    session = _session(tmp_path, {"good": _good(), "odd": space.SerializeToString()})
+    assert _device_hosts(session) == {"good"}
+    (error,) = session["errors"]
+    assert error["host"] == "odd" and "timestamp" in error["message"]
+
+
+def test_ref_value_above_int64_decodes_the_same_in_both_decoders():
+    # Item 5: the pure-Python decoder raised OverflowError on ref_value >= 2^63.
+    space = _gpu_plane_space(metadata_id=1)
+    plane = space.planes[0]
+    plane.stat_metadata[5].id = 5
+    plane.stat_metadata[5].name = "kernel_details"
+    plane.lines[0].events[0].stats.add(metadata_id=5, ref_value=2**64 - 2)
+    data = memoryview(space.SerializeToString())
+    (span,) = index_space(data).plane_spans
+    for fast in (False, True) if decode.has_fast_decoder() else (False,):
+        column = decode.decode_plane(data, span, lambda p: ("kernel_details",), fast=fast).stats["kernel_details"]
+        assert column.value.tolist() == [-2] and column.kind.tolist() == [decode.REF]
+
+
+def test_memory_bomb_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
+    # Item 2: 2-byte events passed the file-size guard and peaked at ~10x its estimate.
+    event = b"\x22\x00"
+    n = 2_000_000
+    line = b"\x08\x01\x12\x09Stream #1\x18\x01" + event * n
+    plane = b"\x08\x01\x12\x0d/device:GPU:0" + b"\x1a" + varint(len(line)) + line
+    space = b"\x0a" + varint(len(plane)) + plane
+    write_session(tmp_path, "run", "s", {"h": space})
+    monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "300")
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(decode, "_wire", None)
+        model = load_session(find_sessions(str(tmp_path))[0])
+        assert not model.hosts
+        (error,) = model.errors
+        assert "refused" in error["message"] and "2,000,000 events" in error["message"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_memory_estimate_bounds_the_real_peak(tmp_path, fast):
+    """The per-decoder costs are upper bounds of what building the tables really takes."""
+    if fast and not decode.has_fast_decoder():
+        pytest.skip("C decoder not built")
+    data = build_training_session(steps=20, gpus=2, memcpy_frac=0.05).space.SerializeToString()
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(data)
+    script = f"""
+import resource, sys
+from tb_gpuadvisor.xspace import decode
+if not {fast}: decode._wire = None
+from tb_gpuadvisor.model.build import memory_needed, read_host
+from tb_gpuadvisor.xspace.reader import CaptureFile
+with CaptureFile({str(path)!r}) as cap:
+    needed, _ = memory_needed(cap)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+read_host({str(path)!r}, "h")
+print(needed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    needed, grew = map(int, out.stdout.split())
+    assert grew <= needed
+
+
+def test_bad_memory_limit_setting_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    # Item 7: TB_GPUADVISOR_MEMORY_LIMIT_MB=abc failed every session with ValueError.
+    monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "abc")
+    write_session(tmp_path, "run", "s", {"h": _good()})
+    model = load_session(find_sessions(str(tmp_path))[0])
+    assert model.hosts and not model.errors
+    assert any("TB_GPUADVISOR_MEMORY_LIMIT_MB" in w for w in model.warnings)
+
+
+def test_host_file_link_out_of_the_logdir_is_not_read(tmp_path):
+    # Item 7: run and session folders were checked, host files were not.
+    logdir, outside = tmp_path / "logdir", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.xplane.pb").write_bytes(_good())
+    write_session(logdir, "run", "s", {"good": _good()})
+    (folder,) = {p.parent for p in logdir.rglob("good.xplane.pb")}
+    os.symlink(outside / "secret.xplane.pb", folder / "leak.xplane.pb")
+    ref = resolve_session(str(logdir), "run", "s")
+    assert ref.hosts == ("good",)
+    model = load_session(ref)
+    assert [h.name for h in model.hosts] == ["good"]
+    assert any(e.get("host") == "leak" and "outside the log directory" in e["message"] for e in model.errors)
+
+
+def test_unreadable_session_folder_is_reported(tmp_path, monkeypatch):
+    # Item 7: a session folder that cannot be listed was left out silently.
+    write_session(tmp_path, "run", "s", {"h": _good()})
+    write_session(tmp_path, "run", "locked", {"h": _good()})
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    refs = {ref.session: ref for ref in find_sessions(str(tmp_path))}
+    assert set(refs) == {"s", "locked"}
+    session = analyze_session(refs["locked"])
+    assert "Permission denied" in session["errors"][0]["message"]
+
+
+def test_static_file_with_a_trailing_slash_is_404(tmp_path):
+    # Item 7: "/index.js/" reached the static handler with an empty name (500 and a traceback).
+    write_session(tmp_path, "run", "s", {"h": _good()})
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    for path in ("/index.js/", "/index.js/x"):
+        response = client.get(PLUGIN_ROOT + path)
+        assert response.status_code == 404 and b"Traceback" not in response.data
+
+
+def test_run_name_spellings_share_one_analysis(tmp_path):
+    # Item 6: "./run", "run/", "./././run" each queued a full new analysis.
+    make_session(tmp_path, "real/x")
+    analyzer = RecordingAnalyzer()
+    svc = service.AdvisorService([service.LogRoot("", str(tmp_path))], analyze=analyzer, wait_s=5)
+    try:
+        for spelling in ("real/x", "./real/x", "real/x/", "real//x", "././real/./x"):
+            assert svc.report(spelling, SESSION)["run"] == "real/x"
+        assert len(analyzer.calls) == 1
+    finally:
+        svc.close()
+
+
+def test_queue_is_bounded_and_abandoned_jobs_are_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(service, "MAX_QUEUED", 2)
+    for i in range(5):
+        make_session(tmp_path, f"run{i}")
+    analyzer = RecordingAnalyzer(block=True)
+    svc = service.AdvisorService([service.LogRoot("", str(tmp_path))], analyze=analyzer, wait_s=0, workers=1)
+    try:
+        svc.report("run0", SESSION)                         # running, blocks the only worker
+        deadline = time.monotonic() + 5
+        while not analyzer.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        monkeypatch.setattr(service, "ABANDONED_S", 0.0)     # from now on a queued job is abandoned
+        assert isinstance(svc.report("run1", SESSION), service.Pending)
+        assert isinstance(svc.report("run2", SESSION), service.Pending)
+        with pytest.raises(service.Busy):
+            svc.report("run3", SESSION)
+        analyzer.release.set()
+        deadline = time.monotonic() + 5
+        while svc._pool._work_queue.qsize() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        # run1 and run2 were never asked about again (ABANDONED_S = 0): they were not analysed.
+        assert [ref.run for ref in analyzer.calls] == ["run0"]
+    finally:
+        svc.close()
