@@ -1,0 +1,73 @@
+"""Keras ``steps_per_execution``: a marker that covers N training steps counts as N steps.
+
+TensorFlow runs in a child process (this file executed as a script), as in
+tests/test_real_tf_capture.py. The model is large enough that compute, not Keras' per-call
+Python, dominates a step, so the per-step time should hardly depend on N.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_gpuadvisor.compare import compare_sessions, has_regression
+from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.report import analyze_session
+
+REPO = Path(__file__).resolve().parent.parent
+BATCH, FEATURES, HIDDEN = 256, 256, (1024, 1024)
+# (steps_per_execution, profiled calls of the callback, steps per epoch): 12 training steps each.
+RUNS = {"spe1": (1, (9, 20), 24), "spe4": (4, (3, 5), 24)}
+
+
+def _write_captures(root: Path) -> None:
+    import keras
+    from tf_loop import classifier, labelled_rows, loss_fn
+
+    for name, (per_call, calls, steps) in RUNS.items():
+        data = labelled_rows(4096, FEATURES).batch(BATCH).repeat().prefetch(2)
+        model = classifier(FEATURES, HIDDEN)
+        model.compile("adam", loss_fn(), steps_per_execution=per_call)
+        board = keras.callbacks.TensorBoard(log_dir=str(root / name), profile_batch=calls)
+        model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[board], verbose=0)
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> dict[str, dict]:
+    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
+        pytest.skip("tensorflow/keras not installed")
+    root = tmp_path_factory.mktemp("spe")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"),
+                                                       os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, __file__, str(root)], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {name: analyze_session(find_sessions(str(root / name))[0]) for name in RUNS}
+
+
+def test_markers_that_cover_four_steps_are_divided(sessions):
+    """With steps_per_execution=4 the callback's markers are numbered 8, 12, 16 (one per call of
+    the compiled function), each covering 4 training steps."""
+    steps = sessions["spe4"]["steps"]
+    assert steps["steps_per_execution"] == 4 and steps["markers"] == 3 and steps["count"] == 12
+    assert sessions["spe4"]["trust"]["steps_per_execution"] == 4
+    assert "steps_per_execution" not in sessions["spe1"]["steps"]
+
+
+def test_per_step_time_matches_one_step_per_call(sessions):
+    """The same model trained one step per call: per training step, within 10%; and compare
+    between the two finds no regression."""
+    one, four = sessions["spe1"]["steps"]["mean_ms"], sessions["spe4"]["steps"]["mean_ms"]
+    assert four == pytest.approx(one, rel=0.10)
+    result = compare_sessions(sessions["spe1"], sessions["spe4"])
+    assert not has_regression(result, "warning")
+
+
+if __name__ == "__main__":
+    _write_captures(Path(sys.argv[1]))
