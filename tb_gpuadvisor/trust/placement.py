@@ -12,11 +12,11 @@ Four situations look alike at first sight (a GPU plane with no kernels, or no GP
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, HostActivity, HostEventKind, SessionModel, Steps
@@ -36,12 +36,11 @@ MODEL_ON_HOST_SHARE = 0.5
 HOST_COMPUTE_OP_PS = 100 * PS_PER_US
 LONG_OP_SHARE = 0.5
 TOP = 5
-_PIPELINE_THREAD = re.compile(r"^tf_data_")
 
 
 def step_threads(activity: HostActivity) -> np.ndarray:
     """Per event: is it on a thread that runs the step (tf.data's producers run ahead of it)?"""
-    pipeline = name_mask(activity.threads, lambda t: bool(_PIPELINE_THREAD.match(t)))
+    pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
     return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.kernels import name_mask
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
+from tb_gpuadvisor.trust.placement import step_threads
 
 # The callback's trace export (and any summary written after a step) runs these ops after the
 # step's own call returned; a summary writer op always comes last. Seen in TF 2.2-2.21 captures.
@@ -40,12 +40,6 @@ class ExportCut:
     excluded_ps: int        # how much was cut off the step
 
 
-def _step_threads(activity: HostActivity) -> np.ndarray:
-    """Events on threads that run steps (tf.data's producers run ahead, outside the step)."""
-    pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
-    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
-
-
 def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
     """Move each step's start back to the start of the host call (function or marker) that
     contains it; a step never starts before the previous one did.
@@ -58,7 +52,7 @@ def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
     starts = steps.start_ps.copy()
     for host in hosts:
         act = host.activity
-        calls = np.flatnonzero(act.mask(HostEventKind.FUNCTION, HostEventKind.STEP_MARKER) & _step_threads(act))
+        calls = np.flatnonzero(act.mask(HostEventKind.FUNCTION, HostEventKind.STEP_MARKER) & step_threads(act))
         if not calls.size:
             continue
         c_start, c_end = act.start_ps[calls], act.end_ps[calls]
