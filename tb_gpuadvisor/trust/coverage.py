@@ -161,24 +161,28 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
 def misaligned_replicas(model: SessionModel, steps: Steps, primary: DeviceActivity | None) -> list[str]:
     """Active GPUs whose work for the trusted steps never overlaps the primary GPU's work for
     the same steps: the traces of such replicas were taken at different times."""
-    if primary is None or not len(steps):
+    if primary is None or not len(steps) or len(model.active_gpus) < 2:
         return []
-    def spans(dev: DeviceActivity) -> dict[int, tuple[int, int]]:
-        out: dict[int, tuple[int, int]] = {}
-        for step in np.unique(dev.step[dev.step >= 0]):
-            pick = dev.step == step
-            out[int(step)] = (int(dev.start_ps[pick].min()), int(dev.end_ps[pick].max()))
-        return out
-    mine = spans(primary)
+    mine_lo, mine_hi = _step_spans(primary, len(steps))
     bad = []
     for dev in model.active_gpus:
         if dev is primary:
             continue
-        theirs = spans(dev)
-        shared = [s for s in theirs if s in mine]
-        if shared and all(theirs[s][0] >= mine[s][1] or theirs[s][1] <= mine[s][0] for s in shared):
+        lo, hi = _step_spans(dev, len(steps))
+        shared = (lo < hi) & (mine_lo < mine_hi)
+        if shared.any() and np.all((lo[shared] >= mine_hi[shared]) | (hi[shared] <= mine_lo[shared])):
             bad.append(dev.device.name)
     return bad
+
+
+def _step_spans(dev: DeviceActivity, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the first start and last end of the device's events in it (lo >= hi: none)."""
+    lo = np.full(n, np.iinfo(np.int64).max)
+    hi = np.full(n, np.iinfo(np.int64).min)
+    inside = dev.step >= 0
+    np.minimum.at(lo, dev.step[inside], dev.start_ps[inside])
+    np.maximum.at(hi, dev.step[inside], dev.end_ps[inside])
+    return lo, hi
 
 
 def expected_device_count(model: SessionModel) -> int:
