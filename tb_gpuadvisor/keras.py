@@ -77,6 +77,11 @@ class _AdvisorHooks:
         self.profile_workers = profile_workers
         self.window: StepWindow | None = None
 
+    @property
+    def report(self) -> dict | None:
+        """The analysis report (the CLI's JSON) of the last ``fit``, once it has ended."""
+        return self.window.report if self.window is not None else None
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.window = None
         backend = _keras_backend()

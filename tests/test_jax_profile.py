@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from advice_runs import assert_not_slower, run_child
 
-REPO = Path(__file__).resolve().parent.parent
 FEATURES, HIDDEN, BATCH = 64, 256, 64
 LOADER_S = 0.03            # per batch: many times the jitted step on a CPU
 STEPS, TIMED_STEPS = 5, 40
@@ -90,13 +88,7 @@ def _write_runs(out: Path) -> None:
 def runs(tmp_path_factory) -> dict:
     if importlib.util.find_spec("jax") is None:
         pytest.skip("jax not installed")
-    root = tmp_path_factory.mktemp("jax_advisor")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, __file__, str(root)], capture_output=True, text=True,
-                            timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((root / "runs.json").read_text())
+    return run_child(__file__, tmp_path_factory.mktemp("jax_advisor"), JAX_PLATFORMS="cpu")
 
 
 def test_step_annotations_are_the_steps_of_the_capture(runs: dict):
@@ -130,16 +122,7 @@ def test_printed_report_names_the_slow_loader(runs: dict):
 
 
 def test_training_outside_the_capture_is_not_slower(runs: dict):
-    numbers = runs["hook"]["numbers"]
-    skip = set(range(2)) | set(range(numbers[0] - 1, numbers[-1] + 2))
-
-    def median_outside(times: list[float]) -> float:
-        return float(np.median([t for i, t in enumerate(times) if i not in skip]))
-
-    advised = median_outside(runs["hook"]["times"])
-    without = max(median_outside(runs["baseline_before"]["times"]), median_outside(runs["baseline_after"]["times"]))
-    assert advised <= (1 + OVERHEAD_LIMIT) * without, \
-        f"median step {advised * 1e3:.1f} ms with profile_steps, {without * 1e3:.1f} ms without"
+    assert_not_slower(runs, "hook", OVERHEAD_LIMIT)
 
 
 if __name__ == "__main__":
