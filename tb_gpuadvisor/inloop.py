@@ -85,9 +85,10 @@ class WarmupClock:
     done: int = 0                          # steps finished so far
     times: list[float] = field(default_factory=list)   # seconds per step, first step excluded
 
-    def record(self, seconds: float, count: int) -> None:
-        """COUNT steps (one execution of several with steps_per_execution) took SECONDS."""
-        if self.done:
+    def record(self, seconds: float | None, count: int) -> None:
+        """COUNT steps (one execution of several with steps_per_execution) took SECONDS (None: they
+        ended with their epoch or loop, whose own work makes the time meaningless)."""
+        if self.done and seconds is not None:
             self.times.append(seconds / count)
         self.done += count
 
@@ -174,8 +175,10 @@ class StepWindow:
     def interrupt(self) -> None:
         """An epoch or the loop ended: the running step ends, and a running capture with it."""
         self._close_marker()
+        if self._last is not None and self.phase is Phase.WARMUP:
+            self.clock.record(None, self._execution)
         if self._marked:
-            self.profiled += 1
+            self.profiled += self._execution
             self._marked = False
         self._last = None
         if self.phase is Phase.PROFILING:
