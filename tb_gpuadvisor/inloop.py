@@ -27,10 +27,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
+from tb_gpuadvisor.checks.base import Severity
+from tb_gpuadvisor.cli import FAIL_ON
+
 log = logging.getLogger("tb_gpuadvisor")
 
 Warmup = Union[int, Literal["auto"]]
-FAIL_ON = ("warning", "critical")
 
 # "auto" warm-up: the last SETTLE_WINDOW step times must lie within SETTLE_TOLERANCE of their
 # median. The first step (tracing, compilation) never counts, and after AUTO_WARMUP_CAP steps
@@ -48,8 +50,6 @@ SINGLE_THREADED = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREA
 # How long the end of training waits for an analysis that is still running.
 RESULT_TIMEOUT_S = 300.0
 TOP_FINDINGS = 3
-ACTIONABLE = ("critical", "warning")
-SEVERITY_WEIGHT = {"critical": 4, "warning": 3, "info": 2, "ok": 1, "not_applicable": 0}
 
 
 class AdvisorFindingError(RuntimeError):
@@ -320,6 +320,10 @@ def usable(finding: dict) -> bool:
     return finding.get("confidence") != "low"
 
 
+def _at_least(finding: dict, severity: str) -> bool:
+    return Severity(finding["severity"]).weight >= Severity(severity).weight
+
+
 def _session(report: dict | None) -> dict | None:
     return report["sessions"][0] if report and report.get("sessions") else None
 
@@ -329,15 +333,14 @@ def top_findings(report: dict | None, limit: int = TOP_FINDINGS) -> list[dict]:
     session = _session(report)
     if session is None:
         return []
-    return [f for f in session["findings"] if f["severity"] in ACTIONABLE and usable(f)][:limit]
+    return [f for f in session["findings"] if _at_least(f, Severity.WARNING) and usable(f)][:limit]
 
 
 def failing_findings(report: dict | None, fail_on: str | None) -> list[dict]:
     session = _session(report)
     if session is None or not fail_on:
         return []
-    return [f for f in session["findings"]
-            if SEVERITY_WEIGHT[f["severity"]] >= SEVERITY_WEIGHT[fail_on] and usable(f)]
+    return [f for f in session["findings"] if _at_least(f, fail_on) and usable(f)]
 
 
 def _steps_sentence(steps: dict) -> str:
