@@ -10,6 +10,7 @@ TEST_REQUIRES = [
     "xprof>=2.20",
     "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
     "tensorflow>=2.16; platform_machine!='x86_64'",
+    "jax>=0.4.20",
 ]
 
 setup(

@@ -1,0 +1,46 @@
+"""What the Keras and JAX advice tests share: running their training child and comparing batch times.
+
+Each test file is also the script of its child process, which trains, writes a
+``runs.json`` of what it saw and exits; the framework is never imported by pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_child(script: str, root: Path, **env: str) -> dict:
+    """Run SCRIPT with ROOT as its output folder and this checkout first on the path; its runs.json."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, script, str(root)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": path, **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((root / "runs.json").read_text())
+
+
+def median_outside(times: list[float], profiled: list[int]) -> float:
+    """Median time between step starts, leaving out the first two (tracing, compilation), the
+    lead-in step that starts the profiler, the profiled steps and the step that stops it."""
+    skip = set(range(2)) | set(range(profiled[0] - 1, profiled[-1] + 2))
+    kept = [t for i, t in enumerate(times) if i not in skip]
+    assert len(kept) >= 15, "too few steps outside the capture to compare"
+    return float(np.median(kept))
+
+
+def assert_not_slower(runs: dict, advised: str, limit: float) -> None:
+    """The ADVISED run's median step outside its capture is at most LIMIT slower than the slower of
+    the runs without advice just before and after it (so a change in the machine's load during the
+    test shows in one of them)."""
+    profiled = runs[advised]["numbers"]
+    with_advice = median_outside(runs[advised]["times"], profiled)
+    without = max(median_outside(runs[name]["times"], profiled) for name in ("baseline_before", "baseline_after"))
+    assert with_advice <= (1 + limit) * without, \
+        f"median step {with_advice * 1e3:.1f} ms with the advice, {without * 1e3:.1f} ms without"
