@@ -185,7 +185,7 @@ def test_auto_warmup_waits_for_settled_steps(runs: dict):
     first = fixed["numbers"][0]
     # Warm-up ends at an execution's start; that execution is the lead-in.
     assert first >= 2 + HEAVY_SPE and first == fixed["settled_after"] + HEAVY_SPE
-    assert fixed["report"]["sessions"][0]["steps"]["count"] == FIXED_STEPS // HEAVY_SPE
+    assert fixed["report"]["sessions"][0]["steps"]["count"] == FIXED_STEPS  # training steps: markers x steps_per_execution
 
 
 def test_fail_on_critical_raises_on_the_slow_pipeline_only(runs: dict):
@@ -201,7 +201,7 @@ def test_steps_per_execution_counts_batches(runs: dict):
     # executions (four batches) are profiled, one marker each.
     assert spe["numbers"] == [4, 6]
     steps = spe["report"]["sessions"][0]["steps"]
-    assert steps["numbers"] == [4, 6] and steps["count"] == SPE_STEPS // SPE
+    assert steps["numbers"] == [4, 6] and steps["count"] == SPE_STEPS and steps["steps_per_execution"] == SPE
 
 
 def test_training_outside_the_capture_is_not_slower(runs: dict):
