@@ -6,6 +6,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 LOGDIR ?= demo_logs
 PORT ?= 6006
+# Which TensorFlow the demo installs: cpu (tensorflow-cpu) or gpu (tensorflow[and-cuda]);
+# by default gpu when nvidia-smi sees a GPU. Only one of the two is ever installed.
+TF ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+DEMO_EXTRA_cpu := demo
+DEMO_EXTRA_gpu := demo-gpu
+# The other flavour is removed first (both provide the `tensorflow` module). Only x86_64
+# has a separate tensorflow-cpu package; elsewhere the CPU choice is plain tensorflow.
+OTHER_TF_gpu := tensorflow-cpu
+OTHER_TF_cpu := $(if $(filter x86_64,$(shell uname -m)),tensorflow,)
 
 .PHONY: demo test browser clean
 
@@ -13,8 +22,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(VENV)/.demo-installed: setup.py | $(VENV)/bin/python
-	$(PY) -m pip install -e ".[demo]"
+$(VENV)/.demo-installed-$(TF): setup.py | $(VENV)/bin/python
+	@test -n "$(DEMO_EXTRA_$(TF))" || { echo "TF must be cpu or gpu (got '$(TF)')"; exit 2; }
+	$(if $(OTHER_TF_$(TF)),$(PY) -m pip uninstall -y -q $(OTHER_TF_$(TF)) 2>/dev/null || true)
+	$(PY) -m pip install -e ".[$(DEMO_EXTRA_$(TF))]"
+	rm -f $(VENV)/.demo-installed-*
 	touch $@
 
 $(VENV)/.test-installed: setup.py | $(VENV)/bin/python
@@ -27,12 +39,15 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: chromium not installed and not root: browser tests will be skipped"; fi; }
 
-demo: $(VENV)/.demo-installed
-	$(PY) -m demo.train --all --logdir $(LOGDIR)
-	$(VENV)/bin/tensorboard --logdir $(LOGDIR) --host 127.0.0.1 --port $(PORT)
+# TF_CPP_MIN_LOG_LEVEL=2 keeps TensorFlow's C++ info/warnings (CUDA probing on a CPU-only
+# machine) out of the log; errors still show. demo.serve is tensorboard without XProf's
+# harmless missing-cache tracebacks (see demo/serve.py).
+demo: $(VENV)/.demo-installed-$(TF)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m demo.train --all --logdir $(LOGDIR)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m demo.serve --logdir $(LOGDIR) --host 127.0.0.1 --port $(PORT)
 
 test: $(VENV)/.test-installed browser
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(LOGDIR)
+	rm -rf $(VENV) $(LOGDIR) build tb_gpuadvisor.egg-info

@@ -3,13 +3,17 @@ captures into ranked GPU performance fixes."""
 
 from setuptools import Extension, setup
 
+# One TensorFlow package per machine: the CPU-only build where it exists (x86_64).
+TF_CPU = [
+    "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
+    "tensorflow>=2.16; platform_machine!='x86_64'",
+]
 TEST_REQUIRES = [
     "pytest>=7",
     "fsspec>=2023.1",
     "playwright>=1.40",
     "xprof>=2.20",
-    "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
-    "tensorflow>=2.16; platform_machine!='x86_64'",
+    *TF_CPU,
     "jax>=0.4.20",
 ]
 
@@ -41,7 +45,9 @@ setup(
         "werkzeug>=2.0",
     ],
     extras_require={
-        "demo": ["tensorflow>=2.16", "xprof>=2.20"],
+        # `make demo` picks one: demo (CPU-only TensorFlow) or demo-gpu (TensorFlow with CUDA).
+        "demo": ["xprof>=2.20", *TF_CPU],
+        "demo-gpu": ["xprof>=2.20", "tensorflow[and-cuda]>=2.16"],
         "test": TEST_REQUIRES,
         "remote": ["fsspec>=2023.1"],
     },

@@ -49,6 +49,7 @@ class AdvisorApp {
     return true;
   }
 
+  /** The selection from the page URL (a shared link), else from this tab's last visit. */
   restoreSelection() {
     let saved = {};
     try {
@@ -56,6 +57,12 @@ class AdvisorApp {
     } catch (_) {
       saved = {};
     }
+    const linked = model.readUrlState();
+    if (linked.run) {
+      saved = {run: linked.run, session: linked.session, host: linked.host,
+        base: linked.base_run ? `${linked.base_run}\u0000${linked.base_session || ''}` : ''};
+    }
+    if (linked.view === 'compare' || linked.view === 'report') this.view = linked.view;
     const runs = [...this.groups.keys()];
     const run = runs.includes(saved.run) ? saved.run : runs[0];
     const sessions = this.groups.get(run);
@@ -64,16 +71,22 @@ class AdvisorApp {
       run,
       session: (known || sessions[0]).session,
       host: known && known.hosts.includes(saved.host) ? saved.host : '',
-      base: '',
+      base: saved.base || '',
     };
+    this.saveSelection();
   }
 
+  /** Keeps the selection for this tab and in the page URL, so the view can be shared. */
   saveSelection() {
     try {
       sessionStorage.setItem(STORAGE_KEY, JSON.stringify(this.selection));
     } catch (_) {
       // Storage can be disabled; the selection then lasts for this view only.
     }
+    const {run, session, host, base} = this.selection;
+    const [baseRun, baseSession] = this.view === 'compare' && base ? base.split('\u0000') : ['', ''];
+    model.writeUrlState({run, session, host, view: this.view === 'compare' ? 'compare' : '',
+      base_run: baseRun, base_session: baseSession});
   }
 
   currentItem() {
@@ -93,12 +106,14 @@ class AdvisorApp {
           this.selection.run = run;
           this.selection.session = this.groups.get(run)[0].session;
           this.selection.host = '';
+          this.selection.base = '';
           this.changed();
         }, {'data-testid': 'run-select'}),
         views.selectField('Session', sessions.map((s) => [s.session, s.session]), this.selection.session,
           (session) => {
             this.selection.session = session;
             this.selection.host = '';
+            this.selection.base = '';
             this.changed();
           }, {'data-testid': 'session-select'}),
         views.selectField('Host',
@@ -139,6 +154,7 @@ class AdvisorApp {
   switchView(view) {
     if (this.view === view) return;
     this.view = view;
+    this.saveSelection();
     this.drawTabs();
     this.load();
   }
@@ -203,20 +219,25 @@ class AdvisorApp {
 
   async loadCompare(signal) {
     const {run, session} = this.selection;
-    const others = [];
+    const pairs = [];
     for (const [otherRun, sessions] of this.groups) {
       for (const item of sessions) {
-        if (otherRun !== run || item.session !== session) others.push(`${otherRun}\u0000${item.session}`);
+        if (otherRun !== run || item.session !== session) pairs.push([otherRun, item.session]);
       }
     }
-    if (!others.length) {
+    if (!pairs.length) {
       this.show(views.errorView('Nothing to compare:', 'this logdir holds a single session.'));
       return;
     }
-    if (!others.includes(this.selection.base)) this.selection.base = others[0];
+    const others = pairs.map((pair) => pair.join('\u0000'));
+    if (!others.includes(this.selection.base)) {
+      this.selection.base = model.defaultBase(run, session, pairs).join('\u0000');
+      this.saveSelection();
+    }
     const picker = views.selectField('Compare against base session',
       others.map((key) => [key, key.replace('\u0000', ' / ')]), this.selection.base, (base) => {
         this.selection.base = base;
+        this.saveSelection();
         this.load();
       }, {'data-testid': 'base-select'});
     const bar = h('div', {class: 'compare-bar'}, picker,

@@ -84,20 +84,68 @@ export function fetchCompare({run, session, baseRun, baseSession}, onProgress, s
   return poll(url, onProgress, signal);
 }
 
+/** TensorBoard's own page (the top window), under any --path_prefix. */
+function tensorboardRoot() {
+  return new URL('../../../', import.meta.url);
+}
+
+/** Milliseconds for a URL: enough digits for a microsecond, no float noise. */
+function msParam(value) {
+  return String(Math.round(value * 1000) / 1000);
+}
+
 /**
  * Link into TensorBoard's Profile tab for one session and tool. XProf names
  * a session "<run>/<session>" and a capture in the logdir root just
- * "<session>".
+ * "<session>". The trace viewer opens at [viewStart, viewEnd] (ms) when given.
  */
-export function profileUrl({run, session, host, tool}) {
-  const root = new URL('../../../', import.meta.url);
+export function profileUrl({run, session, host, tool, viewStart, viewEnd}) {
   const profileRun = run && run !== '.' ? `${run}/${session}` : session;
   const query = [
     `run=${encodeURIComponent(profileRun)}`,
     `tool=${encodeURIComponent(tool || 'trace_viewer@')}`,
   ];
   if (host) query.push(`host=${encodeURIComponent(host)}`);
-  return `${root.href}?${query.join('&')}#profile`;
+  if (typeof viewStart === 'number' && typeof viewEnd === 'number' && viewEnd > viewStart) {
+    query.push(`view_start=${msParam(viewStart)}`, `view_end=${msParam(viewEnd)}`);
+  }
+  return `${tensorboardRoot().href}?${query.join('&')}#profile`;
+}
+
+// The Advisor's selection lives in the top page's query (advisor_run=...), next to
+// TensorBoard's own "#gpu_advisor", so a view can be shared by its URL.
+const STATE_KEYS = ['run', 'session', 'host', 'view', 'base_run', 'base_session'];
+const STATE_PREFIX = 'advisor_';
+
+function topWindow() {
+  try {
+    return window.top.location.href ? window.top : window;
+  } catch (_) {
+    return window;   // another origin embeds TensorBoard: keep the state in our own frame
+  }
+}
+
+/** {run, session, host, view, base_run, base_session} from the page URL (missing keys are absent). */
+export function readUrlState() {
+  const params = new URL(topWindow().location.href).searchParams;
+  const state = {};
+  for (const key of STATE_KEYS) {
+    const value = params.get(STATE_PREFIX + key);
+    if (value !== null) state[key] = value;
+  }
+  return state;
+}
+
+/** Writes the selection into the page URL without a new history entry. */
+export function writeUrlState(state) {
+  const win = topWindow();
+  const url = new URL(win.location.href);
+  for (const key of STATE_KEYS) {
+    const value = state[key];
+    if (value) url.searchParams.set(STATE_PREFIX + key, value);
+    else url.searchParams.delete(STATE_PREFIX + key);
+  }
+  if (url.href !== win.location.href) win.history.replaceState(win.history.state, '', url.href);
 }
 
 /** The URL if it is a web link, else null (never a javascript: URL). */
@@ -108,6 +156,34 @@ export function safeDocUrl(text) {
   } catch (_) {
     return null;
   }
+}
+
+/** Seconds since 1970 from a session name like "2024_01_05_00_00_00" or "20221104-215722"; NaN otherwise. */
+function sessionTime(name) {
+  const digits = String(name).replace(/[^0-9]/g, '');
+  if (digits.length < 14) return NaN;
+  const [y, mo, d, h, mi, s] = [0, 4, 6, 8, 10, 12].map((at, i) => Number(digits.slice(at, at + (i ? 2 : 4))));
+  return Date.UTC(y, mo - 1, d, h, mi, s) / 1000;
+}
+
+/**
+ * The base to compare a session against: the previous session of the same run,
+ * else the session closest in time (by the timestamps in their names), else the first.
+ * `others` holds [run, session] pairs, the current session excluded.
+ */
+export function defaultBase(run, session, others) {
+  const here = sessionTime(session);
+  const sameRun = others.filter(([r]) => r === run);
+  const earlier = sameRun.filter(([, s]) => s < session).sort((a, b) => (a[1] < b[1] ? 1 : -1));
+  if (earlier.length) return earlier[0];
+  if (Number.isFinite(here)) {
+    const timed = others.filter(([, s]) => Number.isFinite(sessionTime(s)));
+    if (timed.length) {
+      return timed.reduce((best, pair) =>
+        Math.abs(sessionTime(pair[1]) - here) < Math.abs(sessionTime(best[1]) - here) ? pair : best);
+    }
+  }
+  return sameRun[0] || others[0];
 }
 
 /** Runs -> their sessions (newest first) -> hosts, from a /runs listing. */

@@ -15,7 +15,7 @@ const SEVERITY_LABEL = {
   critical: 'Critical', warning: 'Warning', info: 'Info', ok: 'OK', not_applicable: 'N/A',
 };
 
-/** Step-time components, in stacking order (bottom first). */
+/** Step-time components, in stacking order (bottom first), for reports without `breakdown.categories`. */
 const COMPONENTS = [
   {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
   {key: 'input_ms', label: 'Input', cls: 'c-input'},
@@ -24,6 +24,25 @@ const COMPONENTS = [
   {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
   {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
 ];
+
+/** Colour class of each category group a report's `breakdown.categories` may name. */
+const GROUP_CLASS = {
+  compute: 'c-compute', copy: 'c-copy', collective: 'c-collective', input: 'c-input',
+  launch: 'c-launch', host: 'c-other', gap: 'c-gap', not_traced: 'c-untraced',
+};
+
+/**
+ * The stacked parts of a step: the report's own category list when it has one
+ * ({key, label, group}; each step row then holds `<key>_ms`), else the fixed COMPONENTS.
+ */
+function stepComponents(breakdown) {
+  const categories = breakdown && Array.isArray(breakdown.categories) ? breakdown.categories : null;
+  if (!categories || !categories.length) return COMPONENTS;
+  return categories.map((category) => ({
+    key: `${category.key}_ms`, label: category.label || humanize(category.key),
+    cls: GROUP_CLASS[category.group] || 'c-other',
+  }));
+}
 
 let idCounter = 0;
 function nextId(prefix) {
@@ -105,6 +124,14 @@ function fmtMetric(name, value) {
   if (base.endsWith('_mb')) return `${fmtNumber(value)} MB${suffix}`;
   if (base.endsWith('_bytes')) return (fmtBytes(value) || '0 B') + suffix;
   return fmtNumber(value);
+}
+
+/** A metric change with its unit ("+2.1 pp", "-0.40 ms/step"); null for unitless numbers. */
+function fmtDelta(name, value) {
+  const sign = value > 0 ? '+' : '';
+  if (name.endsWith('_percent')) return `${sign}${fmtNumber(value)} pp`;
+  const text = fmtMetric(name, value);
+  return text === fmtNumber(value) ? null : `${sign}${text}`;
 }
 
 function humanize(name) {
@@ -272,7 +299,8 @@ export function stepChart(breakdown, wide) {
     figure.appendChild(h('p', {class: 'muted', text: 'No steps were found in this capture.'}));
     return figure;
   }
-  const total = (step) => COMPONENTS.reduce((sum, c) => sum + (Number(step[c.key]) || 0), 0);
+  const components = stepComponents(breakdown);
+  const total = (step) => components.reduce((sum, c) => sum + (Number(step[c.key]) || 0), 0);
   const top = niceMax(Math.max(...steps.map((step) => Math.max(total(step), step.duration_ms || 0))));
   const width = wide ? 1160 : 760;
   const height = 170;
@@ -299,7 +327,7 @@ export function stepChart(breakdown, wide) {
     const group = svg('g', {class: 'step-bar', 'data-step': step.step});
     const lines = [`Step ${step.step}: ${fmtMs(step.duration_ms)}`];
     let base = 0;
-    for (const component of COMPONENTS) {
+    for (const component of components) {
       const value = Number(step[component.key]) || 0;
       if (value <= 0) continue;
       group.appendChild(svg('rect', {
@@ -322,7 +350,7 @@ export function stepChart(breakdown, wide) {
   });
   chart.appendChild(svg('text', {x: pad.left + plotW / 2, y: height - 2, class: 'axis', 'text-anchor': 'middle'}, 'step'));
   figure.appendChild(chart);
-  figure.appendChild(legend(COMPONENTS));
+  figure.appendChild(legend(components));
   return figure;
 }
 
@@ -459,6 +487,42 @@ function metricsView(metrics) {
   ]));
 }
 
+// XProf's input pipeline page finds no step markers in Keras 3 captures and then says it
+// cannot tell the bottleneck: the trace viewer shows the stage's events either way.
+const INPUT_PIPELINE_TOOL = 'input_pipeline_analyzer';
+const TRACE_VIEWER = 'trace_viewer@';
+
+function profileLink(context, host, tool, range) {
+  const name = tool.replace(/@$/, '');
+  return h('a', {
+    href: profileUrl({run: context.run, session: context.session, host, tool, ...range}),
+    target: '_parent', class: 'profile-link', 'data-tool': name,
+    title: `Open ${name} in the Profile tab${range.viewStart !== undefined ? ' at this time range' : ''}`,
+  }, `${name.replace(/_/g, ' ')} ↗`);
+}
+
+/** The trace viewer opens at the evidence's time range (ms), with a little margin either side. */
+function viewRange(item) {
+  if (typeof item.start_ms !== 'number') return {};
+  const end = typeof item.end_ms === 'number' ? item.end_ms : item.start_ms;
+  const margin = Math.max(0.05 * (end - item.start_ms), 0.01);
+  return {viewStart: Math.max(0, item.start_ms - margin), viewEnd: end + margin};
+}
+
+function profileLinks(item, context, host) {
+  if (item.tool !== INPUT_PIPELINE_TOOL) return profileLink(context, host, item.tool, viewRange(item));
+  return h('div', {class: 'links'},
+    profileLink(context, host, TRACE_VIEWER, viewRange(item)),
+    profileLink(context, host, item.tool, {}));
+}
+
+function inputPipelineNote(evidence) {
+  if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
+  return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
+    text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
+      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way.'});
+}
+
 function evidenceView(evidence, context) {
   if (!evidence || !evidence.length) return null;
   const rows = evidence.map((item) => {
@@ -466,11 +530,7 @@ function evidenceView(evidence, context) {
     const where = [item.device ? shortDevice(item.device) : null, item.host].filter(Boolean).join(' @ ');
     const timing = typeof item.start_ms === 'number' ?
       `${fmtMs(item.start_ms)}${typeof item.end_ms === 'number' ? ` – ${fmtMs(item.end_ms)}` : ''}` : '';
-    const link = item.tool ? h('a', {
-      href: profileUrl({run: context.run, session: context.session, host, tool: item.tool}),
-      target: '_parent', class: 'profile-link',
-      title: `Open ${item.tool.replace(/@$/, '')} in the Profile tab`,
-    }, `${item.tool.replace(/@$/, '').replace(/_/g, ' ')} ↗`) : null;
+    const link = item.tool ? profileLinks(item, context, host) : null;
     const value = typeof item.value === 'number' ?
       (item.unit === 'ms' ? fmtMs(item.value) : `${fmtNumber(item.value)}${item.unit ? ` ${item.unit}` : ''}`) :
       (item.value === undefined ? '' : String(item.value));
@@ -487,7 +547,17 @@ function evidenceView(evidence, context) {
     h('div', {class: 'table-wrap'}, h('table', {},
       h('thead', {}, h('tr', {},
         ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
-      h('tbody', {}, rows))));
+      h('tbody', {}, rows))),
+    inputPipelineNote(evidence));
+}
+
+/** "Confidence: low — reason; reason", when the finding says (an optional field). */
+function confidenceView(finding) {
+  if (!finding.confidence) return null;
+  const reasons = finding.confidence_reasons || [];
+  return h('p', {class: 'confidence-line', 'data-testid': 'confidence'},
+    h('strong', {text: 'Confidence: '}), finding.confidence,
+    reasons.length ? h('span', {class: 'muted', text: ` — ${reasons.join('; ')}`}) : null);
 }
 
 /** One finding: a button header (aria-expanded) and a collapsible body. */
@@ -504,10 +574,14 @@ function findingView(finding, context, expanded) {
   },
   h('span', {class: 'chevron', 'aria-hidden': 'true'}),
   severityBadge(finding.severity),
+  h('code', {class: 'check-id', text: finding.check}),
   h('span', {class: 'finding-title', text: finding.title || humanize(finding.check)}),
+  finding.confidence && finding.confidence !== 'high' ?
+    h('span', {class: `confidence conf-${finding.confidence}`, text: `${finding.confidence} confidence`}) : null,
   h('span', {class: 'saving', text: savingText}));
   const body = h('div', {class: 'finding-body', id: bodyId, role: 'region', 'aria-labelledby': headId},
     finding.summary ? h('p', {class: 'finding-summary', text: finding.summary}) : null,
+    confidenceView(finding),
     metricsView(finding.metrics),
     evidenceView(finding.evidence, context),
     fixesView(finding.fixes));
@@ -571,26 +645,36 @@ export function compareView(result, labels) {
       h('div', {class: 'big', 'data-testid': 'step-delta', text: Number.isFinite(delta) ?
         `${delta > 0 ? '+' : ''}${fmtMs(delta)}` : '–'}),
       h('div', {class: 'muted', text: Number.isFinite(percent) ?
-        `${percent > 0 ? '+' : ''}${percent.toFixed(1)} % ${faster ? '(faster)' : delta > 0 ? '(slower)' : ''}` : ''}))));
+        `${percent > 0 ? '+' : ''}${percent.toFixed(1)} % ${faster ? '(faster)' : delta > 0 ? '(slower)' : ''}` : ''}),
+      typeof result.noise_band === 'number' ? h('div', {class: 'muted small', 'data-testid': 'noise-band',
+        text: result.step_status === 'unchanged' ? `within the noise band (±${fmtMs(result.noise_band)})` :
+          `beyond the noise band (±${fmtMs(result.noise_band)})`}) : null)));
   const checks = [...(result.checks || [])].sort((a, b) =>
     STATUS_ORDER.indexOf(a.status) - STATUS_ORDER.indexOf(b.status));
+  const unit = result.unit === 'ms/example' ? '/example' : '/step';
   const rows = checks.map((check) => {
     const metric = check.main_metric;
-    const main = metric ?
+    const time = typeof check.base_ms === 'number' && typeof check.new_ms === 'number' ?
+      `${fmtMs(check.base_ms)}${unit} → ${fmtMs(check.new_ms)}${unit}` : '';
+    const share = metric && (check.base_value !== null || check.new_value !== null) ?
       `${humanize(metric)}: ${fmtMetric(metric, check.base_value)} → ${fmtMetric(metric, check.new_value)}` : '';
     const deltas = Object.entries(check.metric_deltas || {})
       .filter(([name, value]) => name !== metric && typeof value === 'number' && value !== 0)
-      .map(([name, value]) => `${humanize(name)} ${value > 0 ? '+' : ''}${fmtMetric(name, value)}`);
-    return h('tr', {'data-status': check.status},
+      .map(([name, value]) => [name, fmtDelta(name, value)])
+      .filter(([, text]) => text)
+      .map(([name, text]) => `${humanize(name)} ${text}`);
+    return h('tr', {'data-status': check.status, 'data-check': check.check},
       h('td', {}, h('span', {class: `badge status-${check.status}`, text: check.status})),
-      h('td', {title: check.title || null, text: humanize(check.check)}),
+      h('td', {title: check.title || null}, h('div', {class: 'check-name', text: check.name || humanize(check.check)}),
+        h('code', {class: 'check-id muted', text: check.check})),
       h('td', {}, check.base_severity ? severityBadge(check.base_severity) : '–'),
       h('td', {}, check.new_severity ? severityBadge(check.new_severity) : '–'),
-      h('td', {}, main ? h('div', {text: main}) : null,
+      h('td', {}, time ? h('div', {class: 'time', text: time}) : null,
+        share ? h('div', {class: time ? 'muted small' : '', text: share}) : null,
         deltas.length ? h('div', {class: 'muted small', text: deltas.join(' · ')}) : null));
   });
   section.appendChild(h('div', {class: 'table-wrap'}, h('table', {class: 'compare-table'},
-    h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', 'Main metric, other changes']
+    h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', `Time ${unit}, share, other changes`]
       .map((title) => h('th', {scope: 'col', text: title})))),
     h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', {colspan: '5', text: 'No checks to compare.'}))))));
   return section;

@@ -1,13 +1,19 @@
 """Command line: ``tb-gpuadvisor analyze PATH`` and ``tb-gpuadvisor compare BASE NEW``.
 
-Exit codes (the contract): 0 ok, 1 when --fail-on was reached (or a comparison
-regressed), 2 on a usage error or an unreadable PATH.
+Exit codes (the contract): 0 ok; 1 when --fail-on was reached (analyze: a finding that
+severe; compare: a regression that severe, or a step-time regression beyond the noise
+band); 2 on a usage error, an unreadable PATH, or a session that could not be analysed at
+all (every host file unreadable, refused or empty), so CI never passes on nothing.
+Findings of ``low`` confidence never reach --fail-on on their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import re
 import sys
 
 from tb_gpuadvisor.checks import Severity, all_checks
@@ -21,19 +27,36 @@ class UsageError(Exception):
     """Bad arguments or an unusable PATH: exit 2 with one line on stderr."""
 
 
+def _named(ref: SessionRef) -> SessionRef:
+    """REF with its run named after its folder when discovery called it "." (PATH was the run
+    folder itself): "train / <session>" in the output, as the user knows it."""
+    run_dir = os.path.dirname(os.path.dirname(os.path.dirname(ref.path)))
+    if ref.run != "." or ref.fs is not None or \
+            os.path.join(run_dir, "plugins", "profile", ref.session) != ref.path:
+        return ref
+    return dataclasses.replace(ref, run=os.path.basename(run_dir) or ".")
+
+
 def _sessions(path: str) -> list[SessionRef]:
+    # An absolute local path names a loose capture after its folder, not ".".
+    local = "://" not in path
     try:
-        refs = find_sessions(path)
+        refs = find_sessions(os.path.abspath(path) if local else path)
     except DiscoveryError as err:
         raise UsageError(str(err)) from None
     if not refs:
         raise UsageError(f"{path}: no profile sessions found (looked for <run>/plugins/profile/<session>/"
                          f"<host>.xplane.pb)")
-    return refs
+    return [_named(ref) for ref in refs]
 
 
-def _print(text: str) -> None:
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+def _print(text: str, stream=None) -> None:
+    """Write TEXT whatever the stream's encoding: names from non-UTF-8 file names come
+    back as lone surrogates, which a strict UTF-8 stream would refuse."""
+    stream = stream or sys.stdout
+    text = text if text.endswith("\n") else text + "\n"
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
 def _emit(fmt: str, result: dict, as_text, as_markdown) -> None:
@@ -42,11 +65,24 @@ def _emit(fmt: str, result: dict, as_text, as_markdown) -> None:
            as_markdown(result) if fmt == "markdown" else as_text(result))
 
 
-def _reached(severities: list[str], fail_on: str | None) -> bool:
+def reached(findings: list[dict], fail_on: str | None) -> bool:
+    """True when a finding of at least FAIL_ON severity is not of low confidence."""
     if not fail_on:
         return False
     limit = Severity(fail_on).weight
-    return any(Severity(s).weight >= limit for s in severities)
+    return any(Severity(f["severity"]).weight >= limit and f.get("confidence") != "low" for f in findings)
+
+
+def _unanalysed(sessions: list[dict]) -> int:
+    """Report on stderr every session nothing could be read from; their count."""
+    from tb_gpuadvisor.render import printable, session_title, unreadable
+
+    bad = [(s, unreadable(s)) for s in sessions]
+    bad = [(s, why) for s, why in bad if why]
+    for session, why in bad:
+        message = f"tb-gpuadvisor: error: {session_title(session)}: could not be analysed: {why}"
+        _print(printable(message), sys.stderr)
+    return len(bad)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -55,8 +91,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     report = build_report(_sessions(args.path), args.jobs)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
-    severities = [f["severity"] for s in report["sessions"] for f in s["findings"]]
-    return 1 if _reached(severities, args.fail_on) else 0
+    if _unanalysed(report["sessions"]):
+        return 2
+    return 1 if reached([f for s in report["sessions"] for f in s["findings"]], args.fail_on) else 0
 
 
 def _one_session(path: str) -> SessionRef:
@@ -73,10 +110,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     from tb_gpuadvisor.report import analyze_session
 
-    base, new = _one_session(args.base), _one_session(args.new)
-    result = compare_sessions(analyze_session(base), analyze_session(new))
+    sessions = [analyze_session(_one_session(args.base)), analyze_session(_one_session(args.new))]
+    result = compare_sessions(*sessions)
     _emit(args.format, result, render_comparison_text, render_comparison_markdown)
+    if _unanalysed(sessions):
+        return 2
     return 1 if args.fail_on and has_regression(result, args.fail_on) else 0
+
+
+_HEADING = re.compile(r"^#+\s*(.*)$", re.MULTILINE)
+
+
+def terminal_doc(doc: str) -> str:
+    """A check's docstring for the terminal: its own first line (the id again) dropped,
+    Markdown headings as plain underlined lines, ``code`` without the backticks."""
+    body = doc.split("\n", 1)[1].lstrip("\n") if "\n" in doc else ""
+    body = _HEADING.sub(lambda m: f"{m.group(1)}\n{'-' * len(m.group(1))}", body)
+    return body.replace("``", "")
 
 
 def cmd_checks(args: argparse.Namespace) -> int:
@@ -85,29 +135,48 @@ def cmd_checks(args: argparse.Namespace) -> int:
         match = [c for c in checks if c.id == args.check]
         if not match:
             raise UsageError(f"unknown check {args.check!r}; known: {', '.join(c.id for c in checks)}")
-        _print(f"{match[0].id}: {match[0].title}\n\n{match[0].doc}")
+        _print(f"{match[0].id}: {match[0].title}\n\n{terminal_doc(match[0].doc)}")
     else:
         _print("\n".join(f"{c.id:<22} {c.title}" for c in checks))
     return 0
 
 
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of processes, 1 or more (got {text!r})")
+    return value
+
+
+FORMAT_HELP = "text for a terminal (default), json for tools (the report contract), markdown for a PR comment"
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="tb-gpuadvisor",
-                                  description="Ranked GPU performance fixes from TensorFlow/JAX profiles.")
+    top = argparse.ArgumentParser(
+        prog="tb-gpuadvisor", description="Ranked GPU performance fixes from TensorFlow/JAX profiles.",
+        epilog="Exit codes: 0 ok; 1 --fail-on reached; 2 usage error, unreadable PATH, or a session "
+               "that could not be analysed at all (its report is still printed).")
     sub = top.add_subparsers(dest="command", required=True)
     analyze = sub.add_parser("analyze", help="analyse every profile session under PATH")
     analyze.add_argument("path", help="a logdir, run folder, session folder or one .xplane.pb file")
-    analyze.add_argument("--format", choices=FORMATS, default="text")
-    analyze.add_argument("--fail-on", choices=FAIL_ON, help="exit 1 when a finding this severe appears")
-    analyze.add_argument("--jobs", type=int, default=1, help="analyse sessions in N processes")
-    analyze.add_argument("-v", "--verbose", action="store_true", help="show passing checks and evidence")
+    analyze.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
+    analyze.add_argument("--fail-on", choices=FAIL_ON,
+                         help="exit 1 when a finding this severe appears (low-confidence findings do not count); "
+                              "a session that could not be analysed at all exits 2 in any case")
+    analyze.add_argument("--jobs", type=_jobs, default=1, help="analyse sessions in N processes (N >= 1)")
+    analyze.add_argument("-v", "--verbose", action="store_true",
+                         help="show passing checks, evidence and every fix")
     analyze.set_defaults(func=cmd_analyze)
     compare = sub.add_parser("compare", help="compare two sessions: new, fixed, better, worse findings")
     compare.add_argument("base", help="the baseline session (folder or .xplane.pb)")
     compare.add_argument("new", help="the session to judge against it")
-    compare.add_argument("--format", choices=FORMATS, default="text")
+    compare.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     compare.add_argument("--fail-on", choices=FAIL_ON,
-                         help="exit 1 when a finding of this severity is new or got worse")
+                         help="exit 1 when a finding of this severity is new or got worse in time per step, "
+                              "or the step got slower beyond the noise band; without it compare only reports")
     compare.set_defaults(func=cmd_compare)
     checks = sub.add_parser("checks", help="list the checks, or explain one")
     checks.add_argument("check", nargs="?", help="a check id to explain")
@@ -120,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as err:
-        print(f"tb-gpuadvisor: error: {err}", file=sys.stderr)
+        _print(f"tb-gpuadvisor: error: {err}", sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

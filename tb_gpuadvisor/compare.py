@@ -4,40 +4,64 @@ Used by ``tb-gpuadvisor compare BASE NEW`` (and its ``--fail-on`` for CI) and by
 Both inputs are contract session objects (``report.analyze_session``), so a comparison can
 also be made from two saved JSON reports.
 
-Status of a check, decided in this order:
+Everything is judged on **absolute time per step**, never on shares of the step: when a fix
+makes the step 9x shorter, the host work left over becomes a larger *share* of a much
+shorter step although it takes less time than before; that is not a regression.
 
-1. **Severity rank.** A finding is a *problem* when its severity is warning or critical.
-   not a problem -> problem: ``new``; problem -> not a problem: ``fixed``; problem in both
-   with a different severity: ``worse`` (critical from warning) or ``better``. A check
-   missing from one side counts as "not a problem" there.
-2. **Main metric.** Otherwise (same problem severity, or no problem on either side) the
-   check's main metric decides: a change of more than ``METRIC_TOLERANCE`` percentage points
-   in the harmful direction is ``worse``, in the helpful direction ``better``; anything
-   smaller is ``unchanged``. Checks without a directional main metric (memory: a higher
-   peak can be the point of a larger batch; profile_quality) are ``unchanged`` here.
+Each check's time is its main ``*_ms_per_step`` metric (``MAIN_MS``), else its
+``estimated_savings_ms_per_step``. When both sessions give a different ``steps.batch_size``,
+times are divided by it (ms per example). A change counts only beyond the **noise band**:
+``NOISE_SIGMAS`` standard errors of the difference of the two mean step times (from each
+side's ``std_ms`` and step count), and at least ``NOISE_FLOOR_PERCENT`` of the longer step.
 
-``regressions`` counts ``new`` and ``worse`` checks.
+Status of a check with a time: more time beyond the band is ``new`` (a problem now, not
+before) or ``worse``; less time beyond the band is ``fixed`` (a problem before, not now) or
+``better``; within the band ``unchanged``, whatever its severity did. Checks without a time
+(memory, profile_quality) follow their severity: problem (warning or critical) appearing is
+``new``, disappearing ``fixed``, a different problem severity ``worse``/``better``. A check
+missing from one side has no time and no problem there.
+
+The step itself gets the same verdict (``step_status``). ``regressions`` counts ``new`` and
+``worse`` checks, plus one when the step got slower beyond the band.
 """
 
 from __future__ import annotations
 
+import math
+
+from tb_gpuadvisor.checks import all_checks
 from tb_gpuadvisor.checks.base import Severity
+from tb_gpuadvisor.render import md_escape, printable
 
-METRIC_TOLERANCE = 2.0      # percentage points
+NOISE_SIGMAS = 2.0          # standard errors of the difference of the means
+NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitter
 
-# check id -> (main metric, +1 when larger is worse, -1 when larger is better, 0 no direction)
-MAIN_METRIC: dict[str, tuple[str, int]] = {
-    "input_bound": ("input_percent", 1),
-    "kernel_launch": ("launch_percent", 1),
-    "host_overhead": ("other_idle_percent", 1),
-    "op_placement": ("host_op_percent", 1),
-    "memcpy": ("memcpy_percent", 1),
-    "precision": ("low_precision_percent", -1),
-    "tensor_core": ("eligible_not_using_percent", 1),
-    "multi_gpu_imbalance": ("imbalance_percent", 1),
-    "collectives": ("collective_percent", 1),
-    "launch_skew": ("skew_percent", 1),
-    "memory": ("peak_percent", 0),
+# check id -> the share it reports (for display), and the metric holding its time per step;
+# None: the check measures no time (memory peak, capture quality).
+MAIN_METRIC: dict[str, str] = {
+    "input_bound": "input_percent",
+    "kernel_launch": "launch_percent",
+    "host_overhead": "other_idle_percent",
+    "op_placement": "host_op_percent",
+    "memcpy": "memcpy_percent",
+    "precision": "low_precision_percent",
+    "tensor_core": "eligible_not_using_percent",
+    "multi_gpu_imbalance": "imbalance_percent",
+    "collectives": "collective_percent",
+    "launch_skew": "skew_percent",
+    "memory": "peak_percent",
+}
+MAIN_MS: dict[str, str | None] = {
+    "input_bound": "input_ms_per_step",
+    "kernel_launch": "launch_ms_per_step",
+    "host_overhead": "other_idle_ms_per_step",
+    "op_placement": "host_op_ms_per_step",
+    "memcpy": "memcpy_ms_per_step",
+    "precision": "fp32_eligible_ms_per_step",
+    "collectives": "collective_ms_per_step",
+    "launch_skew": "skew_ms",
+    "memory": None,
+    "profile_quality": None,
 }
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
@@ -55,26 +79,38 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _status(check: str, base: dict | None, new: dict | None) -> str:
-    base_sev = base["severity"] if base else None
-    new_sev = new["severity"] if new else None
+def _check_title(check: str) -> str:
+    """The registered check's name ("Multi-GPU imbalance"), or the id for an unknown one."""
+    return next((c.title for c in all_checks() if c.id == check), check)
+
+
+def _time_ms(check: str, finding: dict | None) -> float | None:
+    """The check's time per step in FINDING (0 when the check is absent); None: no time."""
+    if check in MAIN_MS and MAIN_MS[check] is None:
+        return None
+    if finding is None:
+        return 0.0
+    value = finding["metrics"].get(MAIN_MS.get(check) or "")
+    if not _number(value):
+        value = finding.get("estimated_savings_ms_per_step")
+    return float(value) if _number(value) else 0.0
+
+
+def _by_severity(base_sev: str | None, new_sev: str | None) -> str:
     if _is_problem(new_sev) and not _is_problem(base_sev):
         return "new"
     if _is_problem(base_sev) and not _is_problem(new_sev):
         return "fixed"
     if _is_problem(base_sev) and _weight(base_sev) != _weight(new_sev):
         return "worse" if _weight(new_sev) > _weight(base_sev) else "better"
-    metric, direction = MAIN_METRIC.get(check, (None, 0))
-    if not (metric and direction and base and new):
-        return "unchanged"
-    before, after = base["metrics"].get(metric), new["metrics"].get(metric)
-    if not (_number(before) and _number(after)):
-        return "unchanged"
-    change = (after - before) * direction
-    if change > METRIC_TOLERANCE:
-        return "worse"
-    if change < -METRIC_TOLERANCE:
-        return "better"
+    return "unchanged"
+
+
+def _by_time(delta: float, band: float, base_sev: str | None, new_sev: str | None) -> str:
+    if delta > band:
+        return "new" if _is_problem(new_sev) and not _is_problem(base_sev) else "worse"
+    if delta < -band:
+        return "fixed" if _is_problem(base_sev) and not _is_problem(new_sev) else "better"
     return "unchanged"
 
 
@@ -90,20 +126,58 @@ def _savings(finding: dict | None) -> float:
     return float(finding.get("estimated_savings_ms_per_step") or 0.0) if finding else 0.0
 
 
+def _per_example(base: dict, new: dict) -> tuple[float, float]:
+    """Divisors for each side's times: their batch sizes when both are known and differ."""
+    sizes = [(s.get("steps") or {}).get("batch_size") for s in (base, new)]
+    if all(_number(b) and b > 0 for b in sizes) and sizes[0] != sizes[1]:
+        return float(sizes[0]), float(sizes[1])
+    return 1.0, 1.0
+
+
+def _standard_error(steps: dict) -> float:
+    """Standard error of the mean step time: its std (else half its range) over sqrt(count)."""
+    spread = steps.get("std_ms")
+    if not _number(spread):
+        low, high = steps.get("min_ms"), steps.get("max_ms")
+        spread = (high - low) / 2 if _number(low) and _number(high) else 0.0
+    return spread / math.sqrt(max(int(steps.get("count") or 1), 1))
+
+
+def noise_band(base_steps: dict, new_steps: dict, divisors: tuple[float, float] = (1.0, 1.0)) -> float:
+    """How far apart two mean times (per step or per example) must be to count as a change."""
+    errors = [_standard_error(s) / d for s, d in zip((base_steps, new_steps), divisors)]
+    means = [(s.get("mean_ms") or 0.0) / d for s, d in zip((base_steps, new_steps), divisors)]
+    return max(NOISE_SIGMAS * math.hypot(*errors), NOISE_FLOOR_PERCENT / 100 * max(means))
+
+
 def compare_sessions(base: dict, new: dict) -> dict:
-    """Per-check status between two contract session objects, with metric and step-time deltas."""
+    """Per-check status between two contract session objects, judged on time per step."""
     base_by_check = {f["check"]: f for f in base.get("findings", [])}
     new_by_check = {f["check"]: f for f in new.get("findings", [])}
     order = list(base_by_check) + [c for c in new_by_check if c not in base_by_check]
+    base_steps, new_steps = base.get("steps") or {}, new.get("steps") or {}
+    divisors = _per_example(base, new)
+    unit = "ms/example" if divisors != (1.0, 1.0) else "ms/step"
+    band = noise_band(base_steps, new_steps, divisors)
     checks = []
     for check in order:
         b, n = base_by_check.get(check), new_by_check.get(check)
-        metric = MAIN_METRIC.get(check, (None, 0))[0]
+        base_sev, new_sev = (b["severity"] if b else None), (n["severity"] if n else None)
+        metric = MAIN_METRIC.get(check)
+        base_ms, new_ms = _time_ms(check, b), _time_ms(check, n)
+        timed = base_ms is not None and new_ms is not None
+        if timed:
+            base_ms, new_ms = base_ms / divisors[0], new_ms / divisors[1]
         checks.append({
             "check": check,
-            "status": _status(check, b, n),
-            "base_severity": b["severity"] if b else None,
-            "new_severity": n["severity"] if n else None,
+            "name": _check_title(check),
+            "status": _by_time(new_ms - base_ms, band, base_sev, new_sev) if timed
+            else _by_severity(base_sev, new_sev),
+            "base_severity": base_sev,
+            "new_severity": new_sev,
+            "new_confidence": n.get("confidence") if n else None,
+            "base_ms": round(base_ms, 4) if timed else None,
+            "new_ms": round(new_ms, 4) if timed else None,
             "main_metric": metric,
             "base_value": b["metrics"].get(metric) if b and metric else None,
             "new_value": n["metrics"].get(metric) if n and metric else None,
@@ -111,25 +185,36 @@ def compare_sessions(base: dict, new: dict) -> dict:
             "savings_delta_ms": round(_savings(n) - _savings(b), 3),
             "title": (n or b)["title"],
         })
-    base_ms = (base.get("steps") or {}).get("mean_ms")
-    new_ms = (new.get("steps") or {}).get("mean_ms")
-    delta_ms = round(new_ms - base_ms, 3) if base_ms and new_ms else None
-    delta_percent = round(100.0 * (new_ms - base_ms) / base_ms, 2) if base_ms and new_ms else None
+    base_ms, new_ms = base_steps.get("mean_ms"), new_steps.get("mean_ms")
+    comparable = bool(base_ms and new_ms)
+    delta_ms = round(new_ms - base_ms, 3) if comparable else None
+    delta_percent = round(100.0 * (new_ms - base_ms) / base_ms, 2) if comparable else None
+    step_status = (_by_time(new_ms / divisors[1] - base_ms / divisors[0], band, None, None)
+                   if comparable else None)
     return {
         "base": {"run": base.get("run"), "session": base.get("session"), "step_ms": base_ms},
         "new": {"run": new.get("run"), "session": new.get("session"), "step_ms": new_ms},
+        "unit": unit,
+        "noise_band": round(band, 4) if comparable else None,
         "step_time_delta_ms": delta_ms,
         "step_time_delta_percent": delta_percent,
+        "step_status": step_status,
         "checks": checks,
-        "regressions": sum(c["status"] in ("new", "worse") for c in checks),
+        "regressions": sum(c["status"] in ("new", "worse") for c in checks) + (step_status == "worse"),
     }
 
 
 def has_regression(result: dict, fail_on: str | Severity) -> bool:
-    """True when a check is new or worse and its new severity reaches ``fail_on``."""
+    """True when the step got slower beyond the noise band, or a check is new or worse with
+    a new severity reaching ``fail_on`` (a finding of low confidence does not count)."""
     threshold = Severity(fail_on).weight
-    return any(c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
-               for c in result["checks"])
+    return result.get("step_status") == "worse" or any(
+        c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
+        and c.get("new_confidence") != "low" for c in result["checks"])
+
+
+def _label(side: dict) -> str:
+    return side["session"] if side["run"] == "." else f"{side['run']}/{side['session']}"
 
 
 def _step_line(result: dict) -> str:
@@ -137,8 +222,10 @@ def _step_line(result: dict) -> str:
     if result["step_time_delta_ms"] is None:
         return "Step time: not comparable (no steps in one of the sessions)"
     sign = "+" if result["step_time_delta_ms"] >= 0 else ""
+    verdict = {"worse": "slower", "better": "faster", "unchanged": "within noise"}[result["step_status"]]
     return (f"Step time: {base:.2f} ms -> {new:.2f} ms ({sign}{result['step_time_delta_ms']:.2f} ms, "
-            f"{sign}{result['step_time_delta_percent']:.1f}%)")
+            f"{sign}{result['step_time_delta_percent']:.1f}%; {verdict}, noise band "
+            f"±{result['noise_band']:.2f} {result['unit']})")
 
 
 def _value(value) -> str:
@@ -147,11 +234,15 @@ def _value(value) -> str:
     return f"{value:.1f}" if _number(value) else str(value)
 
 
-def _metric_change(check: dict, arrow: str) -> str:
-    """ "name before -> after", or "" when the check has no main metric on either side."""
-    if not check["main_metric"] or (check["base_value"] is None and check["new_value"] is None):
-        return ""
-    return f"{check['main_metric']} {_value(check['base_value'])} {arrow} {_value(check['new_value'])}"
+def _change(check: dict, unit: str, arrow: str) -> str:
+    """"1.20 -> 0.80 ms/step (input_percent 31.0 -> 9.0)": the time, then the share."""
+    parts = []
+    if check["base_ms"] is not None:
+        parts.append(f"{check['base_ms']:.2f} {arrow} {check['new_ms']:.2f} {unit}")
+    if check["main_metric"] and not (check["base_value"] is None and check["new_value"] is None):
+        share = f"{check['main_metric']} {_value(check['base_value'])} {arrow} {_value(check['new_value'])}"
+        parts.append(f"({share})" if parts else share)
+    return " ".join(parts)
 
 
 def _ordered(result: dict) -> list[dict]:
@@ -160,27 +251,25 @@ def _ordered(result: dict) -> list[dict]:
 
 def render_comparison_text(result: dict) -> str:
     """A terminal summary: one line per check, changes first."""
-    head = (f"{result['base']['run']}/{result['base']['session']} -> "
-            f"{result['new']['run']}/{result['new']['session']}")
+    head = f"{_label(result['base'])} -> {_label(result['new'])}"
     lines = [head, _step_line(result), f"Regressions: {result['regressions']}", ""]
     for c in _ordered(result):
         severity = f"{c['base_severity'] or '-'} -> {c['new_severity'] or '-'}"
-        lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<34} {_metric_change(c, '->')}".rstrip())
-    return "\n".join(lines)
+        lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<24} "
+                     f"{_change(c, result['unit'], '->')}".rstrip())
+    return printable("\n".join(lines))
 
 
 def render_comparison_markdown(result: dict) -> str:
     """A pull-request comment: step time, regressions, and a table of the checks."""
-    base, new = result["base"], result["new"]
-    lines = [f"### GPU Advisor: `{base['run']}/{base['session']}` -> `{new['run']}/{new['session']}`", "",
+    base, new = md_escape(_label(result["base"])), md_escape(_label(result["new"]))
+    lines = [f"### GPU Advisor: {base} -> {new}", "",
              f"**{_step_line(result)}**", "",
              f"**Regressions: {result['regressions']}**", "",
-             "| status | check | severity | main metric | saving change (ms/step) |",
+             f"| status | check | severity | time ({result['unit']}) and share | saving change (ms/step) |",
              "|---|---|---|---|---|"]
     for c in _ordered(result):
-        metric = _metric_change(c, "→")
-        if metric:
-            metric = f"`{c['main_metric']}`{metric[len(c['main_metric']):]}"
         lines.append(f"| {c['status']} | `{c['check']}` | {c['base_severity'] or '-'} → "
-                     f"{c['new_severity'] or '-'} | {metric} | {c['savings_delta_ms']:+.2f} |")
+                     f"{c['new_severity'] or '-'} | {_change(c, result['unit'], '→')} | "
+                     f"{c['savings_delta_ms']:+.2f} |")
     return "\n".join(lines) + "\n"

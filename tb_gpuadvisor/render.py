@@ -1,7 +1,13 @@
-"""Human-readable renderings of a report: terminal text and pull-request Markdown."""
+"""Human-readable renderings of a report: terminal text and pull-request Markdown.
+
+Names in a report come from the capture (run, session, host and op names) and can hold
+anything a file name can: both renderers make them inert (no terminal escape sequences,
+no Markdown or HTML markup).
+"""
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 
@@ -30,84 +36,162 @@ def _steps_line(steps: dict) -> str:
             f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f})")
 
 
+# Every C0/C1 control character but the newline: an ESC in a capture name would otherwise
+# reach the terminal as an escape sequence.
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """TEXT with control characters shown as ``\\xNN`` instead of acting on the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def session_title(session: dict) -> str:
+    """"run / session", or the session alone for a capture in the logdir root."""
+    if session["run"] == ".":
+        return session["session"]
     return f"{session['run']} / {session['session']}"
+
+
+def unreadable(session: dict) -> str | None:
+    """Why nothing of SESSION could be analysed, or None when something was.
+
+    That is every host file failing to read, or a session-level error (a refused or
+    crashed load) that left no steps: a report about such a session would only describe
+    an empty capture.
+    """
+    errors = session.get("errors") or []
+    failed_hosts = {e["host"] for e in errors if e.get("host")}
+    whole = [e for e in errors if not e.get("host") and not e.get("check")]
+    if (session.get("hosts") and failed_hosts >= set(session["hosts"])) or \
+            (whole and not (session.get("steps") or {}).get("count")):
+        return "; ".join(f"{e['host']}: {e['message']}" if e.get("host") else e["message"] for e in errors
+                         if not e.get("check"))
+    return None
+
+
+def actionable(finding: dict) -> bool:
+    return finding["severity"] in ("critical", "warning")
+
+
+def _confidence(finding: dict) -> str:
+    """"low (reason; reason)", or "" when the finding does not say."""
+    level = finding.get("confidence")
+    if not level:
+        return ""
+    reasons = finding.get("confidence_reasons") or []
+    return level + (f" ({'; '.join(reasons)})" if reasons else "")
+
+
+def _text_fix(fix: dict, indent: str, width: int) -> list[str]:
+    """The fix's text wrapped, then its code as is (indented, never wrapped: it is copied)."""
+    lines = textwrap.wrap(fix["text"], width - len(indent), initial_indent="fix: ", subsequent_indent="     ")
+    lines += [f"       {line}" for line in fix.get("code", "").splitlines()]
+    return [(indent + line).rstrip() for line in lines]
+
+
+def _text_finding(f: dict, width: int, verbose: bool) -> list[str]:
+    out = [f"  [{_MARK[f['severity']]}] {f['check']:<20} {f['estimated_savings_ms_per_step']:7.2f} ms/step  "
+           f"{f['title']}"]
+    indent = " " * 9
+    out += [indent + line for line in textwrap.wrap(f["summary"], width - 10)]
+    if _confidence(f):
+        out += [indent + line for line in textwrap.wrap("confidence: " + _confidence(f), width - 10)]
+    if verbose:
+        for ev in f["evidence"][:5]:
+            out.append(f"{indent}  - {ev['name']}: {ev['value']:g} {ev['unit']}"
+                       + (f" ({ev['detail']})" if ev.get("detail") else ""))
+    # The top fix of an actionable finding always, every fix with -v.
+    shown = f["fixes"] if verbose else f["fixes"][:1] if actionable(f) else []
+    for fix in shown:
+        out += _text_fix(fix, indent, width)
+    return out
+
+
+def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
+    out = ["=" * width]
+    reason = unreadable(session)
+    if reason:
+        hosts = f" (hosts: {', '.join(session['hosts'])})" if session.get("hosts") else ""
+        return out + [f"{session_title(session)}{hosts}: could not be read: {reason}"]
+    out.append(f"{session_title(session)}   [{session['framework']}; hosts: {', '.join(session['hosts'])}]")
+    out.append(f"  steps:   {_steps_line(session['steps'])}")
+    devices = session["devices"]
+    active = [d for d in devices if d.get("active")]
+    shown = devices if verbose or len(devices) <= 4 else active[:4]
+    for dev in shown:
+        out.append(f"  device:  {_device_line(dev)}")
+    if len(shown) < len(devices):
+        out.append(f"  device:  ... {len(devices) - len(shown)} more ({len(active)} of {len(devices)} active)")
+    for err in session["errors"]:
+        where = err.get("host") or err.get("check") or "session"
+        out.append(f"  ERROR [{where}]: {err['message']}")
+    if session.get("first_fix"):
+        out.append("  fix first: " + session["first_fix"]["why"])
+    findings = session["findings"]
+    if findings:
+        out.append("")
+    quiet = [f["check"] for f in findings if f["severity"] in ("ok", "not_applicable")]
+    for f in findings:
+        if verbose or f["check"] not in quiet:
+            out += _text_finding(f, width, verbose)
+    if quiet and not verbose:
+        out.append(f"  passed or not applicable: {', '.join(quiet)}")
+    return out
 
 
 def render_text(report: dict, width: int | None = None, verbose: bool = False) -> str:
     width = width or min(shutil.get_terminal_size((100, 20)).columns, 120)
     out: list[str] = []
     for session in report["sessions"]:
-        out.append("=" * width)
-        out.append(f"{session_title(session)}   [{session['framework']}; hosts: {', '.join(session['hosts'])}]")
-        out.append(f"  steps:   {_steps_line(session['steps'])}")
-        devices = session["devices"]
-        active = [d for d in devices if d.get("active")]
-        shown = devices if verbose or len(devices) <= 4 else active[:4]
-        for dev in shown:
-            out.append(f"  device:  {_device_line(dev)}")
-        if len(shown) < len(devices):
-            out.append(f"  device:  ... {len(devices) - len(shown)} more ({len(active)} of {len(devices)} active)")
-        for err in session["errors"]:
-            where = err.get("host") or err.get("check") or "session"
-            out.append(f"  ERROR [{where}]: {err['message']}")
-        if session.get("first_fix"):
-            out.append("  fix first: " + session["first_fix"]["why"])
-        findings = session["findings"]
-        if findings:
-            out.append("")
-        for f in findings:
-            if f["severity"] in ("ok", "not_applicable") and not verbose:
-                continue
-            saving = f["estimated_savings_ms_per_step"]
-            out.append(f"  [{_MARK[f['severity']]}] {f['check']:<20} {saving:7.2f} ms/step  {f['title']}")
-            for line in textwrap.wrap(f["summary"], width - 10):
-                out.append(" " * 9 + line)
-            if verbose:
-                for ev in f["evidence"][:5]:
-                    out.append(f"           - {ev['name'][:width - 40]}: {ev['value']:g} {ev['unit']}")
-        quiet = [f["check"] for f in findings if f["severity"] in ("ok", "not_applicable")]
-        if quiet and not verbose:
-            out.append(f"  passed or not applicable: {', '.join(quiet)}")
+        out += _text_session(session, width, verbose)
     if not report["sessions"]:
         out.append("no sessions")
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n")
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+def md_escape(text: str) -> str:
+    return (printable(text).replace("&", "&amp;").replace("|", "\\|").replace("<", "&lt;")
+            .replace(">", "&gt;"))
 
 
 def render_markdown(report: dict) -> str:
     out: list[str] = ["# GPU Advisor report", ""]
     for session in report["sessions"]:
-        out += [f"## {_md_escape(session_title(session))}", ""]
-        out.append(f"- **Framework:** {session['framework']}; **hosts:** {', '.join(session['hosts'])}")
+        out += [f"## {md_escape(session_title(session))}", ""]
+        hosts = md_escape(", ".join(session["hosts"]))
+        reason = unreadable(session)
+        if reason:
+            out += [f"- ⛔ **Could not be read** (hosts: {hosts}): {md_escape(reason)}", ""]
+            continue
+        out.append(f"- **Framework:** {session['framework']}; **hosts:** {hosts}")
         out.append(f"- **Steps:** {_steps_line(session['steps'])}")
         for dev in [d for d in session["devices"] if d.get("active")][:8]:
-            out.append(f"- **Device:** {_md_escape(_device_line(dev))}")
+            out.append(f"- **Device:** {md_escape(_device_line(dev))}")
         for err in session["errors"]:
-            out.append(f"- ⛔ **Error** ({err.get('host') or err.get('check') or 'session'}): "
-                       f"{_md_escape(err['message'])}")
+            out.append(f"- ⛔ **Error** ({md_escape(err.get('host') or err.get('check') or 'session')}): "
+                       f"{md_escape(err['message'])}")
         if session.get("first_fix"):
-            out.append(f"- **Fix first:** {_md_escape(session['first_fix']['why'])}")
+            out.append(f"- **Fix first:** {md_escape(session['first_fix']['why'])}")
         out.append("")
         if session["findings"]:
             out += ["| | check | severity | saving (ms/step) | finding |", "|---|---|---|---:|---|"]
             for f in session["findings"]:
                 out.append(f"| {_EMOJI[f['severity']]} | `{f['check']}` | {f['severity']} | "
-                           f"{f['estimated_savings_ms_per_step']:.2f} | {_md_escape(f['title'])} |")
+                           f"{f['estimated_savings_ms_per_step']:.2f} | {md_escape(f['title'])} |")
             out.append("")
         for f in session["findings"]:
             if f["severity"] not in ("critical", "warning", "info"):
                 continue
-            out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{_md_escape(f['title'])}</b></summary>", "",
-                    _md_escape(f["summary"]), ""]
+            out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{md_escape(f['title'])}</b></summary>", "",
+                    md_escape(f["summary"]), ""]
+            if _confidence(f):
+                out += [f"**Confidence:** {md_escape(_confidence(f))}", ""]
             if f["metrics"]:
                 out.append("Metrics: " + ", ".join(f"`{k}` = {v}" for k, v in f["metrics"].items()))
                 out.append("")
             for fix in f["fixes"]:
-                out.append(f"- {_md_escape(fix['text'])}")
+                out.append(f"- {md_escape(fix['text'])}")
                 if fix.get("code"):
                     out += ["", "  ```", textwrap.indent(fix["code"], "  "), "  ```"]
             out += ["", "</details>", ""]

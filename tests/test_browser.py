@@ -297,3 +297,94 @@ def test_pending_report_shows_progress_then_the_report(page, server):
     _shot(page, server, "9-pending")
     frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
     assert held["count"] == 2
+
+
+def test_trace_viewer_links_carry_the_view_range(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings]", timeout=30000)
+    _expand_all(frame)
+    hrefs = frame.locator('.evidence a.profile-link[data-tool="trace_viewer"]').evaluate_all(
+        "links => links.map(a => a.href)")
+    ranged = [href for href in hrefs if "view_start=" in href]
+    assert ranged, hrefs[:5]
+    query = dict(part.split("=", 1) for part in ranged[0].split("?", 1)[1].split("#")[0].split("&"))
+    assert float(query["view_end"]) > float(query["view_start"]) >= 0
+    # The input pipeline page gets a note and a trace viewer link beside it.
+    if frame.locator('a.profile-link[data-tool="input_pipeline_analyzer"]').count():
+        assert frame.locator("[data-testid=input-pipeline-note]").first.is_visible()
+
+
+def test_back_after_a_deep_link_returns_to_the_advisor(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings] .profile-link", timeout=30000)
+    frame.locator("[data-testid=findings] .profile-link").first.click()
+    page.wait_for_url("**#profile", timeout=30000)
+    page.go_back()
+    page.wait_for_url("**#gpu_advisor", timeout=30000)
+    iframe = page.wait_for_selector('iframe[src*="plugin_entry.html?name=gpu_advisor"]', timeout=60000)
+    back = iframe.content_frame()
+    back.wait_for_selector("[data-testid=findings]", timeout=30000)
+    assert back.locator("[data-testid=session-select]").input_value() == GOOD
+
+
+def test_selection_is_kept_in_the_url(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", BETTER)
+    frame.click("#tab-compare")
+    frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    assert f"advisor_session={BETTER}" in page.url and "advisor_view=compare" in page.url, page.url
+    # The Compare base defaults to the previous session of the same run.
+    assert frame.locator("[data-testid=base-select]").input_value() == f"train\u0000{GOOD}"
+    shared = page.url
+    other = page.context.new_page()
+    other.goto(shared)
+    iframe = other.wait_for_selector('iframe[src*="plugin_entry.html?name=gpu_advisor"]', timeout=60000)
+    opened = iframe.content_frame()
+    opened.wait_for_selector("[data-testid=compare]", timeout=30000)
+    assert opened.locator("[data-testid=session-select]").input_value() == BETTER
+    other.close()
+
+
+def test_labels_name_checks_and_units(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", BETTER)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    frame.click("details.passed > summary")
+    passed = frame.locator("details.passed li.finding .check-id").all_inner_texts()
+    assert "launch_skew" in passed or "multi_gpu_imbalance" in passed or passed, passed
+    assert all(passed), passed
+    frame.click("#tab-compare")
+    frame.select_option("[data-testid=base-select]", f"train\u0000{GOOD}")
+    frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    _shot(page, server, "10-compare-labels")
+    names = frame.locator(".compare-table .check-name").all_inner_texts()
+    assert "Multi-GPU load imbalance" in names and "Multi gpu imbalance" not in names, names
+    text = frame.locator(".compare-table").inner_text()
+    assert "ms/step" in text and "Ratio" not in text and "ratio" not in text, text
+    assert frame.locator("[data-testid=noise-band]").is_visible()
+
+
+def test_category_list_and_confidence_from_the_report(page, server):
+    """Bars follow `breakdown.categories` when the report has it; confidence is shown when given."""
+    def with_categories(route):
+        response = route.fetch()
+        report = response.json()
+        if response.status == 200 and report.get("breakdown"):
+            report["breakdown"]["categories"] = [
+                {"key": "tc_fp32", "label": "FP32 on Tensor-Core-eligible ops", "group": "compute"},
+                {"key": "input_wait", "label": "Waiting for input", "group": "input"}]
+            for row in report["breakdown"]["steps"]:
+                row.update(tc_fp32_ms=10.0, input_wait_ms=5.0)
+            report["findings"][0].update(confidence="low", confidence_reasons=["only 8 steps"])
+        route.fulfill(response=response, body=json.dumps(report))
+
+    page.route("**/data/plugin/gpu_advisor/report?*", with_categories)
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
+    legend = frame.locator("[data-testid=step-chart] .legend").inner_text()
+    assert "FP32 on Tensor-Core-eligible ops" in legend and "Kernel launch" not in legend, legend
+    assert frame.locator("[data-testid=step-chart] g.step-bar").first.locator("rect.seg").count() == 2
+    assert "only 8 steps" in frame.locator("[data-testid=confidence]").first.inner_text()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from synth import build_training_session, write_bad_session
 
+from tb_gpuadvisor import report as report_module
 from tb_gpuadvisor.cli import main
 
 
@@ -20,7 +22,8 @@ def logdir(tmp_path):
 
 
 def test_json_lists_every_session_with_errors_kept_apart(logdir, capsys):
-    assert main(["analyze", str(logdir), "--format", "json"]) == 0
+    # The unreadable session makes the exit code 2, but the report is printed in full.
+    assert main(["analyze", str(logdir), "--format", "json"]) == 2
     report = json.loads(capsys.readouterr().out)
     assert report["schema_version"] == 1
     by_run = {s["run"]: s for s in report["sessions"]}
@@ -34,8 +37,123 @@ def test_json_lists_every_session_with_errors_kept_apart(logdir, capsys):
 
 @pytest.mark.parametrize("fmt,needle", [("text", "good / s1"), ("markdown", "# GPU Advisor report")])
 def test_text_and_markdown(logdir, capsys, fmt, needle):
-    assert main(["analyze", str(logdir), "--format", fmt]) == 0
+    assert main(["analyze", str(logdir / "good"), "--format", fmt]) == 0
     assert needle in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["garbage", "empty", "truncated"])
+@pytest.mark.parametrize("fail_on", [[], ["--fail-on", "critical"]])
+def test_unreadable_capture_exits_2_and_says_why(tmp_path, capsys, kind, fail_on):
+    """CI must not pass on a capture nothing could be read from."""
+    path = write_bad_session(tmp_path, "train", "s1", kind)
+    assert main(["analyze", str(path)] + fail_on) == 2
+    captured = capsys.readouterr()
+    assert "train / s1" in captured.out and "could not be read: bad-host:" in captured.out
+    assert "CPU-only capture on 0 hosts" not in captured.out and ". / ." not in captured.out
+    assert "could not be analysed" in captured.err
+    assert main(["analyze", str(path), "--format", "markdown"]) == 2
+    assert "Could not be read" in capsys.readouterr().out
+
+
+def test_loose_capture_is_named_after_its_folder(tmp_path, capsys, monkeypatch):
+    (tmp_path / "x.xplane.pb").write_bytes(b"\xff\xff\x01")
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", "x.xplane.pb", "--fail-on", "critical"]) == 2
+    out = capsys.readouterr().out
+    assert ". / ." not in out and out.splitlines()[1].startswith(tmp_path.name)
+
+
+def test_refused_session_exits_2(logdir, capsys, monkeypatch):
+    monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "1")
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 2
+    assert "could not be read:" in capsys.readouterr().out
+
+
+def test_text_shows_the_top_fix_and_verbose_keeps_long_names(logdir, capsys):
+    assert main(["analyze", str(logdir / "good")]) == 0
+    out = capsys.readouterr().out
+    assert "fix: " in out and "prefetch(" in out, out
+    assert main(["analyze", str(logdir / "good"), "-v"]) == 0
+    verbose = capsys.readouterr().out
+    assert verbose.count("fix: ") > out.count("fix: ")
+
+
+def test_verbose_evidence_names_are_not_cut(capsys, monkeypatch, logdir):
+    name = "Iterator::Model::Prefetch::MapAndBatch::TensorSlice::" + "Nested" * 20
+    evidence = [{"kind": "stage", "name": name, "value": 1.5, "unit": "ms/step"}]
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(
+        _finding("input_bound", "critical", evidence=evidence)))
+    assert main(["analyze", str(logdir / "good"), "-v"]) == 0
+    assert name in capsys.readouterr().out
+
+
+def _finding(check: str, severity: str, **extra) -> dict:
+    return dict({"check": check, "severity": severity, "title": "t", "summary": "s", "metrics": {},
+                 "estimated_savings_ms_per_step": 1.0, "evidence": [], "fixes": []}, **extra)
+
+
+def _report(*findings: dict, hosts=("h",), run="train") -> dict:
+    return {"schema_version": 1, "sessions": [{
+        "run": run, "session": "s1", "hosts": list(hosts), "framework": "tensorflow", "devices": [],
+        "steps": {"count": 3, "source": "keras", "mean_ms": 10.0, "min_ms": 9.0, "max_ms": 11.0},
+        "findings": list(findings), "first_fix": None, "errors": []}]}
+
+
+def test_low_confidence_never_trips_fail_on_alone(capsys, monkeypatch, logdir):
+    low = _finding("memcpy", "critical", confidence="low", confidence_reasons=["only 1 step captured"])
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(low))
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "warning"]) == 0
+    assert "confidence: low (only 1 step captured)" in capsys.readouterr().out
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    assert "**Confidence:** low (only 1 step captured)" in capsys.readouterr().out
+    high = _finding("input_bound", "critical", confidence="high")
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(low, high))
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 1
+
+
+def test_names_from_the_capture_are_inert(capsys, monkeypatch, logdir):
+    """Escape sequences never reach the terminal; Markdown shows host names as text."""
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(
+        _finding("input_bound", "critical"), hosts=["<img src=x>|host"], run="\x1b[31mred\x1b]0;title\x07"))
+    main(["analyze", str(logdir / "good")])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[31mred" in out
+    main(["analyze", str(logdir / "good"), "--format", "markdown"])
+    out = capsys.readouterr().out
+    assert "<img" not in out and "&lt;img src=x&gt;\\|host" in out and "\x1b" not in out
+
+
+def test_non_utf8_names_under_strict_utf8_stdout(tmp_path):
+    folder = os.path.join(os.fsencode(tmp_path), b"run\xff", b"plugins", b"profile", b"s\xfe")
+    os.makedirs(folder)
+    build_training_session(steps=3).write(tmp_path, "tmp", "x")
+    source = tmp_path / "tmp" / "plugins" / "profile" / "x" / "synth-host.xplane.pb"
+    os.rename(os.fsencode(source), os.path.join(folder, b"h\xfd.xplane.pb"))
+    env = dict(os.environ, PYTHONIOENCODING="utf-8:strict", PYTHONPATH=os.pathsep.join(sys.path))
+    for fmt in ("text", "markdown", "json"):
+        result = subprocess.run([sys.executable, "-m", "tb_gpuadvisor.cli", "analyze", str(tmp_path),
+                                 "--format", fmt], capture_output=True, env=env)
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        assert b"\\udcff" in result.stdout or b"\\xff" in result.stdout, result.stdout[:300]
+
+
+def test_usage_errors_and_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", ".", "--jobs", "0"])
+    assert exit_info.value.code == 2 and "--jobs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--format {text,json,markdown}" in help_text and "markdown for a PR comment" in help_text
+    assert "2 usage error" in help_text.replace("\n", " ") or "could not be analysed" in help_text
+
+
+def test_check_doc_prints_once_without_markdown(capsys):
+    assert main(["checks", "input_bound"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("input_bound: Input pipeline bottleneck\n")
+    assert out.count("input_bound") == 1 and "##" not in out and "``" not in out
+    assert "What it measures\n----------------" in out
 
 
 def test_bad_path_exits_2_with_one_line(tmp_path, capsys):

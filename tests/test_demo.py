@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from demo.serve import MissingToolsCache
 
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.report import analyze_session
@@ -33,9 +38,43 @@ def demo_logdir(tmp_path_factory) -> Path:
     logdir = tmp_path_factory.mktemp("demo_logs")
     command = [sys.executable, "-m", "demo.train", "--all", "--logdir", str(logdir),
                "--steps", str(PROFILED_STEPS), "--warmup", str(WARMUP_STEPS)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))   # as `make demo` runs it
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (logdir.parent / f"{logdir.name}.log").write_text(result.stdout + result.stderr)
     return logdir
+
+
+def test_demo_log_has_no_traceback(demo_logdir: Path):
+    log = (demo_logdir.parent / f"{demo_logdir.name}.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def _record(message: str, error: BaseException | None) -> logging.LogRecord:
+    exc_info = (type(error), error, None) if error else None
+    return logging.LogRecord("tensorboard.plugins.profile", logging.ERROR, "profile_io.py", 1, message, (),
+                             exc_info)
+
+
+def test_serve_drops_only_xprofs_missing_cache_traceback():
+    keep = MissingToolsCache().filter
+    missing = FileNotFoundError(2, "No such file or directory")
+    assert not keep(_record("Error reading or decoding file s/.cached_tools.json: x, invalidating.", missing))
+    assert keep(_record("Error reading or decoding file s/.cached_tools.json", ValueError("bad json")))
+    assert keep(_record("Error reading s/trace.json", missing))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("flavour,extra,removed", [("cpu", ".[demo]", "tensorflow"),
+                                                    ("gpu", ".[demo-gpu]", "tensorflow-cpu")])
+def test_make_demo_installs_one_tensorflow(tmp_path, flavour, extra, removed):
+    plan = subprocess.run(["make", "-n", "demo", f"TF={flavour}", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line and "-e" in line]
+    assert len(installs) == 1 and installs[0].endswith(f'"{extra}"'), plan
+    if flavour == "gpu" or os.uname().machine == "x86_64":
+        assert f"pip uninstall -y -q {removed} " in plan, plan
+    assert "TF_CPP_MIN_LOG_LEVEL=2" in plan and "-m demo.serve" in plan
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,10 @@ On CPU-only captures it is the time the training threads spend in those waits.
 Measured on the primary device (the first active GPU, or the host).
 
 The evidence names the slowest tf.data stage, the ``Iterator::...`` event with the
-longest self time (its own time minus the time of the stages it pulls from), and says
-whether the pipeline prefetches and runs its map functions in parallel.
+longest self time (its own time minus the time of the stages it pulls from), the ops the
+user's dataset functions ran on tf.data's threads (a ``tf.py_function`` shows as
+``EagerPyFunc``), and whether the user's code prefetches and maps in parallel, told apart
+from what tf.data inserted itself (see ``model/pipeline.py``).
 
 ## Why it matters
 A GPU waiting on input does no work at all, whatever the model. The Profiler guides
@@ -30,92 +32,17 @@ input idle time per step (``estimated_savings_ms_per_step`` = input ms per step)
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-import numpy as np
-
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.model.pipeline import BUFFER_STAGES, PYTHON_OPS, Pipeline, pipeline_stages, stage_kind
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
+from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
-
-# Stage kinds (the last component of a long stage name, without "[n]" input indices).
-# Buffer stages only hand over elements another thread produced; their self time is waiting
-# for that producer, so they never count as "the slowest stage" themselves.
-_BUFFER_STAGES = frozenset({"Model", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
-_PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
-_INPUT_INDEX = re.compile(r"\[\d+\]$")
-
-
-def stage_kind(long_name: str) -> str:
-    """"Iterator::Model::ParallelMapV2::Zip[0]::FlatMap" -> "FlatMap"."""
-    return _INPUT_INDEX.sub("", long_name.rsplit("::", 1)[-1])
-
-
-@dataclass
-class Stage:
-    name: str
-    self_ps: int
-    thread: str
-
-
-@dataclass
-class Pipeline:
-    """What the capture shows about the tf.data pipeline."""
-
-    stages: list[Stage]          # by self time, longest first
-    prefetches: bool
-    parallel: bool               # some map/batch/interleave stage runs in parallel
-    sequential_map: bool         # a plain Map stage exists
-
-    @property
-    def slowest(self) -> Stage | None:
-        for stage in self.stages:
-            if stage_kind(stage.name) not in _BUFFER_STAGES:
-                return stage
-        return self.stages[0] if self.stages else None
-
-
-def pipeline_stages(activity: HostActivity, windows: iv.Intervals) -> Pipeline:
-    """Self time of every ``Iterator::...`` stage inside the steps.
-
-    A stage's self time is its time on a thread minus the time its descendants (long
-    names extending its own) run nested in it on that same thread.
-    """
-    mask = activity.kind == HostEventKind.INPUT_STAGE
-    idx = np.flatnonzero(mask)
-    kinds = {stage_kind(activity.names[i]) for i in np.unique(activity.name[idx])}
-    totals: dict[str, tuple[int, str]] = {}
-    for thread in np.unique(activity.thread[idx]):
-        on_thread = idx[activity.thread[idx] == thread]
-        name_ids = activity.name[on_thread]
-        thread_names = {int(i): activity.names[int(i)] for i in np.unique(name_ids)}
-        for name_id, name in thread_names.items():
-            own = on_thread[name_ids == name_id]
-            descendant_ids = [i for i, other in thread_names.items()
-                              if other.startswith((name + "::", name + "["))]
-            children = on_thread[np.isin(name_ids, descendant_ids)]
-            own_set = iv.intersect(iv.union(activity.start_ps[own], activity.end_ps[own]), windows)
-            child_set = iv.union(activity.start_ps[children], activity.end_ps[children])
-            self_ps = iv.total(iv.subtract(own_set, child_set))
-            previous, _ = totals.get(name, (0, ""))
-            totals[name] = (previous + self_ps, activity.threads[int(thread)])
-    stages = sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0),
-                    key=lambda s: -s.self_ps)
-    return Pipeline(
-        stages=stages,
-        prefetches=any(k.startswith("Prefetch") for k in kinds),
-        parallel=any(k.startswith(_PARALLEL_STAGES) for k in kinds),
-        sequential_map=any(k in ("Map", "MapV2") for k in kinds),
-    )
-
 
 def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
     if not pipeline.stages:
@@ -127,7 +54,15 @@ def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
         parts.append("The pipeline does not prefetch, so batches are produced only when asked for.")
     if pipeline.sequential_map and not pipeline.parallel:
         parts.append("Its map function runs on a single thread.")
+    if pipeline.user_ops:
+        top = pipeline.user_ops[0]
+        parts.append(f"Your dataset functions spend most of their time in {_op_label(top.name)} "
+                     f"({top.self_ps / PS_PER_MS / steps:.2f} ms of thread time per step).")
     return " ".join(parts)
+
+
+def _op_label(op_type: str) -> str:
+    return f"{op_type} ({PYTHON_OPS[op_type]}, Python code)" if op_type in PYTHON_OPS else op_type
 
 
 def _fixes(pipeline: Pipeline) -> list:
@@ -153,7 +88,7 @@ def check(analysis: Analysis) -> Finding:
     severity = severity_by_threshold(percent, CRITICAL, WARNING)
     host = analysis.primary_host
     windows = iv.union(analysis.model.steps.start_ps, analysis.model.steps.end_ps)
-    pipeline = pipeline_stages(host.activity, windows)
+    pipeline = pipeline_stages(host, windows, read_origin=severity is not Severity.OK)
     on_cpu = breakdown.device_kind == "cpu"
     who = "the training threads waited" if on_cpu else f"{primary.name} sat idle while the host waited"
 
@@ -171,14 +106,17 @@ def check(analysis: Analysis) -> Finding:
         evidence.append(Evidence(
             kind="stage", name=stage.name, value=round(stage.self_ps / PS_PER_MS / analysis.steps_count, 3),
             unit="ms/step", detail=f"self time on thread {stage.thread}"
-            + ("; waits for the stage feeding it" if stage_kind(stage.name) in _BUFFER_STAGES else ""),
+            + ("; waits for the stage feeding it" if stage_kind(stage.name) in BUFFER_STAGES else ""),
             host=primary.host, tool="input_pipeline_analyzer"))
+    for op in pipeline.user_ops[:2]:
+        evidence.append(Evidence(
+            kind="op", name=_op_label(op.name), value=round(op.self_ps / PS_PER_MS / analysis.steps_count, 3),
+            unit="ms/step", detail=f"run by your dataset functions on tf.data threads (e.g. {op.thread})",
+            host=primary.host, tool="trace_viewer@"))
     if pipeline.stages:
         evidence.append(Evidence(
             kind="stage", name="pipeline", value=len(pipeline.stages), unit="stages",
-            detail=f"prefetch: {'yes' if pipeline.prefetches else 'no'}; "
-                   f"parallel map/batch: {'yes' if pipeline.parallel else 'no'}",
-            host=primary.host, tool="input_pipeline_analyzer"))
+            detail=pipeline.describe(), host=primary.host, tool="input_pipeline_analyzer"))
     evidence += analysis.step_evidence(primary.input, "waiting for input in this step",
                                        device=primary.name, host=primary.host)
 

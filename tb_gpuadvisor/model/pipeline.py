@@ -1,0 +1,211 @@
+"""What a capture shows about the tf.data pipeline, and which of it the user wrote.
+
+tf.data rewrites the pipeline it is given: it fuses a ``map`` followed by ``batch`` into
+one ``MapAndBatch`` stage (parallel or not, depending on what the user asked for), and it
+can insert a ``prefetch`` at the end (the ``inject_prefetch`` optimisation) or tune buffer
+sizes itself. So the iterator stage names (``Iterator::Root::Prefetch::MapAndBatch``) say
+what ran, not what the user's code did. Recent TensorFlow versions record each stage's
+dataset in a ``name`` stat, which does tell them apart:
+
+- ``PrefetchDataset:8``: a ``prefetch`` the user wrote; ``inject/prefetch_...``: one tf.data
+  inserted.
+- ``ParallelMapDatasetV2:6`` (alone or inside ``fused(...)``): a ``map`` with
+  ``num_parallel_calls``; ``MapDataset:2``: a plain, sequential ``map``, even when tf.data
+  fused it with ``batch`` into a ``MapAndBatch`` stage (which then runs with parallelism 1).
+
+Captures without that stat (older TensorFlow) fall back to the stage names, and the
+evidence says the origin cannot be told.
+
+The user's own slow work is what their functions (``map``, ``filter``, ``interleave``) run:
+framework ops executed on tf.data's threads, such as ``EagerPyFunc`` for a
+``tf.py_function`` or a ``DecodeJpeg``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
+from tb_gpuadvisor.xspace.decode import REF, STR, decode_plane
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
+
+# Stage kinds (the last component of a long stage name, without "[n]" input indices).
+# Buffer stages only hand over elements another thread produced; their self time is waiting
+# for that producer, so they never count as "the slowest stage" themselves.
+BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
+_PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
+_INPUT_INDEX = re.compile(r"\[\d+\]$")
+_DATASET_ID = re.compile(r":\d+$")
+_HOST_PLANE = "/host:CPU"
+_TF_DATA_THREAD = "tf_data"
+_INJECTED_PREFIX = "inject/"
+# Op types that run Python inside a dataset function (they also hold the GIL).
+PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
+              "PyFuncStateless": "tf.numpy_function"}
+
+
+def stage_kind(long_name: str) -> str:
+    """"Iterator::Model::ParallelMapV2::Zip[0]::FlatMap" -> "FlatMap"."""
+    return _INPUT_INDEX.sub("", long_name.rsplit("::", 1)[-1])
+
+
+def dataset_ops(dataset_name: str) -> list[str]:
+    """"fused(MapDataset:2,BatchDatasetV2:3)" -> ["MapDataset", "BatchDatasetV2"]."""
+    inner = dataset_name[len("fused("):-1] if dataset_name.startswith("fused(") else dataset_name
+    return [_DATASET_ID.sub("", part.strip()) for part in inner.split(",") if part.strip()]
+
+
+@dataclass
+class Stage:
+    name: str
+    self_ps: int
+    thread: str
+
+
+@dataclass
+class Pipeline:
+    """What the capture shows about the tf.data pipeline.
+
+    ``prefetches``, ``parallel`` and ``sequential_map`` describe the user's code when
+    ``origin_known``; otherwise they describe the stages that ran, whoever added them.
+    """
+
+    stages: list[Stage]          # by self time, longest first
+    prefetches: bool
+    parallel: bool               # some map/batch/interleave stage runs in parallel
+    sequential_map: bool         # a plain map exists
+    origin_known: bool = False
+    inserted: list[str] = field(default_factory=list)   # what tf.data added or rewrote, for the user
+    user_ops: list[Stage] = field(default_factory=list)  # ops the user's functions ran, slowest first
+
+    @property
+    def slowest(self) -> Stage | None:
+        for stage in self.stages:
+            if stage_kind(stage.name) not in BUFFER_STAGES:
+                return stage
+        return self.stages[0] if self.stages else None
+
+    def describe(self) -> str:
+        """One line for the evidence: what the user's code does, and what tf.data added."""
+        if not self.origin_known:
+            return (f"stages seen: prefetch: {'yes' if self.prefetches else 'no'}; parallel map/batch: "
+                    f"{'yes' if self.parallel else 'no'}; this capture does not record which stages your "
+                    "code wrote and which tf.data inserted")
+        text = (f"your code: prefetch: {'yes' if self.prefetches else 'no'}; parallel map: "
+                f"{'yes' if self.parallel else 'no' if self.sequential_map else 'no map'}")
+        return text + (f"; added by tf.data: {', '.join(self.inserted)}" if self.inserted else "")
+
+
+def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.ndarray) -> list[Stage]:
+    """Self time of every stage: its time on a thread minus its descendants nested in it there."""
+    totals: dict[str, tuple[int, str]] = {}
+    for thread in np.unique(activity.thread[idx]):
+        on_thread = idx[activity.thread[idx] == thread]
+        name_ids = activity.name[on_thread]
+        thread_names = {int(i): activity.names[int(i)] for i in np.unique(name_ids)}
+        for name_id, name in thread_names.items():
+            own = on_thread[name_ids == name_id]
+            descendant_ids = [i for i, other in thread_names.items()
+                              if other.startswith((name + "::", name + "["))]
+            children = on_thread[np.isin(name_ids, descendant_ids)]
+            own_set = iv.intersect(iv.union(activity.start_ps[own], activity.end_ps[own]), windows)
+            child_set = iv.union(activity.start_ps[children], activity.end_ps[children])
+            self_ps = iv.total(iv.subtract(own_set, child_set))
+            previous, _ = totals.get(name, (0, ""))
+            totals[name] = (previous + self_ps, activity.threads[int(thread)])
+    return sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
+
+
+def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
+    """Framework ops run on tf.data threads (the user's dataset functions), by thread time."""
+    threads = [i for i, name in enumerate(activity.threads) if name.startswith(_TF_DATA_THREAD)]
+    rows = np.flatnonzero((activity.kind == HostEventKind.FRAMEWORK_OP) & np.isin(activity.thread, threads))
+    totals: dict[str, tuple[int, str]] = {}
+    for name_id in np.unique(activity.name[rows]):
+        own = rows[activity.name[rows] == name_id]
+        op_type = activity.names[int(name_id)].rsplit(":", 1)[-1]
+        # Thread time: parallel calls on several threads add up.
+        busy = sum(iv.total(iv.intersect(iv.union(activity.start_ps[on], activity.end_ps[on]), windows))
+                   for on in (own[activity.thread[own] == t] for t in np.unique(activity.thread[own])))
+        previous, _ = totals.get(op_type, (0, ""))
+        totals[op_type] = (previous + busy, activity.threads[int(activity.thread[own[0]])])
+    return sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
+
+
+def _dataset_names(host: HostModel) -> dict[str, str]:
+    """Stage name -> its ``name`` stat (the dataset op), read again from the host's file.
+
+    The timeline keeps no per-event strings, so the host plane is decoded once more for this
+    one stat; {} when the file cannot be read now or records no dataset names.
+    """
+    def choose(plane) -> tuple[str, ...] | None:
+        return ("name",) if plane.name == _HOST_PLANE else None
+
+    found: dict[str, str] = {}
+    try:
+        with CaptureFile(host.path) as capture:
+            for span in capture.index.plane_spans:
+                plane = decode_plane(capture.buffer, span, choose)
+                if plane is None:
+                    continue
+                column = plane.stats["name"]
+                event_names = {mid: meta.name for mid, meta in plane.shell.event_metadata.items()}
+                for event, kind, value in zip(column.event, column.kind, column.value):
+                    stage = event_names.get(int(plane.metadata_id[event]), "")
+                    if not stage.startswith("Iterator::") or stage in found:
+                        continue
+                    text = plane.strings[int(value)] if kind == STR else \
+                        plane.stat_names.get(int(value), "") if kind == REF else ""
+                    if text:
+                        found[stage] = text
+    except (CaptureError, OSError, ValueError):
+        return {}
+    return found
+
+
+def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, bool, bool, list[str]]:
+    """(prefetches, parallel map, sequential map, what tf.data inserted) from dataset names."""
+    prefetches = parallel = sequential = False
+    inserted: list[str] = []
+    for stage in sorted(stage_names):
+        dataset = datasets.get(stage)
+        if not dataset:
+            continue
+        ops = dataset_ops(dataset)
+        kind = stage_kind(stage)
+        if kind.startswith("Prefetch"):
+            if dataset.startswith(_INJECTED_PREFIX):
+                inserted.append("prefetch (inject_prefetch)")
+            else:
+                prefetches = True
+        parallel |= any(op.startswith(("ParallelMap", "ParallelInterleave", "ParallelBatch")) for op in ops)
+        sequential |= any(op in ("MapDataset", "MapDatasetV2") for op in ops)
+        if kind == "MapAndBatch" and any(op.startswith("Map") for op in ops):
+            inserted.append("MapAndBatch (your map fused with batch, still sequential)")
+    return prefetches, parallel, sequential, list(dict.fromkeys(inserted))
+
+
+def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = False) -> Pipeline:
+    """The pipeline's stages inside WINDOWS; with READ_ORIGIN, also which ones the user wrote
+    (that reads the host's capture file again, so callers ask only when it is reported)."""
+    activity = host.activity
+    idx = np.flatnonzero(activity.kind == HostEventKind.INPUT_STAGE)
+    names = {activity.names[i] for i in np.unique(activity.name[idx])}
+    kinds = {stage_kind(name) for name in names}
+    stages = _stage_self_times(activity, windows, idx)
+    seen = Pipeline(stages=stages, prefetches=any(k.startswith("Prefetch") for k in kinds),
+                    parallel=any(k.startswith(_PARALLEL_STAGES) for k in kinds),
+                    sequential_map=any(k in ("Map", "MapV2") for k in kinds))
+    if not (read_origin and stages):
+        return seen
+    seen.user_ops = _user_ops(activity, windows)
+    datasets = _dataset_names(host)
+    if not any(name in datasets for name in names):
+        return seen
+    prefetches, parallel, sequential, inserted = _user_facts(names, datasets)
+    return Pipeline(stages=stages, prefetches=prefetches, parallel=parallel, sequential_map=sequential,
+                    origin_known=True, inserted=inserted, user_ops=seen.user_ops)
