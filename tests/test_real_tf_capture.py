@@ -105,7 +105,9 @@ def test_report_on_a_real_cpu_capture(logdir: Path, run: str, source: str, count
     session = analyze_session(_session(logdir, run))
     assert session["errors"] == []
     assert session["steps"]["source"] == source
-    assert session["steps"]["count"] == count
+    # A step far slower than the others (the first profiled one often is) is left out, not lost.
+    assert session["steps"]["count"] + session["steps"].get("excluded", 0) == count
+    assert session["trust"]["candidate_steps"] == count
     assert session["breakdown"]["device"] == "/host:CPU"
     severities = {f["check"]: f["severity"] for f in session["findings"]}
     assert "input_bound" in severities
