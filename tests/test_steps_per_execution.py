@@ -22,7 +22,10 @@ from tb_gpuadvisor.report import analyze_session
 REPO = Path(__file__).resolve().parent.parent
 BATCH, FEATURES, HIDDEN = 256, 256, (1024, 1024)
 # (steps_per_execution, profiled calls of the callback, steps per epoch): 12 training steps each.
-RUNS = {"spe1": (1, (9, 20), 24), "spe4": (4, (3, 5), 24)}
+# Each is trained twice, interleaved, and the faster capture of each kept: a burst of other work
+# on a shared machine slows one capture, not both.
+CONFIGS = {"spe1": (1, (9, 20), 24), "spe4": (4, (3, 5), 24)}
+RUNS = {f"{name}_{round}": config for round in "ab" for name, config in CONFIGS.items()}
 
 
 def _write_captures(root: Path) -> None:
@@ -48,7 +51,9 @@ def sessions(tmp_path_factory) -> dict[str, dict]:
     result = subprocess.run([sys.executable, __file__, str(root)], capture_output=True, text=True,
                             timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    return {name: analyze_session(find_sessions(str(root / name))[0]) for name in RUNS}
+    reports = {name: analyze_session(find_sessions(str(root / name))[0]) for name in RUNS}
+    return {name: min((reports[f"{name}_{r}"] for r in "ab"), key=lambda s: s["steps"]["mean_ms"])
+            for name in CONFIGS}
 
 
 def test_markers_that_cover_four_steps_are_divided(sessions):
@@ -60,11 +65,19 @@ def test_markers_that_cover_four_steps_are_divided(sessions):
     assert "steps_per_execution" not in sessions["spe1"]["steps"]
 
 
+def _standard_error(steps: dict) -> float:
+    """Of the mean per-step time: each marker is one sample of N steps."""
+    samples = steps.get("markers", steps["count"])
+    return steps["std_ms"] / max(samples - 1, 1) ** 0.5
+
+
 def test_per_step_time_matches_one_step_per_call(sessions):
-    """The same model trained one step per call: per training step, within 10%; and compare
-    between the two finds no regression."""
-    one, four = sessions["spe1"]["steps"]["mean_ms"], sessions["spe4"]["steps"]["mean_ms"]
-    assert four == pytest.approx(one, rel=0.10)
+    """The same model trained one step per call: per training step, within 10% (or, on a machine
+    busy with other work, within two standard errors of the two means); and compare between the
+    two finds no regression. Undivided, the spe4 markers would read 4x the time."""
+    one, four = sessions["spe1"]["steps"], sessions["spe4"]["steps"]
+    noise = 2 * (_standard_error(one) ** 2 + _standard_error(four) ** 2) ** 0.5
+    assert abs(four["mean_ms"] - one["mean_ms"]) <= max(0.10 * one["mean_ms"], noise)
     result = compare_sessions(sessions["spe1"], sessions["spe4"])
     assert not has_regression(result, "warning")
 
