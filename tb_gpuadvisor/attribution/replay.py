@@ -59,7 +59,7 @@ class Scenario:
 
     ``idle``: device-idle category -> fraction of its time the fix removes from the host's
     timeline; ``faster``: kernel class -> speed-up of its kernels ("fp32_eligible",
-    "off_tensor_core"); ``hide_copies``: copies overlap compute (their exposed time goes);
+    "off_tensor_core"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
     ``balance``: the straggler's work brought to the median replica.
     """
 
@@ -74,7 +74,7 @@ class Scenario:
             idle[key] = max(idle.get(key, 0.0), fraction)
         faster = dict(self.faster)
         for key, speedup in other.faster.items():
-            faster[key] = max(faster.get(key, 1.0), speedup)
+            faster[key] = max(faster[key], speedup) if key in faster else speedup
         return Scenario(idle, faster, self.hide_copies or other.hide_copies, self.balance or other.balance)
 
 
@@ -206,9 +206,10 @@ class Replay:
         if chain is None:
             return self._removed(part, scenario, a, b)
         own = chain.own.astype(np.float64)
-        for key, speedup in scenario.faster.items():
-            factor = 1.0 / max(speedup if speedup > 0 else chain.speedup, 1.0)
-            own = np.where(chain.classes[key], own * factor, own)
+        speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
+        for key, value in scenario.faster.items():
+            speedup = np.where(chain.classes[key], np.maximum(speedup, value if value > 0 else chain.speedup), speedup)
+        own = own / speedup
         gap = chain.gap
         if scenario.hide_copies:
             own = np.where(chain.classes["copy"], 0.0, own)
