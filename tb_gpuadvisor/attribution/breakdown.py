@@ -299,6 +299,12 @@ def _merge(*sets: Intervals) -> Intervals:
     return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
 
 
+def _merge_disjoint(a: Intervals, b: Intervals) -> Intervals:
+    """The union of two sorted sets that do not overlap: one ordered insert, no sort."""
+    at = np.searchsorted(a[0], b[0])
+    return iv.union(np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1]))
+
+
 def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """Host events that launch or dispatch work for ``dev``.
 
@@ -359,7 +365,7 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
         nonlocal taken
         part = iv.intersect(iv.subtract(candidate, taken), windows)
         sets[key] = part
-        taken = _merge(taken, part)
+        taken = _merge_disjoint(taken, part)
 
     compute = raw.compute
     take("compute_16bit", iv.intersect(raw.compute_low, compute))

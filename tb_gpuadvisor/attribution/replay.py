@@ -189,22 +189,32 @@ class Replay:
             dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
             usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
             self.chains.append(_chain(dev, hosts[part.host], part, n) if usable else None)
+        # Removable time per (device, category, kind of window): the windows of a chain do not
+        # depend on the scenario, so each is measured once and scenarios only weigh them.
+        self._windows: dict[tuple[int, str, str], np.ndarray] = {}
+        self._gains: dict[str, np.ndarray] = {}
 
-    def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Host time the scenario removes inside each window [lo, hi)."""
+    def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
+                 tag: str) -> np.ndarray:
+        """Host time the scenario removes inside each window [lo, hi); TAG names the (fixed)
+        windows for the cache."""
         out = np.zeros(lo.size, np.float64)
         removable = dict(scenario.idle)
         if scenario.hide_copies:
             removable["copy"] = 1.0
         for key, fraction in removable.items():
             if fraction > 0 and key in part.sets:
-                out += fraction * iv.per_bin_total(part.sets[key], lo, np.maximum(hi, lo))
+                cached = self._windows.get((id(part), key, tag))
+                if cached is None:
+                    cached = self._windows[(id(part), key, tag)] = iv.per_bin_total(
+                        part.sets[key], lo, np.maximum(hi, lo))
+                out += fraction * cached
         return out
 
     def _device_gain(self, part: DeviceBreakdown, chain: _Chain | None, scenario: Scenario) -> np.ndarray:
         a, b = self.steps.start_ps, self.steps.end_ps
         if chain is None:
-            return self._removed(part, scenario, a, b)
+            return self._removed(part, scenario, a, b, "step")
         own = chain.own.astype(np.float64)
         speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
         for key, value in scenario.faster.items():
@@ -220,7 +230,7 @@ class Replay:
         has = chain.base_end >= 0
         tail_from = np.where(has, chain.base_end, a)
         gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
-        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b), 0.0)
+        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
 
     def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario, d: np.ndarray) -> np.ndarray:
         """Replayed ends of CHAIN's events with durations D; releases follow the host's timeline
@@ -234,7 +244,7 @@ class Replay:
         # Host time removed since the host last resumed: the step start, or the end of its last wait.
         resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
                            a[chain.step[anchored]])
-        own_shift = self._removed(part, scenario, resumed, observed)
+        own_shift = self._removed(part, scenario, resumed, observed, "held")
         if not after.any():
             release[anchored] = observed - np.rint(own_shift).astype(np.int64)
             return _solve(release, d)
@@ -245,7 +255,7 @@ class Replay:
         same = np.flatnonzero(step[1:] == step[:-1]) + 1
         previous[same] = same - 1
         since = np.where(previous >= 0, chain.sync_end[np.clip(previous, 0, None)], a[np.clip(step, 0, None)])
-        removed = self._removed(part, scenario, since, np.maximum(chain.sync_start, since))
+        removed = self._removed(part, scenario, since, np.maximum(chain.sync_start, since), "waits")
         base_resume = np.maximum(chain.sync_start, chain.running_end[np.clip(event, 0, None)])
         host_cost = base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
@@ -289,6 +299,12 @@ class Replay:
 
     def gains(self, scenario: Scenario) -> np.ndarray:
         """Per step, how much shorter the step is predicted to be under SCENARIO (ps)."""
+        key = repr(scenario)
+        if key not in self._gains:
+            self._gains[key] = self._replay(scenario)
+        return self._gains[key]
+
+    def _replay(self, scenario: Scenario) -> np.ndarray:
         n = len(self.steps)
         if not n or not self.breakdown.devices:
             return np.zeros(n)
