@@ -305,6 +305,23 @@ def _merge_disjoint(a: Intervals, b: Intervals) -> Intervals:
     return iv.union(np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1]))
 
 
+def _both(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection, walking the smaller set through the larger one (its cost follows the first)."""
+    if not a[0].size or not b[0].size:
+        return iv.EMPTY
+    return iv.intersect(a, b) if a[0].size <= b[0].size else iv.intersect(b, a)
+
+
+def _cut(a: Intervals, b: Intervals) -> Intervals:
+    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them."""
+    if not b[0].size:
+        return a
+    starts = np.insert(a[0], np.searchsorted(a[0], b[1]), b[1])
+    ends = np.insert(a[1], np.searchsorted(a[1], b[0]), b[0])
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
 def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """Host events that launch or dispatch work for ``dev``.
 
@@ -359,28 +376,35 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     """Cut a window set into the disjoint categories, in priority order, and total each per step."""
     lo, hi = steps.start_ps, steps.end_ps
     sets: dict[str, Intervals] = {}
-    taken = iv.EMPTY
 
-    def take(key: str, candidate: Intervals) -> None:
-        nonlocal taken
-        part = iv.intersect(iv.subtract(candidate, taken), windows)
+    def within(candidate: Intervals) -> Intervals:
+        if windows[0].size == 1:        # contiguous steps: a clip, much cheaper than an intersection
+            return iv.clip(candidate, int(windows[0][0]), int(windows[1][0]))
+        return iv.intersect(candidate, windows)
+
+    # 16-bit and eligible kernels are compute kernels, so their sets lie inside compute's.
+    compute = within(raw.compute)
+    sets["compute_16bit"] = low = within(raw.compute_low)
+    fp32 = within(raw.compute_fp32_eligible)
+    sets["compute_fp32_eligible"] = fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
+    sets["compute_other"] = _cut(compute, _merge_disjoint(low, fp32))
+    busy = compute
+    for key in ("collective", "copy_h2d", "copy_d2h", "copy_other"):
+        candidate = getattr(raw, key)
+        sets[key] = part = within(iv.subtract(candidate, busy)) if candidate[0].size else iv.EMPTY
+        if part[0].size:
+            busy = _merge_disjoint(busy, part)
+    # The rest of the steps is device idle time, cut by priority; what is left is other host work.
+    rest = _cut(windows, busy)
+    for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
+                           ("launch", raw.launch)):
+        if key == "not_traced":
+            part = iv.EMPTY if raw.covered is None else _cut(rest, _both(rest, raw.covered))
+        else:
+            part = _both(rest, candidate)
         sets[key] = part
-        taken = _merge_disjoint(taken, part)
-
-    compute = raw.compute
-    take("compute_16bit", iv.intersect(raw.compute_low, compute))
-    take("compute_fp32_eligible", iv.intersect(raw.compute_fp32_eligible, compute))
-    take("compute_other", compute)
-    take("collective", raw.collective)
-    take("copy_h2d", raw.copy_h2d)
-    take("copy_d2h", raw.copy_d2h)
-    take("copy_other", raw.copy_other)
-    busy = taken
-    take("not_traced", iv.EMPTY if raw.covered is None else iv.subtract(windows, raw.covered))
-    take("input", raw.waits)
-    take("host_ops", raw.host_ops)
-    take("launch", raw.launch)
-    take("other_host", windows)
+        rest = _cut(rest, part)
+    sets["other_host"] = rest
 
     def per_step(s: Intervals) -> np.ndarray:
         return iv.per_bin_total(s, lo, hi)
@@ -388,7 +412,7 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     parts = {key: per_step(sets[key]) for key in CATEGORY_KEYS if key in sets}
     parts["collective_transfer"] = per_step(sets["collective"])     # split by compute_breakdown
     parts["collective_wait"] = np.zeros(len(steps), np.int64)
-    sets["compute"] = _merge(sets["compute_16bit"], sets["compute_fp32_eligible"], sets["compute_other"])
+    sets["compute"] = compute
     sets["copy"] = _merge(sets["copy_h2d"], sets["copy_d2h"], sets["copy_other"])
     return DeviceBreakdown(device=device, duration=(hi - lo).astype(np.int64), parts=parts, sets=sets,
                            busy_set=busy)

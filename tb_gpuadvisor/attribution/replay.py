@@ -101,10 +101,13 @@ class _Chain:
 def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
     activity = host.activity
-    rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
-    if not rows.size:
+    table = activity.derived.get("launch_rows")     # shared by every device of the host
+    if table is None:
+        rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
+        table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
+    if not table.keys.size:
         return np.full(len(dev), -1, np.int64)
-    row = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32)).get(dev.correlation_id, -1)
+    row = table.get(dev.correlation_id, -1)
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
 
 
@@ -152,8 +155,11 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     """(start, end) of the host's waits for the device, in end order: synchronize calls and
     this device's device-to-host copies (the host consumes their data when they land)."""
     activity = host.activity
-    sync_names = kernels.name_mask(activity.names, _SYNC.search)
-    calls = sync_names[activity.name] & (activity.step >= 0) if activity.names else np.zeros(len(activity), bool)
+    calls = activity.derived.get("sync_calls")
+    if calls is None:
+        sync_names = kernels.name_mask(activity.names, _SYNC.search)
+        calls = activity.derived["sync_calls"] = (sync_names[activity.name] & (activity.step >= 0)
+                                                  if activity.names else np.zeros(len(activity), bool))
     d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
     start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
     end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))

@@ -5,7 +5,8 @@
 was launching kernels or dispatching ops for it (CUDA launch calls linked to this GPU by
 correlation id, executor op dispatch), and not waiting on input. Also
 ``median_kernel_us`` (median compute-kernel duration) and ``kernels_per_step``, and as
-evidence the ops with the most tiny kernels (shorter than 20 us) per step.
+evidence the ops with the most tiny kernels (shorter than 20 us, the top of the launch
+costs captures show) per step.
 Measured on the primary GPU; the other GPUs are listed as evidence.
 
 ## Why it matters
@@ -47,8 +48,8 @@ from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, D
 
 CHECK_ID = "kernel_launch"
 CRITICAL, WARNING = 15.0, 3.0
-TINY_KERNEL_PS = 20 * PS_PER_US     # shorter than the cost of launching the next one
 TOP = 5
+TINY_KERNEL_PS = 20 * PS_PER_US     # a kernel this short finishes before most launches of the next return
 
 
 def _step_kernels(dev: DeviceActivity) -> np.ndarray:
@@ -97,17 +98,18 @@ def check(analysis: Analysis) -> Finding:
     kernels = _step_kernels(dev)
     median_us = float(np.median(dev.dur_ps[kernels])) / PS_PER_US if kernels.any() else 0.0
     per_step = int(kernels.sum()) / analysis.steps_count
+    cost_us, measured = launch_cost_us(analysis.model)
     tiny_share = 100.0 * float(np.mean(dev.dur_ps[kernels] < TINY_KERNEL_PS)) if kernels.any() else 0.0
     percent = primary.percent("launch")
     launch_ms = analysis.ms_per_step(primary.total("launch"))
     saving = analysis.what_if.saving_ms(CHECK_ID)
-    cost_us, measured = launch_cost_us(analysis.model)
     severity = analysis.gated(severity_by_threshold(percent, CRITICAL, WARNING), saving)
 
     summary = (f"{primary.name} sat idle {percent:.1f}% of step time ({launch_ms:.2f} ms of a "
                f"{analysis.mean_step_ms:.2f} ms step) while the host was launching its kernels. "
                f"It ran {per_step:.0f} kernels per step with a median of {median_us:.1f} us; "
-               f"{tiny_share:.0f}% of them are shorter than the ~20 us it takes to launch one. ")
+               f"{tiny_share:.0f}% of them are shorter than 20 us; a launch call takes {cost_us:.1f} us here "
+               f"({'the median of this capture' if measured else 'assumed: the capture records no launch calls'}). ")
     if severity is Severity.OK:
         summary += "Kernels are long enough to keep the GPU fed."
         title = f"Kernel launches keep up ({percent:.1f}% of step time)"
