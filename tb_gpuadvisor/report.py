@@ -97,6 +97,36 @@ def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
                    f"{saving:.2f} ms per step{share}."}
 
 
+# The what-if block combines at most this many of the top fixes.
+WHAT_IF_FIXES = 3
+
+
+def reconcile_savings(analysis: Analysis, ranked: list[Finding]) -> tuple[list[Finding], dict | None]:
+    """Make the findings' savings disjoint (attribution/whatif.py), re-rank, and predict the
+    step with the top fixes applied together (the session's ``what_if``)."""
+    if not analysis.steps_count:
+        return ranked, None
+    what_if = analysis.what_if
+    shares = what_if.reconcile([(f.check, f.estimated_savings_ms_per_step) for f in ranked])
+    for finding, share in zip(ranked, shares):
+        finding.estimated_savings_ms_per_step = share
+        if finding.check in what_if.scenarios:
+            finding.severity = analysis.gated(finding.severity, share)
+    ranked = rank_findings(ranked)
+    top = [f for f in ranked if f.severity in ACTIONABLE and f.estimated_savings_ms_per_step > 0][:WHAT_IF_FIXES]
+    if not top:
+        return ranked, None
+    replayed = [f.check for f in top if f.check in what_if.scenarios]
+    others = sum(f.estimated_savings_ms_per_step for f in top if f.check not in what_if.scenarios)
+    before = analysis.mean_step_ms
+    after = max(0.0, before - what_if.combined_ms(replayed) - others)
+    names = ", ".join(f.check for f in top)
+    return ranked, {
+        "fixes": [f.check for f in top], "step_ms": round(before, 3), "predicted_step_ms": round(after, 3),
+        "summary": f"Fix {names}: {before:.2f} -> {after:.2f} ms per step (replayed together).",
+    }
+
+
 def _run_one(check: Check, analysis: Analysis) -> Finding | dict:
     try:
         return check.run(analysis)
@@ -132,6 +162,10 @@ def session_json(model: SessionModel) -> dict:
     for finding in findings:   # fixes in the user's own framework
         finding.fixes = fixes.for_framework(finding.fixes, model.framework)
     ranked = rank_findings(findings)
+    try:
+        ranked, out["what_if"] = reconcile_savings(analysis, ranked)
+    except Exception as err:
+        errors.append({"message": f"what-if replay failed: {err!r}"})
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
     out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)
     out["errors"] = errors + check_errors

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import synth
+from synth_whatif import analysed
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import collectives, launch_skew, memory, multi_gpu_imbalance, precision, tensor_core
@@ -20,9 +21,7 @@ TOLERANCE = 3.0   # percentage points
 
 
 def analyse(session: synth.SynthSession, tmp_path) -> Analysis:
-    folder = session.write(tmp_path)
-    (ref,) = find_sessions(str(folder))
-    return Analysis(load_session(ref))
+    return analysed(session, tmp_path)
 
 
 def analyse_corpus(path) -> list[Analysis]:
@@ -162,7 +161,9 @@ def test_multi_gpu_imbalance(tmp_path, gpus, scale, severity):
     assert finding.severity is severity
     assert finding.metrics["imbalance_percent"] == pytest.approx(expected, abs=TOLERANCE)
     assert finding.metrics["straggler_device"] == f"/device:GPU:{int(np.argmax(busy))}"
-    assert finding.estimated_savings_ms_per_step == pytest.approx(max(busy) - np.mean(busy), abs=0.05)
+    # The straggler brought to the median replica (was: to the mean, which undercounted what the
+    # three replicas waiting for GPU:0 lose).
+    assert finding.estimated_savings_ms_per_step == pytest.approx(max(busy) - np.median(busy), abs=0.05)
     assert sum(item.kind == "device" for item in finding.evidence) == gpus
 
 
@@ -310,7 +311,9 @@ def test_keras_t4_eligible_ops_miss_tensor_cores(corpus):
     for run in sorted((corpus / "keras-t4").iterdir()):
         (analysis,) = analyse_corpus(run)
         finding = tensor_core.check(analysis)
-        assert finding.severity is Severity.WARNING
+        # Warning only where the replayed saving is real time (20221104-213654 is host-bound).
+        assert finding.severity is (Severity.WARNING if finding.estimated_savings_ms_per_step
+                                    >= 0.03 * analysis.mean_step_ms else Severity.INFO)
         assert finding.metrics["tensor_core_percent"] == 0.0
         assert finding.metrics["eligible_not_using_percent"] == pytest.approx(100.0)
         # every op XProf's kernel_stats calls eligible is eligible-and-not-using here too
@@ -318,8 +321,15 @@ def test_keras_t4_eligible_ops_miss_tensor_cores(corpus):
         classes = kernels.classify(dev)
         ours = {kernels.op_display_name(dev.ops[i]).rsplit(":", 1)[0]
                 for i in np.unique(dev.op[classes.eligible & ~classes.tensor_core])}
+        # Ops whose kernels here are all FFT convolution (FFTs, complex GEMM, filter flips) or
+        # layout shuffles do no Tensor Core math, so they no longer count as eligible work.
+        math = kernels.name_mask(dev.names, kernels.is_math_kernel)[dev.name]
+        fft_only = {kernels.op_display_name(dev.ops[i]).rsplit(":", 1)[0]
+                    for i in np.unique(dev.op[(dev.op >= 0) & classes.kernel])
+                    if not math[(dev.op == i) & classes.kernel].any()}
         xprof = _kernel_stats_eligible(next(run.glob("train/plugins/profile/*")))
-        assert len(xprof) == 10 and xprof <= ours
+        assert len(xprof) == 10 and xprof <= ours | fft_only
+        assert ours & xprof
 
 
 def test_bert_partial_trace_is_not_compared(corpus):
@@ -359,4 +369,7 @@ def test_rtx5000_precision_matches_its_own_overview(corpus):
         xprof = overview_pb2.OverviewPage.FromString(page.read_bytes()).analysis
         assert finding.metrics["low_precision_percent"] == pytest.approx(
             xprof.device_compute_16bit_percent, abs=TOLERANCE)
-        assert finding.severity is Severity.WARNING
+        # These small-batch runs are host-bound: faster kernels barely shorten the step, so the
+        # 0% 16-bit metric is reported as info (was: warning, promising kernel time as saving).
+        assert finding.severity is (Severity.WARNING if finding.estimated_savings_ms_per_step
+                                    >= 0.03 * analysis.mean_step_ms else Severity.INFO)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from synth import PS_PER_MS, SpaceBuilder, build_training_session, write_session
+from synth_whatif import analysed
 
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
@@ -29,8 +30,7 @@ def load(path: Path) -> Analysis:
 
 def analyse(tmp_path: Path, **planted):
     session = build_training_session(**planted)
-    session.write(tmp_path)
-    return load(tmp_path), session.truth
+    return analysed(session, tmp_path), session.truth
 
 
 def run(analysis: Analysis, check: str):
@@ -122,9 +122,11 @@ def test_host_overhead_healthy_is_ok(tmp_path) -> None:
 
 # --- op_placement -----------------------------------------------------------------------------
 
+# The planted host ops overlap GPU work: a high share, but no time to gain, so info
+# (was critical/warning on the share alone).
 @pytest.mark.parametrize("planted, expected", [
-    (0.55, Severity.CRITICAL),
-    (0.23, Severity.WARNING),
+    (0.55, Severity.INFO),
+    (0.23, Severity.INFO),
     (0.0, Severity.OK),
 ])
 def test_op_placement_planted(tmp_path, planted, expected) -> None:

@@ -1,24 +1,27 @@
-"""Where each step's time went, per device: the measurement most checks rest on.
+"""Where each step's time went, per device: the one attribution every check reads.
 
-For every active GPU (or, on a CPU-only capture, every host) each step period
-is split into disjoint parts that add up to the step duration:
+For every active GPU (or, on a CPU-only capture, every host) each trusted step is
+split into disjoint categories (``CATEGORIES``) that add up to the step duration,
+taken in priority order:
 
-- ``compute``: kernels running (``compute_low`` is the part in 16-bit or narrower
-  kernels, by the name patterns of ``analysis.kernels``);
-- ``collective``: collective kernels (NCCL, AllReduce...) not overlapped by compute;
-- ``copy``: copies and memsets not hidden behind compute or collectives;
-- idle, attributed by what the host was doing while the device had nothing to do,
-  in priority order: ``input`` (waiting on tf.data) > ``launch`` (launching
-  kernels or dispatching ops for this device) > ``other`` (everything else:
-  Python, callbacks, eager ops, host-side conditionals).
+- device work: compute by kind (Tensor-Core-eligible 32-bit, 16-bit, other; by the
+  name patterns of ``model.kernels``), then collectives not overlapped by compute
+  (split per step into the transfer and the time spent waiting for the slowest
+  replica), then copies by direction not hidden behind either;
+- ``not_traced``: step time outside the window the device's trace covers (from
+  trust): missing data is never idle time;
+- device idle, by what the host was doing: ``input`` (waiting on tf.data) >
+  ``host_ops`` (framework ops computing on the host that launch nothing) >
+  ``launch`` (launching kernels or dispatching ops for this device) >
+  ``other_host`` (Python, callbacks, eager bookkeeping, or nothing at all).
 
 XProf's GPU step breakdown only counts device events, so a GPU starved by its
 input pipeline or by Python shows up there as unexplained time; asking what the
 host did during each idle gap is what lets the checks name the cause.
 
 On CPU-only captures the host is the device: ``input`` is time the training
-threads spend waiting for the next tf.data element, ``compute`` is framework op
-time outside those waits, and the rest of the step is ``other``.
+threads spend waiting for the next tf.data element, compute is framework op
+time outside those waits, and the rest of the step is ``other_host``.
 
 Everything is computed with interval algebra on whole columns; there is no
 loop over events.
@@ -27,8 +30,10 @@ loop over events.
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +47,9 @@ from tb_gpuadvisor.model.timeline import (
     HostModel, SessionModel, Steps,
 )
 
+if TYPE_CHECKING:
+    from tb_gpuadvisor.trust import Trust
+
 def op_key(op_name: str) -> str:
     """The op's node name without its type suffix ("scope/MatMul:MatMul" -> "scope/MatMul").
 
@@ -53,28 +61,64 @@ def op_key(op_name: str) -> str:
     return head if sep and "/" not in tail else base
 
 
+@dataclass(frozen=True)
+class Category:
+    """One part of a step: ``key`` names the per-step JSON column ``<key>_ms``."""
+
+    key: str
+    label: str
+    group: str      # compute | copy | collective | input | launch | host | gap | not_traced
+
+
+# Every microsecond of a step belongs to exactly one of these, in this priority order: device
+# work first (compute > collectives > copies), then time the device's trace does not cover,
+# then device idle time by what the host was doing.
+CATEGORIES = (
+    Category("compute_fp32_eligible", "Tensor-Core-eligible 32-bit compute", "compute"),
+    Category("compute_16bit", "16-bit compute", "compute"),
+    Category("compute_other", "other compute", "compute"),
+    Category("collective_transfer", "collective transfer", "collective"),
+    Category("collective_wait", "waiting for the slowest replica", "collective"),
+    Category("copy_h2d", "host-to-device copies", "copy"),
+    Category("copy_d2h", "device-to-host copies", "copy"),
+    Category("copy_other", "other copies and memsets", "copy"),
+    Category("not_traced", "not traced", "not_traced"),
+    Category("input", "waiting for input", "input"),
+    Category("host_ops", "host ops (device idle)", "host"),
+    Category("launch", "launch and dispatch", "launch"),
+    Category("other_host", "other host work", "host"),
+)
+CATEGORY_KEYS = tuple(c.key for c in CATEGORIES)
+# The breakdown's original parts, kept in the JSON as sums of the categories above.
+LEGACY_PARTS = {
+    "compute": ("compute_fp32_eligible", "compute_16bit", "compute_other"),
+    "compute_low": ("compute_16bit",),
+    "collective": ("collective_transfer", "collective_wait"),
+    "copy": ("copy_h2d", "copy_d2h", "copy_other"),
+    "input": ("input",),
+    "launch": ("launch",),
+    "other": ("host_ops", "other_host", "not_traced"),
+}
+# What bounded a step: its largest group of categories (the critical path's kind).
+BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
+                "input": "input", "launch": "host", "host": "host"}
+
+
 @dataclass
 class DeviceBreakdown:
-    """Per-step time split of one device; arrays are int64 picoseconds, one entry per step.
+    """Per-step time split of one device; ``parts`` maps every category key to int64
+    picoseconds per step, and the parts add up to ``duration``.
 
-    The interval sets (sorted, disjoint, inside steps) let checks find the longest
-    gaps of each kind and the host work that overlapped them.
+    ``sets`` holds the interval sets (sorted, disjoint, inside steps) of the categories that
+    are time ranges, so checks can find the longest gaps of each kind and the host work that
+    overlapped them (the collective split is per step only: who waited is known per step).
     """
 
     device: Device
     duration: np.ndarray
-    compute: np.ndarray
-    compute_low: np.ndarray
-    collective: np.ndarray
-    copy: np.ndarray
-    input: np.ndarray
-    launch: np.ndarray
-    other: np.ndarray
+    parts: dict[str, np.ndarray]
+    sets: dict[str, Intervals]
     busy_set: Intervals
-    input_set: Intervals
-    launch_set: Intervals
-    other_set: Intervals
-    copy_set: Intervals
 
     @property
     def name(self) -> str:
@@ -84,17 +128,45 @@ class DeviceBreakdown:
     def host(self) -> str:
         return self.device.host
 
+    def part(self, name: str) -> np.ndarray:
+        """Per-step ps of a category key or of one of the original parts ("compute", "other"...)."""
+        if name in self.parts:
+            return self.parts[name]
+        keys = LEGACY_PARTS[name]
+        return np.sum([self.parts[k] for k in keys], axis=0).astype(np.int64)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in LEGACY_PARTS:
+            return self.part(name)
+        raise AttributeError(name)
+
+    @property
+    def input_set(self) -> Intervals:
+        return self.sets["input"]
+
+    @property
+    def launch_set(self) -> Intervals:
+        return self.sets["launch"]
+
+    @property
+    def other_set(self) -> Intervals:
+        return self.sets["other_host"]
+
+    @property
+    def copy_set(self) -> Intervals:
+        return self.sets["copy"]
+
     @property
     def idle(self) -> np.ndarray:
-        return self.input + self.launch + self.other
+        return self.duration - self.busy
 
     @property
     def busy(self) -> np.ndarray:
-        return self.compute + self.collective + self.copy
+        return self.part("compute") + self.part("collective") + self.part("copy")
 
     def total(self, part: str) -> int:
-        """Sum over all steps of one part ("compute", "input", ...), in ps."""
-        return int(np.sum(getattr(self, part)))
+        """Sum over all steps of one part ("compute", "input", a category key...), in ps."""
+        return int(np.sum(self.part(part)))
 
     def percent(self, part: str) -> float:
         """One part as a percentage of the summed step time."""
@@ -113,6 +185,7 @@ class DeviceBreakdown:
             "copy_ms": _ms(self.total("copy") / n),
             "idle_ms": _ms(int(np.sum(self.idle)) / n),
             "busy_percent": round(100.0 * busy / duration, 2) if duration else 0.0,
+            **{f"{key}_ms": _ms(self.total(key) / n) for key in CATEGORY_KEYS},
         }
 
 
@@ -128,15 +201,44 @@ class Breakdown:
     def primary(self) -> DeviceBreakdown | None:
         return self.devices[0] if self.devices else None
 
+    def bounds(self) -> np.ndarray:
+        """Per step, the index into BOUND_GROUPS' distinct kinds of what bounded it on the primary
+        device: the kind holding the most of the step (not-traced time bounds nothing)."""
+        kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
+        primary = self.primary
+        totals = np.zeros((len(kinds), len(self.steps)), np.int64)
+        for category in CATEGORIES:
+            if category.group in BOUND_GROUPS:
+                totals[kinds.index(BOUND_GROUPS[category.group])] += primary.parts[category.key]
+        return np.argmax(totals, axis=0)
+
+    def critical_path(self) -> dict:
+        """What bounded the steps (share of steps per kind) and the median step's path as ranges."""
+        primary = self.primary
+        if primary is None or not len(self.steps):
+            return {"shares": {}, "median_step": None}
+        kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
+        counts = np.bincount(self.bounds(), minlength=len(kinds))
+        shares = {kind: round(100.0 * int(c) / len(self.steps), 1) for kind, c in zip(kinds, counts) if c}
+        order = np.argsort(primary.duration, kind="stable")
+        median = int(order[(order.size - 1) // 2])
+        lo, hi = int(self.steps.start_ps[median]), int(self.steps.end_ps[median])
+        ranges = _labelled_ranges(primary.sets, lo, hi)
+        return {"shares": shares, "median_step": {
+            "step": int(self.steps.number[median]), "start_ms": _ms(lo), "end_ms": _ms(hi),
+            "bound_by": kinds[int(self.bounds()[median])], "ranges": ranges}}
+
     def to_json(self) -> dict:
         primary = self.primary
         steps = []
         if primary is not None:
             columns = {
-                "duration_ms": primary.duration, "compute_ms": primary.compute,
-                "compute_low_precision_ms": primary.compute_low, "collective_ms": primary.collective,
-                "copy_ms": primary.copy, "input_ms": primary.input, "launch_ms": primary.launch,
-                "other_ms": primary.other,
+                "duration_ms": primary.duration, "compute_ms": primary.part("compute"),
+                "compute_low_precision_ms": primary.part("compute_low"),
+                "collective_ms": primary.part("collective"), "copy_ms": primary.part("copy"),
+                "input_ms": primary.part("input"), "launch_ms": primary.part("launch"),
+                "other_ms": primary.part("other"),
+                **{f"{key}_ms": primary.parts[key] for key in CATEGORY_KEYS if key not in ("input", "launch")},
             }
             rounded = {key: np.round(values / PS_PER_MS, 3).tolist() for key, values in columns.items()}
             starts = np.round(self.steps.start_ps / PS_PER_MS, 3).tolist()
@@ -146,9 +248,37 @@ class Breakdown:
                      for i in range(len(self.steps))]
         return {
             "device": primary.name if primary else None,
+            "categories": [{"key": c.key, "label": c.label, "group": c.group} for c in CATEGORIES],
             "steps": steps,
             "per_device": [dev.to_json() for dev in self.devices],
+            "critical_path": self.critical_path(),
         }
+
+
+# At most this many ranges of the median step's path are listed (the longest, in time order).
+PATH_RANGES = 40
+
+
+def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int) -> list[dict]:
+    """The categories' time ranges inside [lo, hi), adjacent ranges of one kind merged."""
+    starts, ends, labels = [], [], []
+    for key, group in (("compute", "device compute"), ("collective", "communication"), ("copy", "copies"),
+                       ("not_traced", "not traced"), ("input", "input"), ("host_ops", "host"),
+                       ("launch", "host"), ("other_host", "host")):
+        s, e = iv.clip(sets[key], lo, hi)
+        starts.append(s)
+        ends.append(e)
+        labels += [group] * s.size
+    s, e = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(s, kind="stable")
+    merged: list[list] = []
+    for i in order:
+        if merged and merged[-1][2] == labels[i] and merged[-1][1] >= s[i]:
+            merged[-1][1] = max(merged[-1][1], int(e[i]))
+        else:
+            merged.append([int(s[i]), int(e[i]), labels[i]])
+    keep = sorted(sorted(range(len(merged)), key=lambda j: merged[j][0] - merged[j][1])[:PATH_RANGES])
+    return [{"kind": merged[j][2], "start_ms": _ms(merged[j][0]), "end_ms": _ms(merged[j][1])} for j in keep]
 
 
 # Twice the cores: Python bookkeeping between numpy calls holds the GIL part of the time.
@@ -167,6 +297,29 @@ def _set(starts: np.ndarray, ends: np.ndarray, mask: np.ndarray | None = None) -
 
 def _merge(*sets: Intervals) -> Intervals:
     return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
+
+
+def _merge_disjoint(a: Intervals, b: Intervals) -> Intervals:
+    """The union of two sorted sets that do not overlap: one ordered insert, no sort."""
+    at = np.searchsorted(a[0], b[0])
+    return iv.union(np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1]))
+
+
+def _both(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection, walking the smaller set through the larger one (its cost follows the first)."""
+    if not a[0].size or not b[0].size:
+        return iv.EMPTY
+    return iv.intersect(a, b) if a[0].size <= b[0].size else iv.intersect(b, a)
+
+
+def _cut(a: Intervals, b: Intervals) -> Intervals:
+    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them."""
+    if not b[0].size:
+        return a
+    starts = np.insert(a[0], np.searchsorted(a[0], b[1]), b[1])
+    ends = np.insert(a[1], np.searchsorted(a[1], b[0]), b[0])
+    keep = ends > starts
+    return starts[keep], ends[keep]
 
 
 def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
@@ -202,55 +355,141 @@ def launch_targets(host: HostModel) -> np.ndarray:
     return targets
 
 
-def _split(device: Device, windows: Intervals, steps: Steps, compute: Intervals, compute_low: Intervals,
-           collective: Intervals, copy: Intervals, waits: Intervals, launch: Intervals) -> DeviceBreakdown:
-    """Cut a window set into the disjoint parts and total each per step."""
+@dataclass
+class _DeviceSets:
+    """The raw interval sets of one device and its host, before they are made disjoint."""
+
+    compute: Intervals = iv.EMPTY
+    compute_low: Intervals = iv.EMPTY
+    compute_fp32_eligible: Intervals = iv.EMPTY
+    collective: Intervals = iv.EMPTY
+    copy_h2d: Intervals = iv.EMPTY
+    copy_d2h: Intervals = iv.EMPTY
+    copy_other: Intervals = iv.EMPTY
+    covered: Intervals | None = None      # None: the trace covers every step
+    waits: Intervals = iv.EMPTY
+    host_ops: Intervals = iv.EMPTY
+    launch: Intervals = iv.EMPTY
+
+
+def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -> DeviceBreakdown:
+    """Cut a window set into the disjoint categories, in priority order, and total each per step."""
     lo, hi = steps.start_ps, steps.end_ps
-    compute = iv.intersect(compute, windows)
-    collective = iv.intersect(iv.subtract(collective, compute), windows)
-    covered = _merge(compute, collective)
-    copy = iv.intersect(iv.subtract(copy, covered), windows)
-    busy = _merge(covered, copy)
-    idle = iv.subtract(windows, busy)
-    input_set = iv.intersect(idle, waits)
-    rest = iv.subtract(idle, waits)
-    launch_set = iv.intersect(rest, launch)
-    other_set = iv.subtract(rest, launch)
+    sets: dict[str, Intervals] = {}
+
+    def within(candidate: Intervals) -> Intervals:
+        if windows[0].size == 1:        # contiguous steps: a clip, much cheaper than an intersection
+            return iv.clip(candidate, int(windows[0][0]), int(windows[1][0]))
+        return iv.intersect(candidate, windows)
+
+    # 16-bit and eligible kernels are compute kernels, so their sets lie inside compute's.
+    compute = within(raw.compute)
+    sets["compute_16bit"] = low = within(raw.compute_low)
+    fp32 = within(raw.compute_fp32_eligible)
+    sets["compute_fp32_eligible"] = fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
+    sets["compute_other"] = _cut(compute, _merge_disjoint(low, fp32))
+    busy = compute
+    for key in ("collective", "copy_h2d", "copy_d2h", "copy_other"):
+        candidate = getattr(raw, key)
+        sets[key] = part = within(iv.subtract(candidate, busy)) if candidate[0].size else iv.EMPTY
+        if part[0].size:
+            busy = _merge_disjoint(busy, part)
+    # The rest of the steps is device idle time, cut by priority; what is left is other host work.
+    rest = _cut(windows, busy)
+    for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
+                           ("launch", raw.launch)):
+        if key == "not_traced":
+            part = iv.EMPTY if raw.covered is None else _cut(rest, _both(rest, raw.covered))
+        else:
+            part = _both(rest, candidate)
+        sets[key] = part
+        rest = _cut(rest, part)
+    sets["other_host"] = rest
 
     def per_step(s: Intervals) -> np.ndarray:
         return iv.per_bin_total(s, lo, hi)
 
-    return DeviceBreakdown(
-        device=device, duration=(hi - lo).astype(np.int64), compute=per_step(compute),
-        compute_low=per_step(iv.intersect(compute_low, compute)), collective=per_step(collective),
-        copy=per_step(copy), input=per_step(input_set), launch=per_step(launch_set),
-        other=per_step(other_set), busy_set=busy, input_set=input_set, launch_set=launch_set,
-        other_set=other_set, copy_set=copy)
+    parts = {key: per_step(sets[key]) for key in CATEGORY_KEYS if key in sets}
+    parts["collective_transfer"] = per_step(sets["collective"])     # split by compute_breakdown
+    parts["collective_wait"] = np.zeros(len(steps), np.int64)
+    sets["compute"] = compute
+    sets["copy"] = _merge(sets["copy_h2d"], sets["copy_d2h"], sets["copy_other"])
+    return DeviceBreakdown(device=device, duration=(hi - lo).astype(np.int64), parts=parts, sets=sets,
+                           busy_set=busy)
+
+
+def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
+    """Per step, collective time beyond the shortest of the replicas that ran one is waiting.
+
+    Replicas leave a collective together, so the one that arrived last spent only the transfer
+    in it; what the others spent beyond that they waited for the slowest replica.
+    """
+    if len(devices) < 2:
+        return
+    coll = np.vstack([dev.parts["collective_transfer"] for dev in devices])
+    ran = coll > 0
+    floor = np.where(ran, coll, np.iinfo(np.int64).max).min(axis=0)
+    floor = np.where(ran.any(axis=0), floor, 0)
+    for dev, row, has in zip(devices, coll, ran):
+        wait = np.where(has, row - floor, 0).astype(np.int64)
+        dev.parts["collective_wait"] = wait
+        dev.parts["collective_transfer"] = row - wait
+
+
+# Handing the input batch from the host to the GPU: the iterator's outputs sent to the device
+# ("IteratorGetNext/_1:_Send") and TF's host-to-device send of function inputs. The GPU idle
+# behind them waits for input, not for launches.
+_INPUT_SEND = re.compile(r"IteratorGetNext[^:]*:_Send|^_Send input \d+ from \S*CPU\S* to \S*GPU")
 
 
 def _input_waits(host: HostModel) -> Intervals:
-    """When the host waited on tf.data; shared by every device of the host, built once."""
+    """When the host waited on tf.data or handed its batch to the device; shared by every device
+    of the host, built once."""
     waits = host.activity.derived.get("input_waits")
     if waits is None:
         activity = host.activity
+        sends = kernels.name_mask(activity.names, _INPUT_SEND.search)[activity.name] if activity.names \
+            else np.zeros(len(activity), bool)
         waits = host.activity.derived["input_waits"] = _set(
-            activity.start_ps, activity.end_ps, activity.kind == HostEventKind.INPUT_WAIT)
+            activity.start_ps, activity.end_ps, (activity.kind == HostEventKind.INPUT_WAIT) | sends)
     return waits
 
 
-def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
+def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
+                   covered: Intervals | None) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
-    # Kernel classes (16-bit, collectives) come from analysis.kernels, cached per device and
+    # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
     classes = kernels.classify(dev)
     activity = host.activity
-    return _split(
-        dev.device, windows, steps,
+    kind = dev.kind
+    return _split(dev.device, windows, steps, _DeviceSets(
         compute=_set(start, end, classes.kernel), compute_low=_set(start, end, classes.low_precision),
+        compute_fp32_eligible=_set(start, end, fp32_eligible(classes)),
         collective=_set(start, end, classes.collective),
-        copy=_set(start, end, dev.mask(*COPY_KINDS)),
-        waits=_input_waits(host),
-        launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev)))
+        copy_h2d=_set(start, end, kind == DeviceEventKind.MEMCPY_H2D),
+        copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
+        copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
+        covered=covered, waits=_input_waits(host),
+        host_ops=_set(activity.start_ps, activity.end_ps, host_ops_mask(host)),
+        launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))))
+
+
+def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:
+    """Kernels of Tensor-Core-eligible ops computing in 32 bits: what mixed precision speeds up."""
+    return classes.eligible & ~classes.low_precision
+
+
+def host_ops_mask(host: HostModel) -> np.ndarray:
+    """Framework ops that ran on ``dev``'s host threads and launched no GPU work: while the GPU
+    idles behind them it waits for host compute (op placement), not for launches."""
+    from tb_gpuadvisor.checks.op_placement import host_op_mask   # the check owns which ops count
+
+    gpus = [d for d in host.devices if d.device.kind == "gpu"]
+    mask = host.activity.derived.get("host_ops")
+    if mask is None:
+        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus)
+    return mask
 
 
 def host_device(host: HostModel) -> Device:
@@ -275,8 +514,7 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & training_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
-    return _split(host_device(host), windows, steps, compute=ops, compute_low=iv.EMPTY,
-                  collective=iv.EMPTY, copy=iv.EMPTY, waits=waits, launch=iv.EMPTY)
+    return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))
 
 
 def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivity | None, HostModel]]]:
@@ -292,22 +530,29 @@ def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivit
     return "cpu", [(None, host) for host in model.hosts]
 
 
-def compute_breakdown(model: SessionModel) -> Breakdown:
+def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
+    """Attribute every trusted step of every measured device; TRUST gives the time each
+    device's trace covers (step time outside it is "not traced", never idle)."""
     steps = model.steps
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
 
     def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
         dev, host = pair
-        return _gpu_breakdown(dev, host, windows, steps) if dev is not None else _cpu_breakdown(host, windows, steps)
+        if dev is None:
+            return _cpu_breakdown(host, windows, steps)
+        covered = trust.covered_by(dev.device.name) if trust is not None else None
+        return _gpu_breakdown(dev, host, windows, steps, covered)
 
     if len(pairs) > 1:
         for host in {id(h): h for _, h in pairs}.values():   # per-host parts, before the threads share them
             _input_waits(host)
             launch_targets(host)
+            host_ops_mask(host)
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         with ThreadPoolExecutor(max_workers=THREADS) as pool:
             devices = list(pool.map(measure, pairs))
     else:
         devices = [measure(pair) for pair in pairs]
+    _split_collective_wait(devices)
     return Breakdown(steps=steps, devices=devices, device_kind=kind)

@@ -13,13 +13,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Evidence
+from tb_gpuadvisor.checks.base import Evidence, Severity
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.trust import Trust, assess
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.attribution.breakdown import Breakdown
+    from tb_gpuadvisor.attribution.whatif import WhatIf
+
+# A finding is only worth acting on when its fix gains real time: a warning needs a replayed
+# saving of at least this share of the mean step (and ACTIONABLE_MIN_MS), a critical one
+# CRITICAL_GAIN_SHARE. Below that a high metric is reported as info: the time it describes is
+# not on the step's critical path (e.g. faster kernels on a GPU that mostly waits for the host).
+WARNING_GAIN_SHARE = 0.03
+CRITICAL_GAIN_SHARE = 0.10
+ACTIONABLE_MIN_MS = 0.01
 
 
 @dataclass
@@ -31,6 +40,7 @@ class Analysis:
 
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _breakdown: "Breakdown | None" = field(default=None, init=False, repr=False, compare=False)
+    _what_if: "WhatIf | None" = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.trust is None:
@@ -43,8 +53,37 @@ class Analysis:
             if self._breakdown is None:
                 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 
-                self._breakdown = compute_breakdown(self.model)
+                self._breakdown = compute_breakdown(self.model, self.trust)
         return self._breakdown
+
+    @property
+    def what_if(self) -> "WhatIf":
+        """The replay of every step's dependency graph and each check's scenario (computed once)."""
+        breakdown = self.breakdown
+        with self._lock:
+            if self._what_if is None:
+                from tb_gpuadvisor.attribution.whatif import WhatIf
+
+                self._what_if = WhatIf.build(self.model, breakdown)
+        return self._what_if
+
+    def gated(self, severity: Severity, saving_ms: float) -> Severity:
+        """SEVERITY from a metric threshold, lowered when the replayed saving is small."""
+        if not self.mean_step_ms:
+            return severity         # no step to measure the saving against
+        share = saving_ms / self.mean_step_ms
+        if severity is Severity.CRITICAL and share < CRITICAL_GAIN_SHARE:
+            severity = Severity.WARNING
+        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < ACTIONABLE_MIN_MS):
+            severity = Severity.INFO
+        return severity
+
+    def gain_note(self, severity: Severity, saving_ms: float) -> str:
+        """A sentence for a finding whose metric is high but whose replayed saving is small."""
+        if severity is not Severity.INFO:
+            return ""
+        return (f" Replaying the step without this cause shortens it by only {saving_ms:.2f} ms, so it is "
+                "not on the critical path: fix the larger findings first.")
 
     @property
     def primary_device(self) -> DeviceActivity | None:

@@ -26,8 +26,10 @@ read files in parallel with ``interleave`` and ``cache()`` what fits in memory. 
 the diagnosis by training on synthetic tensors: if that is not faster, input is not the
 problem.
 
-Savings model: every exposed input wait disappears, so the step gets shorter by the
-input idle time per step (``estimated_savings_ms_per_step`` = input ms per step).
+Savings model: a replay of the step's dependency graph (attribution/replay.py) with every
+input wait removed from the host's timeline: device work the host released after a wait
+moves earlier by the waits before it, so a wait hidden behind device work saves nothing.
+Severity also needs the replayed saving to be real time (see ``Analysis.gated``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def check(analysis: Analysis) -> Finding:
         return needs_steps(CHECK_ID, "Input wait", "the time spent waiting for input")
     percent = primary.percent("input")
     input_ms = analysis.ms_per_step(primary.total("input"))
-    severity = severity_by_threshold(percent, CRITICAL, WARNING)
+    saving = analysis.what_if.saving_ms(CHECK_ID)
+    severity = analysis.gated(severity_by_threshold(percent, CRITICAL, WARNING), saving)
     host = analysis.primary_host
     windows = iv.union(analysis.model.steps.start_ps, analysis.model.steps.end_ps)
     pipeline = pipeline_stages(host, windows, read_origin=severity is not Severity.OK)
@@ -98,7 +101,7 @@ def check(analysis: Analysis) -> Finding:
         summary += "The input pipeline keeps up with training."
         title = f"Input pipeline keeps up ({percent:.1f}% of step time waiting)"
     else:
-        summary += _pipeline_sentence(pipeline, analysis.steps_count)
+        summary += _pipeline_sentence(pipeline, analysis.steps_count) + analysis.gain_note(severity, saving)
         title = f"Training waits on input {percent:.1f}% of step time"
 
     evidence: list[Evidence] = []
@@ -123,6 +126,6 @@ def check(analysis: Analysis) -> Finding:
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"input_percent": round(percent, 2), "input_ms_per_step": round(input_ms, 3)},
-        estimated_savings_ms_per_step=input_ms,
+        estimated_savings_ms_per_step=saving,
         evidence=evidence, fixes=_fixes(pipeline) if severity is not Severity.OK else [],
     )

@@ -20,7 +20,8 @@ per GPU by default, ``TF_GPU_THREAD_COUNT`` to change it), and keep the input pi
 those threads.
 
 Savings model: the skew removed, ``skew_ms`` per step, because the late GPU's delay carries
-through the step's synchronisation points.
+through the step's synchronisation points. It is not replayed: the report caps it by what is
+left of the mean step after the findings ranked above it, so it never claims their time.
 """
 
 from __future__ import annotations

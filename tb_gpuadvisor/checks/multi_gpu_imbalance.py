@@ -22,10 +22,13 @@ batch that is a multiple of the replica count, keep per-replica ops (metrics, su
 checkpoints) off GPU:0, recheck the input pipeline for the larger global batch, and
 dedicate launch threads per GPU with ``TF_GPU_THREAD_MODE=gpu_private``.
 
-Savings model: the straggler brought to the mean, i.e. (max - mean) per-GPU busy time per
-step, because the other replicas wait for it at the next synchronisation. When GPUs run
-serially (pairwise overlap < 30%), the larger of that and the time their combined busy
-span exceeds the busiest GPU's busy time (what running them side by side would save).
+Savings model: the straggler's work brought to the median replica's, replayed per step
+(attribution/replay.py): the replica that waited least inside its collectives arrived
+last; the step gains its extra work, but only until the next-latest replica becomes the
+last one (the second-smallest collective wait). The other replicas' waiting inside
+AllReduce is this cause's time, not the collectives finding's. When GPUs run serially
+(pairwise overlap < 30%), the larger of that and the time their combined busy span
+exceeds the busiest GPU's busy time (what running them side by side would save).
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ def check(analysis: Analysis) -> Finding:
     means = per_step.sum(axis=1) / steps
     top, bottom = int(np.argmax(means)), int(np.argmin(means))
     imbalance = float(100.0 * (means[top] - means[bottom]) / means[top]) if means[top] > 0 else 0.0
-    balance_ms = float(means[top] - means.mean()) / PS_PER_MS
+    balance_ms = analysis.what_if.saving_ms(CHECK_ID)
     savings_ms = balance_ms
     min_overlap, serial_pairs = _overlaps(busy)
     if serial_pairs:
@@ -153,6 +156,7 @@ def check(analysis: Analysis) -> Finding:
     severity = severity_by_threshold(imbalance, CRITICAL_AT, WARNING_AT)
     if serial_pairs and severity is Severity.OK:
         severity = Severity.WARNING
+    severity = analysis.gated(severity, savings_ms)
     if idle and severity is Severity.OK:
         severity = Severity.INFO
     names = ", ".join(labels)

@@ -25,9 +25,12 @@ Log device placement to find the ops TensorFlow put on the CPU; pin the model to
 GPU (``tf.device`` or ``OneDeviceStrategy``); replace ops that have no GPU kernel, or
 move them into the tf.data pipeline where they run ahead of the step.
 
-Savings model: only host op time during which the GPU sat idle can shorten the step;
-that exposed time shrinks by a stated conservative factor of 10 (GPU vs host speed for
-the ops that have GPU kernels): savings = exposed host op ms per step x (1 - 1/10).
+Savings model: a replay of the step's dependency graph (attribution/replay.py) where the
+host ops during which the GPU sat idle run a stated conservative 10x faster (GPU vs host
+speed for the ops that have GPU kernels): that device-idle host op time shrinks by
+1 - 1/10 on the host's timeline and the GPU work released after it moves earlier. Host ops
+overlapping GPU work save nothing. The GPU idle time behind them is this check's, not
+kernel_launch's.
 
 Ops of tf.data functions (run ahead of the step on tf.data's threads, or on the runtime's
 threads without the step's group id) are input work, counted by input_bound, not here.
@@ -68,7 +71,6 @@ from tb_gpuadvisor.model.timeline import (
 
 CHECK_ID = "op_placement"
 CRITICAL, WARNING = 50.0, 10.0
-GPU_SPEEDUP = 10.0
 COPY_WINDOW_PS = 100 * PS_PER_US
 TOP = 5
 
@@ -253,7 +255,8 @@ def check(analysis: Analysis) -> Finding:
     windows = iv.union(analysis.model.steps.start_ps, analysis.model.steps.end_ps)
     gpu_idle = iv.subtract(windows, primary.busy_set)
     exposed_ms = analysis.ms_per_step(iv.total(iv.intersect(op_set, gpu_idle)))
-    savings = exposed_ms * (1.0 - 1.0 / GPU_SPEEDUP)
+    savings = analysis.what_if.saving_ms(CHECK_ID)
+    severity = analysis.gated(severity, savings)
 
     dev = analysis.primary_device
     copies = _nearby_copies(dev, op_set)

@@ -24,9 +24,12 @@ Compute in 16-bit (mixed precision), make channel, unit, batch and vocabulary si
 multiples of 8, keep convolutions in the channels_last layout, and on Ampere or newer keep
 TF32 enabled for float32 models.
 
-Savings model: the eligible kernel time not on Tensor Cores per step times
-(1 - 1/speedup), speedup 3x on cc 7.x and 2x on cc >= 8.0 (see precision).
-Warning when ``eligible_not_using_percent`` >= 10.
+Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
+eligible kernels not on Tensor Cores running ``speedup`` times faster (3x on cc 7.x, 2x on
+cc >= 8.0, see precision); kernels off the critical path save nothing. For 32-bit kernels
+this is the same fix as precision's: the report counts that time once (whichever ranks
+first carries it). Warning when ``eligible_not_using_percent`` >= 10 and the replayed
+saving is real time.
 """
 
 from __future__ import annotations
@@ -167,8 +170,10 @@ def check(analysis: Analysis) -> Finding:
     evidence += [Evidence("op", name, float(dims[0]), "dim", detail="dimension(s) not a multiple of 8: "
                           + ", ".join(map(str, dims)), tool="tensorflow_stats")
                  for name, dims in list(misaligned.items())[:TOP]]
-    savings = savings_ps / PS_PER_MS / steps
-    severity = Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK
+    metrics["kernel_savings_ms_per_step"] = round(savings_ps / PS_PER_MS / steps, 3)
+    savings = analysis.what_if.saving_ms(CHECK_ID)
+    shared = analysis.what_if.saving_ms("precision")
+    severity = analysis.gated(Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK, savings)
     if severity is Severity.OK:
         return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on Tensor Cores",
                        f"Matrix multiplications and convolutions spend {tc_percent:.1f}% of their GPU "
@@ -181,8 +186,12 @@ def check(analysis: Analysis) -> Finding:
     count = metrics["eligible_ops_not_using"]
     summary = (f"{count} Tensor-Core-eligible op(s) (MatMul, convolution, Einsum, RNN) spend "
                f"{missing_percent:.0f}% of their {metrics['eligible_ms_per_step']:.2f} ms per step in "
-               f"kernels that do not use Tensor Cores. Running them on Tensor Cores would save about "
-               f"{savings:.2f} ms per step.")
+               f"kernels that do not use Tensor Cores. Running them on Tensor Cores would shorten the "
+               f"step by about {savings:.2f} ms (replayed).")
+    if shared > 0:
+        summary += (" For their 32-bit kernels this is the same fix as mixed precision (the precision "
+                    "finding): the time is counted once.")
+    summary += analysis.gain_note(severity, savings)
     if layout_ps:
         summary += (f" Another {metrics['layout_conversion_ms_per_step']:.2f} ms per step goes to "
                     "converting tensors between NHWC and NCHW layouts.")

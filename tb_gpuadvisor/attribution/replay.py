@@ -1,0 +1,327 @@
+"""What-if replay: the step time predicted with one cause removed or shrunk.
+
+Each device's in-step events form a dependency chain, rebuilt from the capture:
+
+- **device order**: an event starts when the device has finished what came before it
+  (all streams merged; an event's share of busy time is the part no earlier event
+  covered, so overlapping streams replay to the same busy time);
+- **host release**: an event that started after the device had gone idle waited for
+  something on the host (its launch returned late, the input arrived, Python ran): it
+  is *anchored* at its observed start, shifted by the host time a scenario removes
+  before it in the step (a time warp of the host's timeline). An event whose launch
+  (joined by ``correlation_id``) returned before the device was free is only held back
+  by that launch; one whose launch returned later, or without a launch, by nothing
+  but device order. Without launch records, a device gap longer than
+  ``ANCHOR_GAP_PS`` anchors the event;
+- **synchronisation**: the host waits for the device in synchronize calls and for
+  device-to-host copies; what it releases after such a wait moves with the device: it
+  resumes when both it reached the wait and the device reached the point waited for;
+- **replicas**: collectives join the replicas of a step, so a step ends when its
+  slowest device ends (the gain of a step is the smallest gain of its devices), and
+  a straggler's extra work is what the others wait for inside their collectives.
+
+The chain is the max-plus recurrence ``end[i] = max(release[i], end[i-1]) + d[i]``,
+solved for all events at once: with ``S`` the running sum of ``d``,
+``end[i] = S[i] + max(release[j] - S[j-1] for j <= i)`` (one cumulative maximum).
+Replayed unchanged it reproduces the observed busy time exactly; a scenario changes
+durations (faster kernels, hidden copies) or releases (host time removed), and the
+gain of each step is how much earlier its last event ends, plus the host time removed
+after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, fp32_eligible
+from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.model.timeline import (
+    COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
+    SessionModel,
+)
+
+ANCHOR_GAP_PS = 5 * PS_PER_US
+# Host calls that block until the device has finished work queued before them.
+_SYNC = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|StreamWait", re.IGNORECASE)
+# A chain of waits is followed this many times (host -> device -> host ...) per replay.
+SYNC_ROUNDS = 6
+_FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One cause removed or shrunk.
+
+    ``idle``: device-idle category -> fraction of its time the fix removes from the host's
+    timeline; ``faster``: kernel class -> speed-up of its kernels ("fp32_eligible",
+    "off_tensor_core"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
+    ``balance``: the straggler's work brought to the median replica.
+    """
+
+    idle: dict[str, float] = field(default_factory=dict)
+    faster: dict[str, float] = field(default_factory=dict)
+    hide_copies: bool = False
+    balance: bool = False
+
+    def __add__(self, other: "Scenario") -> "Scenario":
+        idle = dict(self.idle)
+        for key, fraction in other.idle.items():
+            idle[key] = max(idle.get(key, 0.0), fraction)
+        faster = dict(self.faster)
+        for key, speedup in other.faster.items():
+            faster[key] = max(faster[key], speedup) if key in faster else speedup
+        return Scenario(idle, faster, self.hide_copies or other.hide_copies, self.balance or other.balance)
+
+
+@dataclass
+class _Chain:
+    """One device's in-step events in start order, ready to replay."""
+
+    part: DeviceBreakdown
+    step: np.ndarray            # int32 step index per event
+    anchored: np.ndarray        # bool: released by the host at its observed start
+    release: np.ndarray         # int64, _FREE when only device order holds it
+    gap: np.ndarray             # device-side gap folded into a non-anchored event
+    own: np.ndarray             # the event's exclusive share of busy time
+    classes: dict[str, np.ndarray]
+    speedup: float
+    running_end: np.ndarray     # observed end of the device's work up to each event
+    sync_index: np.ndarray      # per held event: the wait the host last returned from before releasing it, -1
+    sync_start: np.ndarray      # per wait: when the host reached it
+    sync_end: np.ndarray        # per wait: when it returned
+    sync_event: np.ndarray      # per wait: the last event finished by then (what the host waited for)
+    base_end: np.ndarray        # per step, the replayed end of its last event (-1 without events)
+
+
+def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
+    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+    activity = host.activity
+    table = activity.derived.get("launch_rows")     # shared by every device of the host
+    if table is None:
+        rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
+        table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
+    if not table.keys.size:
+        return np.full(len(dev), -1, np.int64)
+    row = table.get(dev.correlation_id, -1)
+    return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
+
+
+def _chain(dev: DeviceActivity, host: HostModel, part: DeviceBreakdown, n_steps: int) -> _Chain:
+    idx = np.flatnonzero(dev.step >= 0)
+    start, end = dev.start_ps[idx], dev.end_ps[idx]
+    running = np.maximum.accumulate(end)
+    before = np.concatenate(([start[0] if idx.size else 0], running[:-1]))
+    gap = np.maximum(start - before, 0)
+    own = end - np.maximum(start, before)
+    own = np.maximum(own, 0)
+    launch_end = _launch_ends(host, dev)[idx]
+    linked = launch_end >= 0
+    # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
+    anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
+    # A step starts its own chain: the host hands each step its work (Keras and custom loops read
+    # the step's results before starting the next), so no gain carries over into the next step.
+    first_of_step = np.ones(idx.size, bool)
+    first_of_step[1:] = dev.step[idx][1:] != dev.step[idx][:-1]
+    anchored |= first_of_step
+    release = np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
+    cls = kernels.classify(dev)
+    classes = {
+        "fp32_eligible": fp32_eligible(cls)[idx],
+        "off_tensor_core": ((cls.eligible | cls.tensor_core) & ~cls.tensor_core)[idx],
+        "copy": dev.mask(*COPY_KINDS)[idx],
+    }
+    sync_start, sync_end = _waits(host, dev, idx)
+    # Each wait stands for the device work finished by its end; each anchored event for the last wait before it.
+    sync_event = np.searchsorted(running, sync_end, side="right") - 1
+    held = release > _FREE
+    last_wait = np.searchsorted(sync_end, release, side="right") - 1
+    steps_of_wait = dev.step[idx][np.clip(sync_event, 0, None)] if idx.size else sync_event
+    same_step = (last_wait >= 0) & (sync_event[np.clip(last_wait, 0, None)] >= 0) & \
+        (steps_of_wait[np.clip(last_wait, 0, None)] == dev.step[idx]) if sync_end.size else np.zeros(idx.size, bool)
+    sync_index = np.where(held & same_step, last_wait, -1)
+    chain = _Chain(part, dev.step[idx], anchored, release.astype(np.int64), np.where(anchored, 0, gap),
+                   own, classes, kernels.tensor_core_speedup(dev.device), running, sync_index,
+                   sync_start, sync_end, sync_event, np.empty(0, np.int64))
+    chain.base_end = _last_end(chain, _solve(release, chain.gap + own), n_steps)
+    return chain
+
+
+def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the host's waits for the device, in end order: synchronize calls and
+    this device's device-to-host copies (the host consumes their data when they land)."""
+    activity = host.activity
+    calls = activity.derived.get("sync_calls")
+    if calls is None:
+        sync_names = kernels.name_mask(activity.names, _SYNC.search)
+        calls = activity.derived["sync_calls"] = (sync_names[activity.name] & (activity.step >= 0)
+                                                  if activity.names else np.zeros(len(activity), bool))
+    d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
+    start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
+    end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))
+    order = np.argsort(end, kind="stable")
+    return start[order], end[order]
+
+
+def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
+    if not d.size:
+        return d
+    total = np.cumsum(d)
+    return total + np.maximum.accumulate(release - (total - d))
+
+
+def _last_end(chain: _Chain, ends: np.ndarray, n_steps: int) -> np.ndarray:
+    out = np.full(n_steps, -1, np.int64)
+    np.maximum.at(out, chain.step, ends)
+    return out
+
+
+class Replay:
+    """The dependency chains of every measured device, replayed per scenario."""
+
+    def __init__(self, model: SessionModel, breakdown: Breakdown) -> None:
+        self.steps = breakdown.steps
+        self.breakdown = breakdown
+        hosts = {host.name: host for host in model.hosts}
+        by_name = {(dev.device.host, dev.device.name): dev for dev in model.devices}
+        n = len(self.steps)
+        self.chains: list[_Chain | None] = []
+        for part in breakdown.devices:
+            dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
+            usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
+            self.chains.append(_chain(dev, hosts[part.host], part, n) if usable else None)
+        # Removable time per (device, category, kind of window): the windows of a chain do not
+        # depend on the scenario, so each is measured once and scenarios only weigh them.
+        self._windows: dict[tuple[int, str, str], np.ndarray] = {}
+        self._gains: dict[str, np.ndarray] = {}
+
+    def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
+                 tag: str) -> np.ndarray:
+        """Host time the scenario removes inside each window [lo, hi); TAG names the (fixed)
+        windows for the cache."""
+        out = np.zeros(lo.size, np.float64)
+        removable = dict(scenario.idle)
+        if scenario.hide_copies:
+            removable["copy"] = 1.0
+        for key, fraction in removable.items():
+            if fraction > 0 and key in part.sets:
+                cached = self._windows.get((id(part), key, tag))
+                if cached is None:
+                    cached = self._windows[(id(part), key, tag)] = iv.per_bin_total(
+                        part.sets[key], lo, np.maximum(hi, lo))
+                out += fraction * cached
+        return out
+
+    def _device_gain(self, part: DeviceBreakdown, chain: _Chain | None, scenario: Scenario) -> np.ndarray:
+        a, b = self.steps.start_ps, self.steps.end_ps
+        if chain is None:
+            return self._removed(part, scenario, a, b, "step")
+        own = chain.own.astype(np.float64)
+        speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
+        for key, value in scenario.faster.items():
+            speedup = np.where(chain.classes[key], np.maximum(speedup, value if value > 0 else chain.speedup), speedup)
+        own = own / speedup
+        gap = chain.gap
+        if scenario.hide_copies:
+            own = np.where(chain.classes["copy"], 0.0, own)
+            gap = np.where(chain.classes["copy"], 0, gap)
+        d = np.rint(gap + own).astype(np.int64)
+        ends = self._replay_chain(part, chain, scenario, d)
+        last = _last_end(chain, ends, len(self.steps))
+        has = chain.base_end >= 0
+        tail_from = np.where(has, chain.base_end, a)
+        gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
+        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
+
+    def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario, d: np.ndarray) -> np.ndarray:
+        """Replayed ends of CHAIN's events with durations D; releases follow the host's timeline
+        with the scenario's host time removed and, after a wait, the device's replayed progress."""
+        anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
+        a = self.steps.start_ps
+        observed = chain.release[anchored]
+        release = chain.release.copy()
+        wait = chain.sync_index[anchored]
+        after = wait >= 0
+        # Host time removed since the host last resumed: the step start, or the end of its last wait.
+        resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
+                           a[chain.step[anchored]])
+        own_shift = self._removed(part, scenario, resumed, observed, "held")
+        if not after.any():
+            release[anchored] = observed - np.rint(own_shift).astype(np.int64)
+            return _solve(release, d)
+        # Waits in step order: each one's predecessor in its step, and the host time removed between.
+        event = chain.sync_event
+        step = np.where(event >= 0, chain.step[np.clip(event, 0, None)], -1)
+        previous = np.full(step.size, -1)
+        same = np.flatnonzero(step[1:] == step[:-1]) + 1
+        previous[same] = same - 1
+        since = np.where(previous >= 0, chain.sync_end[np.clip(previous, 0, None)], a[np.clip(step, 0, None)])
+        removed = self._removed(part, scenario, since, np.maximum(chain.sync_start, since), "waits")
+        base_resume = np.maximum(chain.sync_start, chain.running_end[np.clip(event, 0, None)])
+        host_cost = base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
+        ends = chain.running_end
+        for _ in range(SYNC_ROUNDS):
+            device = base_resume - ends[np.clip(event, 0, None)]  # how much earlier the device got there
+            shift = np.zeros(step.size)
+            for k in np.flatnonzero(step >= 0):
+                carried = shift[previous[k]] if previous[k] >= 0 else 0.0
+                shift[k] = min(carried + host_cost[k], device[k])
+            total = own_shift + np.where(after, shift[np.clip(wait, 0, None)], 0.0)
+            release[anchored] = observed - np.rint(total).astype(np.int64)
+            new_ends = _solve(release, d)
+            if np.array_equal(new_ends, ends):
+                break
+            ends = new_ends
+        return ends
+
+    def _balance_gain(self) -> np.ndarray:
+        """Per step: the straggler brought to the median replica's work.
+
+        The replica that waited least in its collectives arrived last; the others waited
+        for it. Its extra work (non-collective busy time above the median replica's) could
+        go, but the step only gains until the next-latest replica becomes the last: the
+        gain is the smaller of that extra work and the second-smallest wait.
+        """
+        devices = self.breakdown.devices
+        n = len(self.steps)
+        if len(devices) < 2 or not n:
+            return np.zeros(n)
+        busy = np.vstack([dev.part("compute") + dev.part("copy") for dev in devices]).astype(np.float64)
+        wait = np.vstack([dev.parts["collective_wait"] for dev in devices]).astype(np.float64)
+        if not wait.any():
+            ends = np.vstack([chain.base_end if chain is not None else np.full(n, -1) for chain in self.chains])
+            ends = ends.astype(np.float64)
+            wait = ends.max(axis=0) - ends      # how long each replica's work ended before the last one's
+        cols = np.arange(n)
+        last = np.argmin(wait, axis=0)
+        extra = busy[last, cols] - np.median(busy, axis=0)
+        second = np.sort(wait, axis=0)[1]
+        return np.clip(np.minimum(extra, second), 0.0, None)
+
+    def gains(self, scenario: Scenario) -> np.ndarray:
+        """Per step, how much shorter the step is predicted to be under SCENARIO (ps)."""
+        key = repr(scenario)
+        if key not in self._gains:
+            self._gains[key] = self._replay(scenario)
+        return self._gains[key]
+
+    def _replay(self, scenario: Scenario) -> np.ndarray:
+        n = len(self.steps)
+        if not n or not self.breakdown.devices:
+            return np.zeros(n)
+        per_device = np.vstack([self._device_gain(part, chain, scenario)
+                                for part, chain in zip(self.breakdown.devices, self.chains)])
+        gain = per_device.min(axis=0)
+        if scenario.balance:
+            gain = gain + self._balance_gain()
+        return np.minimum(gain, self.steps.duration_ps.astype(np.float64))
+
+    def gain_ms(self, scenario: Scenario) -> float:
+        """The mean per-step gain of SCENARIO, in ms."""
+        gains = self.gains(scenario)
+        return float(gains.mean()) / PS_PER_MS if gains.size else 0.0

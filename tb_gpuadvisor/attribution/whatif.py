@@ -1,0 +1,109 @@
+"""One what-if per cause, and the savings of a session's findings made to add up.
+
+Each check with a time model names its cause here (``scenario``); its
+``estimated_savings_ms_per_step`` is the replayed gain of that scenario (see replay.py).
+``reconcile`` then turns standalone gains into shares of one combined prediction:
+taken in rank order, each finding keeps only what it adds to the fixes ranked above
+it, so two findings never claim the same time (precision and tensor_core describe one
+fix) and the savings of a session add up to at most its mean step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tb_gpuadvisor.attribution.breakdown import Breakdown
+from tb_gpuadvisor.attribution.replay import Replay, Scenario
+from tb_gpuadvisor.model.timeline import PS_PER_US, HostEventKind, SessionModel
+
+# Host cost per kernel left when launches are batched (a CUDA graph replays many kernels for
+# one call; an XLA fusion launches one kernel for many ops): about 1 us.
+BATCHED_LAUNCH_US = 1.0
+# Launch call cost assumed when the capture records no launch calls: the median the corpus
+# captures measure (7-14 us), not the 20-40 us often quoted.
+DEFAULT_LAUNCH_US = 10.0
+# Host ops moved to the GPU run about this much faster there (a conservative factor).
+HOST_OP_GPU_SPEEDUP = 10.0
+
+
+def launch_cost_us(model: SessionModel) -> tuple[float, bool]:
+    """Median duration of the capture's own launch calls, and whether it was measured."""
+    durations = [host.activity.dur_ps[host.activity.kind == HostEventKind.LAUNCH] for host in model.hosts]
+    durations = np.concatenate(durations) if durations else np.empty(0, np.int64)
+    if not durations.size:
+        return DEFAULT_LAUNCH_US, False
+    return float(np.median(durations)) / PS_PER_US, True
+
+
+# On a CPU-only capture only these causes are time on the host's own timeline; the other
+# checks measure something else there (op_placement: ops with no GPU kernel) or do not apply.
+_HOST_AS_DEVICE = ("input_bound", "host_overhead")
+
+
+def scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenario]:
+    """The fix each check stands for, as a replay scenario, keyed by check id."""
+    cost, _ = launch_cost_us(model)
+    out = {
+        "input_bound": Scenario(idle={"input": 1.0}),
+        "op_placement": Scenario(idle={"host_ops": 1.0 - 1.0 / HOST_OP_GPU_SPEEDUP}),
+        "kernel_launch": Scenario(idle={"launch": max(0.0, 1.0 - BATCHED_LAUNCH_US / cost)}),
+        "host_overhead": Scenario(idle={"other_host": 1.0}),
+        "memcpy": Scenario(hide_copies=True),
+        # Speed-up 0: each device's own Tensor Core speed-up (model.kernels.tensor_core_speedup).
+        "precision": Scenario(faster={"fp32_eligible": 0.0}),
+        "tensor_core": Scenario(faster={"off_tensor_core": 0.0}),
+        "multi_gpu_imbalance": Scenario(balance=True),
+    }
+    return {key: value for key, value in out.items() if device_kind != "cpu" or key in _HOST_AS_DEVICE}
+
+
+@dataclass
+class WhatIf:
+    """The replay of a session and the scenario of every check."""
+
+    replay: Replay
+    scenarios: dict[str, Scenario]
+    mean_step_ms: float
+
+    @classmethod
+    def build(cls, model: SessionModel, breakdown: Breakdown) -> "WhatIf":
+        steps = breakdown.steps
+        mean = float(np.mean(steps.duration_ps)) / 1e9 if len(steps) else 0.0
+        return cls(Replay(model, breakdown), scenarios(model, breakdown.device_kind), mean)
+
+    def saving_ms(self, check_id: str) -> float:
+        """The standalone gain of the check's fix, ms per step (0 when it has no replay here)."""
+        scenario = self.scenarios.get(check_id)
+        return self.replay.gain_ms(scenario) if scenario is not None else 0.0
+
+    def combined_ms(self, check_ids: list[str]) -> float:
+        """The gain of several checks' fixes applied together, ms per step."""
+        known = [self.scenarios[c] for c in check_ids if c in self.scenarios]
+        if not known:
+            return 0.0
+        total = known[0]
+        for scenario in known[1:]:
+            total = total + scenario
+        return self.replay.gain_ms(total)
+
+    def reconcile(self, ranked: list[tuple[str, float]]) -> list[float]:
+        """Savings for findings (check id, standalone saving) in rank order, made disjoint.
+
+        A replayed finding keeps what its fix adds to the replayed fixes ranked above it;
+        one without a time model keeps its own estimate, capped by what is left of the
+        step. The results add up to at most the mean step.
+        """
+        out: list[float] = []
+        replayed: list[str] = []
+        gained = 0.0        # combined gain of the replayed fixes so far
+        for check_id, saving in ranked:
+            share = max(0.0, saving)
+            if check_id in self.scenarios and saving > 0:
+                combined = self.combined_ms(replayed + [check_id])
+                share = max(0.0, combined - gained)
+                replayed.append(check_id)
+                gained = combined
+            out.append(min(share, max(0.0, self.mean_step_ms - sum(out))))
+        return out
