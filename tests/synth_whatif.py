@@ -5,9 +5,8 @@ written to a folder, analysed, and the planted truth of the fix: the mean step t
 capture would have with that one cause removed or shrunk. Tests compare the replay's
 prediction (``Analysis.what_if``) against it.
 
-Synthetic GPUs are traced for the whole capture (every line starts at the capture
-start), so the analyses here tell trust so (``traced_throughout``): the planted numbers
-are about attribution, not about how much of a capture trust believes.
+Synthetic GPUs record events through the whole capture, so the trust stage takes them as
+traced throughout: the planted numbers are about attribution.
 """
 
 from __future__ import annotations
@@ -15,23 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from synth import SynthSession, Truth, build_training_session
 
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import SessionModel
-from tb_gpuadvisor.trust import Trust, assess
-
-
-def traced_throughout(model: SessionModel) -> Trust:
-    """Trust for a synthetic capture: every device with events is traced over all steps."""
-    trust = assess(model)
-    if len(model.steps):
-        span = (np.array([model.steps.start_ps.min()], np.int64), np.array([model.steps.end_ps.max()], np.int64))
-        trust.covered = {name: span for name in trust.covered}
-    return trust
 
 
 def analysed(session: SynthSession, folder: Path) -> Analysis:
@@ -39,7 +26,7 @@ def analysed(session: SynthSession, folder: Path) -> Analysis:
     session.write(folder)
     (ref,) = find_sessions(str(folder))
     model = load_session(ref)
-    return Analysis(model, traced_throughout(model))
+    return Analysis(model)
 
 
 @dataclass

@@ -9,10 +9,9 @@ import pytest
 from synth import build_training_session
 from synth_whatif import analysed
 
-from tb_gpuadvisor.attribution.breakdown import compute_breakdown, op_key
+from tb_gpuadvisor.attribution.breakdown import compute_breakdown
+from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel, MemoryRecords,
     SessionModel, Steps,

@@ -39,27 +39,17 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.model import classify
+from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.trust.placement import grouped_steps, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
-    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
+    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
     HostModel, SessionModel, Steps,
 )
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.trust import Trust
-
-def op_key(op_name: str) -> str:
-    """The op's node name without its type suffix ("scope/MatMul:MatMul" -> "scope/MatMul").
-
-    Device events carry the TF op as "scope/name:Type" (or just the node name), host
-    events as "scope/name:Type"; comparing node names links the two.
-    """
-    base = op_name.split("#", 1)[0]
-    head, sep, tail = base.rpartition(":")
-    return head if sep and "/" not in tail else base
-
 
 @dataclass(frozen=True)
 class Category:
@@ -471,7 +461,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
-        host_ops=_set(activity.start_ps, activity.end_ps, host_ops_mask(host)),
+        host_ops=_set(activity.start_ps, activity.end_ps, host_ops_mask(host, steps)),
         launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))))
 
 
@@ -480,15 +470,13 @@ def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:
     return classes.eligible & ~classes.low_precision
 
 
-def host_ops_mask(host: HostModel) -> np.ndarray:
-    """Framework ops that ran on ``dev``'s host threads and launched no GPU work: while the GPU
+def host_ops_mask(host: HostModel, steps: Steps) -> np.ndarray:
+    """Framework ops that ran on the host's threads and launched no GPU work: while the GPU
     idles behind them it waits for host compute (op placement), not for launches."""
-    from tb_gpuadvisor.checks.op_placement import host_op_mask   # the check owns which ops count
-
-    gpus = [d for d in host.devices if d.device.kind == "gpu"]
     mask = host.activity.derived.get("host_ops")
     if mask is None:
-        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus)
+        gpus = [d for d in host.devices if d.device.kind == "gpu"]
+        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus, grouped_steps(steps))
     return mask
 
 
@@ -500,18 +488,12 @@ def host_device(host: HostModel) -> Device:
     return Device(name="/host:CPU", host=host.name, kind="cpu", index=0)
 
 
-def training_threads(activity: HostActivity) -> np.ndarray:
-    """Events on the threads that run the step (not tf.data's own producer threads)."""
-    pipeline = kernels.name_mask(activity.threads, classify.is_input_pipeline_thread)
-    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
-
-
 def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
     activity = host.activity
     start, end = activity.start_ps, activity.end_ps
     waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
-    step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & training_threads(activity)
+    step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
     return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))
@@ -548,7 +530,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         for host in {id(h): h for _, h in pairs}.values():   # per-host parts, before the threads share them
             _input_waits(host)
             launch_targets(host)
-            host_ops_mask(host)
+            host_ops_mask(host, steps)
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         with ThreadPoolExecutor(max_workers=THREADS) as pool:
             devices = list(pool.map(measure, pairs))

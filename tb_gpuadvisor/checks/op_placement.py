@@ -56,10 +56,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tb_gpuadvisor.attribution.whatif import HOST_OP_GPU_SPEEDUP
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.attribution.breakdown import op_key, training_threads
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, compute_op_mask
+from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, grouped_steps, host_op_mask, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
@@ -117,24 +117,6 @@ CHECK_GPU_VISIBLE = fixes.Remedy(
 )
 
 
-def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], grouped_steps: bool) -> np.ndarray:
-    """Framework op events of the step itself that executed on the host (dispatched no GPU work).
-
-    tf.data runs its map functions' ops ahead of the step: on its own threads, or on the
-    runtime's threads without the step's group id when the capture groups events by step.
-    Those are input work (input_bound's evidence), not misplaced model ops.
-    """
-    device_ops = {op_key(o) for dev in gpus for o in dev.ops}
-
-    def runs_on_host(name: str) -> bool:
-        return (":" in name and " " not in name and op_type(name) not in BOOKKEEPING_OPS
-                and op_key(name) not in device_ops)
-
-    table = name_mask(activity.names, runs_on_host)
-    mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
-    return mask & (activity.group_id >= 0) if grouped_steps else mask
-
-
 def _op_evidence(activity: HostActivity, idx: np.ndarray, gpu_types: set[str], steps: int) -> list[Evidence]:
     types = np.array([op_type(activity.names[i]) for i in activity.name[idx]], dtype=object).astype(str)
     uniq, inverse, counts = np.unique(types, return_inverse=True, return_counts=True)
@@ -177,7 +159,7 @@ def _host_only_ops(analysis: Analysis) -> Finding:
         counted = name_mask(types, lambda t: t not in BOOKKEEPING_OPS)
         stuck = name_mask(types, lambda t: t in HOST_ONLY_OPS)
         ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
-               & training_threads(activity) & counted[activity.name])
+               & step_threads(activity) & counted[activity.name])
         idx = np.flatnonzero(ops & stuck[activity.name])
         op_ps += int(activity.dur_ps[ops].sum())
         host_only_ps += int(activity.dur_ps[idx].sum())
@@ -222,8 +204,8 @@ def _model_on_host(analysis: Analysis) -> Finding:
         summary=summary,
         metrics={"host_op_percent": round(placement.host_op_percent, 2),
                  "host_op_ms_per_step": round(placement.host_op_ms_per_step, 3), "measured_on": "cpu"},
-        # On the GPU these ops would take a fraction of their host time (the stated GPU_SPEEDUP).
-        estimated_savings_ms_per_step=placement.host_op_ms_per_step * (1.0 - 1.0 / GPU_SPEEDUP),
+        # On the GPU these ops would take a fraction of their host time (the replay's stated speed-up).
+        estimated_savings_ms_per_step=placement.host_op_ms_per_step * (1.0 - 1.0 / HOST_OP_GPU_SPEEDUP),
         evidence=evidence, fixes=[CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])
 
 
@@ -244,7 +226,7 @@ def check(analysis: Analysis) -> Finding:
     host = analysis.primary_host
     gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
     activity = host.activity
-    idx = np.flatnonzero(host_op_mask(activity, gpus, bool(np.any(analysis.model.steps.group_id >= 0))))
+    idx = np.flatnonzero(host_op_mask(activity, gpus, grouped_steps(analysis.model.steps)))
     steps = analysis.steps_count
     host_ps = int(activity.dur_ps[idx].sum())
     gpu_ps = primary.total("compute")

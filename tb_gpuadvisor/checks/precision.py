@@ -36,7 +36,7 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
+from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, needs_gpu, register
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "precision"

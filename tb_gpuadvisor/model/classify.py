@@ -120,3 +120,14 @@ def framework_from_names(names: list[str], threads: list[str]) -> str:
     if jax:
         return "jax"
     return "unknown"
+
+
+def op_key(op_name: str) -> str:
+    """The op's node name without its type suffix ("scope/MatMul:MatMul" -> "scope/MatMul").
+
+    Device events carry the TF op as "scope/name:Type" (or just the node name), host
+    events as "scope/name:Type"; comparing node names links the two.
+    """
+    base = op_name.split("#", 1)[0]
+    head, sep, tail = base.rpartition(":")
+    return head if sep and "/" not in tail else base

@@ -64,9 +64,12 @@ class Trust:
 
     @property
     def covered(self) -> dict[str, Intervals]:
-        """Device name -> the time its trace covers: from the start of the capture (a device may
-        simply be idle at first) to its last event; devices that recorded nothing are absent."""
-        return {d.name: (np.array([0], np.int64), np.array([d.last_ps], np.int64))
+        """Device name -> the time its trace covers: the whole capture for a traced device (it may
+        simply be idle at either end), up to its last event for one that stopped early; devices
+        that recorded no kernel are absent."""
+        whole = np.iinfo(np.int64).max
+        return {d.name: (np.array([0], np.int64),
+                         np.array([d.last_ps if d.status == "stops_early" else whole], np.int64))
                 for d in self.devices if d.last_ps is not None and d.kernels}
 
     def covered_by(self, device_name: str) -> Intervals:

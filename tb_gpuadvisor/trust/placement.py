@@ -18,8 +18,11 @@ import numpy as np
 
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model.kernels import name_mask, op_type
-from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, HostActivity, HostEventKind, SessionModel, Steps
+from tb_gpuadvisor.model.timeline import (
+    PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, HostEventKind, SessionModel, Steps,
+)
 
 # Ops that move or describe data rather than compute; they run on the host by design.
 BOOKKEEPING_OPS = frozenset({
@@ -48,6 +51,29 @@ def compute_op_mask(activity: HostActivity) -> np.ndarray:
     """Framework op events on step threads that compute (not bookkeeping)."""
     computes = name_mask(activity.names, lambda n: op_type(n) not in BOOKKEEPING_OPS)
     return (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
+
+
+def grouped_steps(steps: Steps) -> bool:
+    """Whether the capture groups events by step (TensorFlow's group ids on the step markers)."""
+    return bool(np.any(steps.group_id >= 0))
+
+
+def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], grouped_steps: bool) -> np.ndarray:
+    """Framework op events of the step itself that executed on the host (dispatched no GPU work).
+
+    tf.data runs its map functions' ops ahead of the step: on its own threads, or on the
+    runtime's threads without the step's group id when the capture groups events by step.
+    Those are input work (input_bound's evidence), not misplaced model ops.
+    """
+    device_ops = {op_key(o) for dev in gpus for o in dev.ops}
+
+    def runs_on_host(name: str) -> bool:
+        return (":" in name and " " not in name and op_type(name) not in BOOKKEEPING_OPS
+                and op_key(name) not in device_ops)
+
+    table = name_mask(activity.names, runs_on_host)
+    mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
+    return mask & (activity.group_id >= 0) if grouped_steps else mask
 
 
 @dataclass
