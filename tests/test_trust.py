@@ -291,3 +291,18 @@ def test_one_step_with_autotuning_is_low_confidence(tmp_path):
     assert first_fix(tuned) == "profile_quality"
     quality = finding(tuned, "profile_quality")
     assert quality["severity"] == "warning" and "profile_batch=(10, 15)" in quality["fixes"][0]["code"]
+
+
+def test_bert_trace_without_heavy_kernels_is_partial(corpus):
+    """bert-8xv100: by hand, GPU:4 and GPU:6 each record 665 kernels, all Eigen element-wise
+    kernels and Philox random fills of the dropout masks (RandomUniform, GreaterEqual, Cast, Mul);
+    no GEMM, no convolution, for a BERT. The trace holds part of the step: what looks like idle
+    time on GPU:4 is unrecorded work, so nothing built on idle time is a confident first fix."""
+    session = report_of(corpus / "bert-8xv100")
+    trust = session["trust"]
+    assert trust["partial_device_trace"] and "no matrix multiply" in trust["missing_device_work"]
+    assert trust["replicas_traced_at_other_times"] == ["/device:GPU:6"]
+    for check in ("kernel_launch", "host_overhead", "input_bound", "memcpy"):
+        assert finding(session, check)["confidence"] == "low", check
+    assert first_fix(session) == "profile_quality"
+    assert 19.0 < session["steps"]["mean_ms"] < 21.5

@@ -161,11 +161,12 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
     issues: list[Issue] = []
     # A wholly lost GPU trace is explained on its own (see _placement_issues).
     partial = trust.partial_devices if trust.placement.where != "gpu_trace_lost" else []
-    if partial or trust.misaligned:
+    if partial or trust.misaligned or trust.missing_work:
         parts = [f"{d.name}: {d.note}" + (f" ({'; '.join(d.used_because)})" if d.used_because else "")
                  for d in partial]
         parts += [f"{name}: its work for the same steps was traced at another time than the primary GPU's"
                   for name in trust.misaligned]
+        parts += [trust.missing_work] if trust.missing_work else []
         used = f" The host drove {trust.expected_devices} device(s)." if trust.expected_devices else ""
         issues.append(Issue(
             Severity.WARNING, "Partial device trace",

@@ -25,7 +25,9 @@ import numpy as np
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.steps import assign_steps
 from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
-from tb_gpuadvisor.trust.coverage import DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas
+from tb_gpuadvisor.trust.coverage import (
+    DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work,
+)
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
 from tb_gpuadvisor.trust.windows import ExportCut, anchor_to_host_calls, cut_profiler_export, include_launched_work
@@ -61,6 +63,7 @@ class Trust:
     placement: Placement = field(default_factory=lambda: Placement("gpu"))
     single_step_atypical: list[str] = field(default_factory=list)
     expected_devices: int = 0
+    missing_work: str | None = None        # why the device trace holds only part of the steps' work
 
     @property
     def covered(self) -> dict[str, Intervals]:
@@ -87,7 +90,7 @@ class Trust:
 
     @property
     def partial(self) -> bool:
-        return bool(self.partial_devices or self.misaligned)
+        return bool(self.partial_devices or self.misaligned or self.missing_work)
 
     @property
     def export_excluded_ms(self) -> float:
@@ -113,6 +116,8 @@ class Trust:
             out["profiler_export_excluded_ms"] = round(self.export_excluded_ms, 3)
         if self.misaligned:
             out["replicas_traced_at_other_times"] = self.misaligned
+        if self.missing_work:
+            out["missing_device_work"] = self.missing_work
         if self.expected_devices:
             out["devices_the_host_used"] = self.expected_devices
         if self.placement.where not in ("gpu", "tpu"):
@@ -197,7 +202,7 @@ def assess(model: SessionModel) -> Trust:
     return Trust(candidates=candidates, steps=trusted, devices=devices,
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
                  placement=where_it_ran(model, trusted), single_step_atypical=single_step_evidence(model, trusted),
-                 expected_devices=expected_device_count(model))
+                 expected_devices=expected_device_count(model), missing_work=missing_heavy_work(model))
 
 
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,
@@ -232,6 +237,8 @@ def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, lis
             medium.append(f"the profiler dropped {dropped} events")
     if trust.placement.where == "gpu_trace_lost" and aspect in ("idle", "kernels", "replicas"):
         low.append("the GPU trace is empty although the model ran on the GPU: device time is unknown")
+    if trust.missing_work and aspect in ("idle", "kernels"):
+        low.append(trust.missing_work + ": device idle time and kernel shares may be unrecorded work")
     partial = trust.partial_devices
     if aspect == "replicas" and (partial or trust.misaligned):
         names = [d.name for d in partial] + trust.misaligned

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
 )
@@ -183,6 +184,35 @@ def _step_spans(dev: DeviceActivity, n: int) -> tuple[np.ndarray, np.ndarray]:
     np.minimum.at(lo, dev.step[inside], dev.start_ps[inside])
     np.maximum.at(hi, dev.step[inside], dev.end_ps[inside])
     return lo, hi
+
+
+# Kernels that do a model's heavy math, by name, when the op that ran them is not recorded
+# (cuBLAS/cuDNN/CUTLASS, XLA dot/conv fusions, AMD Tensile "Cijk" GEMMs).
+_HEAVY_KERNEL = re.compile(r"gemm|cutlass|xmma|wgmma|nvjet|Cijk|cudnn|winograd|implicit_convolve|conv[23]d|"
+                           r"convolution|wgrad|dgrad|fft2d|\bdot\b|dot_fusion|gemm_fusion|matmul",
+                           re.IGNORECASE)
+# Eigen's element-wise kernels spell their functors into the name ("scalar_conversion_op"...).
+_ELEMENTWISE = "Eigen::internal::EigenMetaKernel"
+
+
+def missing_heavy_work(model: SessionModel) -> str | None:
+    """Why the GPU trace seems to hold only part of the steps' work, or None.
+
+    A training or inference step multiplies matrices or convolves; a GPU trace whose kernels
+    include no matrix multiply or convolution at all recorded some other part of the step
+    (in one corpus BERT capture, only its dropout masks), so the device's idle time there is
+    unrecorded work, not idleness."""
+    gpus = model.active_gpus
+    if not gpus:
+        return None
+    for dev in gpus:
+        classes = kernels.classify(dev)
+        heavy = kernels.name_mask(dev.names, lambda n: _ELEMENTWISE not in n and bool(_HEAVY_KERNEL.search(n)))[dev.name]
+        if np.any(classes.kernel & (classes.eligible | classes.tensor_core | heavy)):
+            return None
+    n = sum(int(np.count_nonzero(kernels.classify(d).kernel)) for d in gpus)
+    return (f"the {n} GPU kernels recorded include no matrix multiply or convolution, so the trace holds "
+            "only part of the steps' device work")
 
 
 def expected_device_count(model: SessionModel) -> int:
