@@ -442,6 +442,11 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
 _INPUT_SEND = re.compile(r"IteratorGetNext[^:]*:_Send|^_Send input \d+ from \S*CPU\S* to \S*GPU")
 
 
+# One op executed eagerly ("EagerLocalExecute: Conv2D"); calls of whole functions ("__inference_...")
+# wrap the step and are not one op.
+_EAGER_OP = re.compile(r"EagerLocalExecute: (?!__)")
+
+
 def _input_waits(host: HostModel) -> Intervals:
     """When the host waited on tf.data or handed its batch to the device; shared by every device
     of the host, built once."""
@@ -511,7 +516,10 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     start, end = activity.start_ps, activity.end_ps
     waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
-    step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & training_threads(activity)
+    # Eagerly executed ops (a step not in tf.function) are compute too.
+    eager = kernels.name_mask(activity.names, _EAGER_OP.match)[activity.name] if activity.names \
+        else np.zeros(len(activity), bool)
+    step_ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & training_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
     return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))
