@@ -218,7 +218,8 @@ class Breakdown:
         if primary is None or not len(self.steps):
             return {"shares": {}, "median_step": None}
         kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
-        counts = np.bincount(self.bounds(), minlength=len(kinds))
+        bounds = self.bounds()
+        counts = np.bincount(bounds, minlength=len(kinds))
         shares = {kind: round(100.0 * int(c) / len(self.steps), 1) for kind, c in zip(kinds, counts) if c}
         order = np.argsort(primary.duration, kind="stable")
         median = int(order[(order.size - 1) // 2])
@@ -226,7 +227,7 @@ class Breakdown:
         ranges = _labelled_ranges(primary.sets, lo, hi)
         return {"shares": shares, "median_step": {
             "step": int(self.steps.number[median]), "start_ms": _ms(lo), "end_ms": _ms(hi),
-            "bound_by": kinds[int(self.bounds()[median])], "ranges": ranges}}
+            "bound_by": kinds[int(bounds[median])], "ranges": ranges}}
 
     def to_json(self) -> dict:
         primary = self.primary
