@@ -208,7 +208,8 @@ class Breakdown:
         if primary is None or not len(self.steps):
             return {"shares": {}, "median_step": None}
         kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
-        counts = np.bincount(self.bounds(), minlength=len(kinds))
+        bounds = self.bounds()
+        counts = np.bincount(bounds, minlength=len(kinds))
         shares = {kind: round(100.0 * int(c) / len(self.steps), 1) for kind, c in zip(kinds, counts) if c}
         order = np.argsort(primary.duration, kind="stable")
         median = int(order[(order.size - 1) // 2])
@@ -216,7 +217,7 @@ class Breakdown:
         ranges = _labelled_ranges(primary.sets, lo, hi)
         return {"shares": shares, "median_step": {
             "step": int(self.steps.number[median]), "start_ms": _ms(lo), "end_ms": _ms(hi),
-            "bound_by": kinds[int(self.bounds()[median])], "ranges": ranges}}
+            "bound_by": kinds[int(bounds[median])], "ranges": ranges}}
 
     def to_json(self) -> dict:
         primary = self.primary
@@ -432,6 +433,11 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
 _INPUT_SEND = re.compile(r"IteratorGetNext[^:]*:_Send|^_Send input \d+ from \S*CPU\S* to \S*GPU")
 
 
+# One op executed eagerly ("EagerLocalExecute: Conv2D"); calls of whole functions ("__inference_...")
+# wrap the step and are not one op.
+_EAGER_OP = re.compile(r"EagerLocalExecute: (?!__)")
+
+
 def _input_waits(host: HostModel) -> Intervals:
     """When the host waited on tf.data or handed its batch to the device; shared by every device
     of the host, built once."""
@@ -493,7 +499,10 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     start, end = activity.start_ps, activity.end_ps
     waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
-    step_ops = (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity)
+    # Eagerly executed ops (a step not in tf.function) are compute too.
+    eager = kernels.name_mask(activity.names, _EAGER_OP.match)[activity.name] if activity.names \
+        else np.zeros(len(activity), bool)
+    step_ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & step_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
     return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))

@@ -82,11 +82,10 @@ class Scenario:
 class _Chain:
     """One device's in-step events in start order, ready to replay."""
 
-    part: DeviceBreakdown
     step: np.ndarray            # int32 step index per event
-    anchored: np.ndarray        # bool: released by the host at its observed start
-    release: np.ndarray         # int64, _FREE when only device order holds it
-    gap: np.ndarray             # device-side gap folded into a non-anchored event
+    release: np.ndarray         # int64: the observed start of an event the host released after the
+                                # device went idle, its launch's end, or _FREE (device order only)
+    gap: np.ndarray             # device-side gap folded into an event the host did not hold back
     own: np.ndarray             # the event's exclusive share of busy time
     classes: dict[str, np.ndarray]
     speedup: float
@@ -111,7 +110,7 @@ def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
 
 
-def _chain(dev: DeviceActivity, host: HostModel, part: DeviceBreakdown, n_steps: int) -> _Chain:
+def _chain(dev: DeviceActivity, host: HostModel, n_steps: int) -> _Chain:
     idx = np.flatnonzero(dev.step >= 0)
     start, end = dev.start_ps[idx], dev.end_ps[idx]
     running = np.maximum.accumulate(end)
@@ -132,7 +131,7 @@ def _chain(dev: DeviceActivity, host: HostModel, part: DeviceBreakdown, n_steps:
     cls = kernels.classify(dev)
     classes = {
         "fp32_eligible": fp32_eligible(cls)[idx],
-        "off_tensor_core": ((cls.eligible | cls.tensor_core) & ~cls.tensor_core)[idx],
+        "off_tensor_core": (cls.eligible & ~cls.tensor_core)[idx],
         "copy": dev.mask(*COPY_KINDS)[idx],
     }
     sync_start, sync_end = _waits(host, dev, idx)
@@ -144,7 +143,7 @@ def _chain(dev: DeviceActivity, host: HostModel, part: DeviceBreakdown, n_steps:
     same_step = (last_wait >= 0) & (sync_event[np.clip(last_wait, 0, None)] >= 0) & \
         (steps_of_wait[np.clip(last_wait, 0, None)] == dev.step[idx]) if sync_end.size else np.zeros(idx.size, bool)
     sync_index = np.where(held & same_step, last_wait, -1)
-    chain = _Chain(part, dev.step[idx], anchored, release.astype(np.int64), np.where(anchored, 0, gap),
+    chain = _Chain(dev.step[idx], release.astype(np.int64), np.where(anchored, 0, gap),
                    own, classes, kernels.tensor_core_speedup(dev.device), running, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
     chain.base_end = _last_end(chain, _solve(release, chain.gap + own), n_steps)
@@ -194,7 +193,7 @@ class Replay:
         for part in breakdown.devices:
             dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
             usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
-            self.chains.append(_chain(dev, hosts[part.host], part, n) if usable else None)
+            self.chains.append(_chain(dev, hosts[part.host], n) if usable else None)
         # Removable time per (device, category, kind of window): the windows of a chain do not
         # depend on the scenario, so each is measured once and scenarios only weigh them.
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}
