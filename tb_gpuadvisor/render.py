@@ -15,6 +15,13 @@ _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info", "ok": " ok ", "n
 _EMOJI = {"critical": "🔴", "warning": "🟠", "info": "🔵", "ok": "🟢", "not_applicable": "⚪"}
 
 
+
+def _bound_line(bottleneck: dict) -> str:
+    """What bounded the steps, e.g. "device compute in 100% of the steps (see xla_ops, ...)"."""
+    checks = ", ".join(bottleneck.get("checks") or [])
+    return (f"{bottleneck['bound_by']} in {bottleneck['share_of_steps']:.0f}% of the steps"
+            + (f" (see {checks})" if checks else ""))
+
 def _device_line(dev: dict) -> str:
     parts = [dev["name"]]
     if dev.get("model"):
@@ -126,6 +133,8 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
     for err in session["errors"]:
         where = err.get("host") or err.get("check") or "session"
         out.append(f"  ERROR [{where}]: {err['message']}")
+    if session.get("bottleneck"):
+        out.append("  bound by: " + _bound_line(session["bottleneck"]))
     if session.get("first_fix"):
         out.append("  fix first: " + session["first_fix"]["why"])
     findings = session["findings"]
@@ -171,6 +180,8 @@ def render_markdown(report: dict) -> str:
         for err in session["errors"]:
             out.append(f"- ⛔ **Error** ({md_escape(err.get('host') or err.get('check') or 'session')}): "
                        f"{md_escape(err['message'])}")
+        if session.get("bottleneck"):
+            out.append(f"- **Bound by:** {md_escape(_bound_line(session['bottleneck']))}")
         if session.get("first_fix"):
             out.append(f"- **Fix first:** {md_escape(session['first_fix']['why'])}")
         out.append("")

@@ -50,14 +50,34 @@ def _devices_json(model: SessionModel) -> list[dict]:
     return out
 
 
-def rank_findings(findings: list[Finding]) -> list[Finding]:
+# The checks that describe each kind of step bound (attribution.breakdown.BOUND_GROUPS' kinds).
+BOUND_CHECKS = {
+    "device compute": ("xla_ops", "precision", "tensor_core"), "host": ("op_placement", "kernel_launch", "host_overhead"),
+    "input": ("input_bound",), "copies": ("memcpy",), "communication": ("multi_gpu_imbalance", "collectives"),
+}
+
+
+def rank_findings(findings: list[Finding], bound: str | None = None) -> list[Finding]:
     """Actionable findings the capture supports first, biggest estimated saving first; then
-    low-confidence actionable ones; then by severity."""
+    low-confidence actionable ones; then by severity, the findings about what bounds the steps
+    (BOUND) first among equals, so a compute-bound step leads with the kernels that bound it."""
+    describes_bound = BOUND_CHECKS.get(bound or "", ())
+
     def key(f: Finding) -> tuple:
         actionable = f.severity in ACTIONABLE
         return (not actionable, f.confidence == "low", -f.estimated_savings_ms_per_step if actionable else 0.0,
-                -f.severity.weight, f.check)
+                -f.severity.weight, f.check not in describes_bound, f.check)
     return sorted(findings, key=key)
+
+
+def bottleneck(analysis: Analysis) -> dict | None:
+    """What bounded the trusted steps, as a share of steps (from the attribution)."""
+    shares = analysis.breakdown.critical_path()["shares"]
+    if not shares:
+        return None
+    kind, share = max(shares.items(), key=lambda kv: kv[1])
+    return {"bound_by": kind, "share_of_steps": share,
+            "checks": list(BOUND_CHECKS.get(kind, ()))}
 
 
 # What each check's numbers rest on (see trust.confidence); checks not listed rest on the
@@ -101,7 +121,8 @@ def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
 WHAT_IF_FIXES = 3
 
 
-def reconcile_savings(analysis: Analysis, ranked: list[Finding]) -> tuple[list[Finding], dict | None]:
+def reconcile_savings(analysis: Analysis, ranked: list[Finding],
+                      bound: str | None = None) -> tuple[list[Finding], dict | None]:
     """Make the findings' savings disjoint (attribution/whatif.py), re-rank, and predict the
     step with the top fixes applied together (the session's ``what_if``)."""
     if not analysis.steps_count:
@@ -112,7 +133,7 @@ def reconcile_savings(analysis: Analysis, ranked: list[Finding]) -> tuple[list[F
         finding.estimated_savings_ms_per_step = share
         if finding.check in what_if.scenarios:
             finding.severity = analysis.gated(finding.severity, share)
-    ranked = rank_findings(ranked)
+    ranked = rank_findings(ranked, bound)
     top = [f for f in ranked if f.severity in ACTIONABLE and f.estimated_savings_ms_per_step > 0][:WHAT_IF_FIXES]
     if not top:
         return ranked, None
@@ -161,9 +182,14 @@ def session_json(model: SessionModel) -> dict:
     attach_confidence(findings, analysis)
     for finding in findings:   # fixes in the user's own framework
         finding.fixes = fixes.for_framework(finding.fixes, model.framework)
-    ranked = rank_findings(findings)
     try:
-        ranked, out["what_if"] = reconcile_savings(analysis, ranked)
+        out["bottleneck"] = bottleneck(analysis)
+    except Exception as err:
+        errors.append({"message": f"critical path failed: {err!r}"})
+    bound = (out.get("bottleneck") or {}).get("bound_by")
+    ranked = rank_findings(findings, bound)
+    try:
+        ranked, out["what_if"] = reconcile_savings(analysis, ranked, bound)
     except Exception as err:
         errors.append({"message": f"what-if replay failed: {err!r}"})
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]

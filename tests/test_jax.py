@@ -91,6 +91,10 @@ def test_te_fused_attn_is_compute_bound_and_names_its_kernels(corpus):
     kernels = [e for e in finding["evidence"] if e["kind"] == "kernel"]
     assert "FmhaBwdDQDKDVKernel" in kernels[0]["name"] and "35.3% of device time" in kernels[0]["detail"]
     assert "FmhaFwdKernel" in kernels[1]["name"]
+    # compute-bound: the report leads with that, and launch (0.1 ms of a 2.6 ms step) is no warning
+    assert session["bottleneck"]["bound_by"] == "device compute"
+    assert session["findings"][0]["check"] == "xla_ops"
+    assert _finding(session, "kernel_launch")["severity"] not in ("warning", "critical")
 
 
 def test_tpu_step_time_comes_from_the_device(corpus):

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 # A finding is only worth acting on when its fix gains real time: a warning needs a replayed
 # saving of at least this share of the mean step (and ACTIONABLE_MIN_MS), a critical one
 # CRITICAL_GAIN_SHARE. Below that a high metric is reported as info: the time it describes is
-# not on the step's critical path (e.g. faster kernels on a GPU that mostly waits for the host).
-WARNING_GAIN_SHARE = 0.03
+# not on the step's critical path (e.g. faster kernels on a GPU that mostly waits for the host),
+# or too small to be worth a change (a launch gain of 0.1 ms on a compute-bound 2.6 ms step).
+WARNING_GAIN_SHARE = 0.04
 CRITICAL_GAIN_SHARE = 0.10
-ACTIONABLE_MIN_MS = 0.01
+ACTIONABLE_MIN_MS = 0.05
 
 
 @dataclass
