@@ -12,7 +12,8 @@ Each check's time is its main ``*_ms_per_step`` metric (``MAIN_MS``), else its
 ``estimated_savings_ms_per_step``. When both sessions give a different ``steps.batch_size``,
 times are divided by it (ms per example). A change counts only beyond the **noise band**:
 ``NOISE_SIGMAS`` standard errors of the difference of the two mean step times (from each
-side's ``std_ms`` and step count), and at least ``NOISE_FLOOR_PERCENT`` of the longer step.
+side's ``std_ms`` and step count), and at least ``NOISE_FLOOR_PERCENT`` of the longer step for a
+check's time, ``STEP_NOISE_FLOOR_PERCENT`` for the step itself.
 
 Status of a check with a time: more time beyond the band is ``new`` (a problem now, not
 before) or ``worse``; less time beyond the band is ``fixed`` (a problem before, not now) or
@@ -35,6 +36,9 @@ from tb_gpuadvisor.render import md_escape, printable
 
 NOISE_SIGMAS = 2.0          # standard errors of the difference of the means
 NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitter
+# The step as a whole: two runs of the same job differ by several percent (scheduling, clocks,
+# other processes) however steady each capture is, so a smaller change of the step is no evidence.
+STEP_NOISE_FLOOR_PERCENT = 10.0
 
 # check id -> the share it reports (for display), and the metric holding its time per step;
 # None: the check measures no time (memory peak, capture quality).
@@ -189,13 +193,16 @@ def compare_sessions(base: dict, new: dict) -> dict:
     comparable = bool(base_ms and new_ms)
     delta_ms = round(new_ms - base_ms, 3) if comparable else None
     delta_percent = round(100.0 * (new_ms - base_ms) / base_ms, 2) if comparable else None
-    step_status = (_by_time(new_ms / divisors[1] - base_ms / divisors[0], band, None, None)
+    step_band = max(band, STEP_NOISE_FLOOR_PERCENT / 100 * max(base_ms / divisors[0], new_ms / divisors[1])) \
+        if comparable else band
+    step_status = (_by_time(new_ms / divisors[1] - base_ms / divisors[0], step_band, None, None)
                    if comparable else None)
     return {
         "base": {"run": base.get("run"), "session": base.get("session"), "step_ms": base_ms},
         "new": {"run": new.get("run"), "session": new.get("session"), "step_ms": new_ms},
         "unit": unit,
-        "noise_band": round(band, 4) if comparable else None,
+        "noise_band": round(step_band, 4) if comparable else None,
+        "check_noise_band": round(band, 4),
         "step_time_delta_ms": delta_ms,
         "step_time_delta_percent": delta_percent,
         "step_status": step_status,
