@@ -17,6 +17,7 @@ built on first use, on the Keras that TensorFlow uses (Keras 3, or Keras 2 from
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -52,10 +53,10 @@ def _task(model: Any) -> tuple[str | None, int | None, dict | None]:
 
 
 def _tf_tracer() -> Tracer:
-    """TensorFlow's profiler, with each step marked the way a custom training loop marks it."""
-    import tensorflow as tf
+    """TensorFlow's profiler, with each step marked the way a custom training loop marks it.
 
-    profiler = tf.profiler.experimental
+    TensorFlow is loaded here, on first use, never when this module is imported."""
+    profiler = importlib.import_module("tensorflow").profiler.experimental
     return Tracer(start=lambda log_dir: profiler.start(log_dir), stop=profiler.stop,
                   step_marker=lambda step: profiler.Trace("train", step_num=step, _r=1))
 
