@@ -94,6 +94,10 @@ BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "co
                 "input": "input", "launch": "host", "host": "host"}
 
 
+# The interval sets checks read under the breakdown's original names.
+LEGACY_SETS = {"input_set": "input", "launch_set": "launch", "other_set": "other_host", "copy_set": "copy"}
+
+
 @dataclass
 class DeviceBreakdown:
     """Per-step time split of one device; ``parts`` maps every category key to int64
@@ -125,26 +129,13 @@ class DeviceBreakdown:
         keys = LEGACY_PARTS[name]
         return np.sum([self.parts[k] for k in keys], axis=0).astype(np.int64)
 
-    def __getattr__(self, name: str) -> np.ndarray:
+    def __getattr__(self, name: str) -> np.ndarray | Intervals:
+        """The original parts as attributes (``.input``) and their interval sets (``.input_set``)."""
         if name in LEGACY_PARTS:
             return self.part(name)
+        if name in LEGACY_SETS:
+            return self.sets[LEGACY_SETS[name]]
         raise AttributeError(name)
-
-    @property
-    def input_set(self) -> Intervals:
-        return self.sets["input"]
-
-    @property
-    def launch_set(self) -> Intervals:
-        return self.sets["launch"]
-
-    @property
-    def other_set(self) -> Intervals:
-        return self.sets["other_host"]
-
-    @property
-    def copy_set(self) -> Intervals:
-        return self.sets["copy"]
 
     @property
     def idle(self) -> np.ndarray:
