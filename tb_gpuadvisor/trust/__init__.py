@@ -19,6 +19,7 @@ The model holds every step candidate the markers gave. This stage decides, in or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class Trust:
     expected_devices: int = 0
     missing_work: str | None = None        # why the device trace holds only part of the steps' work
 
-    @property
+    @cached_property
     def covered(self) -> dict[str, Intervals]:
         """Device name -> the time its trace covers: the whole capture for a traced device (it may
         simply be idle at either end), up to its last event for one that stopped early; devices
