@@ -31,6 +31,7 @@ setup(
         "tb_gpuadvisor.trust",
         "tb_gpuadvisor.attribution",
         "tb_gpuadvisor.checks",
+        "tb_gpuadvisor.multihost",
         "tb_gpuadvisor.frontend",
     ],
     package_dir={"tb_gpuadvisor.frontend": "frontend"},

@@ -87,7 +87,7 @@ def _unanalysed(sessions: list[dict]) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.render import render_markdown, render_text
-    from tb_gpuadvisor.report import build_report
+    from tb_gpuadvisor.multihost import build_report
 
     report = build_report(_sessions(args.path), args.jobs)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
@@ -108,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.compare import (
         compare_sessions, has_regression, render_comparison_markdown, render_comparison_text,
     )
-    from tb_gpuadvisor.report import analyze_session
+    from tb_gpuadvisor.multihost import analyze_session
 
     sessions = [analyze_session(_one_session(args.base)), analyze_session(_one_session(args.new))]
     result = compare_sessions(*sessions)

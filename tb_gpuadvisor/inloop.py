@@ -418,7 +418,7 @@ def main(argv: list[str]) -> int:
     """The analysis process: one session folder in, the report JSON out."""
     _limit_self(memory_limit_mb())
     from tb_gpuadvisor.discovery import find_sessions
-    from tb_gpuadvisor.report import build_report
+    from tb_gpuadvisor.multihost import build_report
 
     json.dump(build_report(find_sessions(argv[0])), sys.stdout)
     return 0

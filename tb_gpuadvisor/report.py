@@ -1,8 +1,8 @@
-"""From a session on disk to the contract's session object (see shared/design/contract.md).
+"""From a session model to the contract's session object (see shared/design/contract.md).
 
-``analyze_session`` never raises for a bad capture: unreadable hosts, a check
-that fails, or a session with no steps become entries in ``errors`` and the
-rest of the report is still produced, so one bad session never hides others.
+``session_json`` never raises for a bad capture: a check that fails, or a session
+with no steps, become entries in ``errors`` and the rest of the report is still
+produced. Reading the files and joining many hosts is tb_gpuadvisor.multihost's job.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, fixes
-from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.metadata import SCHEMA_VERSION
-from tb_gpuadvisor.model import PS_PER_MS, SessionModel, load_session
+from tb_gpuadvisor.model import PS_PER_MS, SessionModel
 from tb_gpuadvisor.trust import Trust, confidence
 
 # Findings a user should act on, in the order they are ranked before savings.
@@ -197,28 +195,3 @@ def session_json(model: SessionModel) -> dict:
     out["errors"] = errors + check_errors
     out["warnings"] = list(model.warnings)
     return out
-
-
-def analyze_session(ref: SessionRef) -> dict:
-    """The contract session object for REF; problems become ``errors`` entries."""
-    try:
-        model = load_session(ref)
-    except Exception as err:  # never let one session take the whole report down
-        return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
-                "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
-                "errors": [{"message": f"could not analyse the session: {err!r}"}], "warnings": []}
-    if not model.hosts:
-        return dict(session_json(model), hosts=list(ref.hosts))
-    return session_json(model)
-
-
-def build_report(refs: list[SessionRef], jobs: int = 1) -> dict:
-    """The contract's report for several sessions, analysed in JOBS processes when asked."""
-    if jobs > 1 and len(refs) > 1 and all(ref.fs is None for ref in refs):
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            sessions = list(pool.map(analyze_session, refs))
-    else:
-        sessions = [analyze_session(ref) for ref in refs]
-    return {"schema_version": SCHEMA_VERSION, "sessions": sessions}

@@ -328,7 +328,7 @@ class AdvisorService:
 
     def _analyzer(self) -> Analyzer:
         if self._analyze is None:
-            from tb_gpuadvisor.report import analyze_session
+            from tb_gpuadvisor.multihost import analyze_session
 
             self._analyze = analyze_session
         return self._analyze

@@ -10,7 +10,7 @@ import sys
 import pytest
 from synth import build_training_session, write_bad_session
 
-from tb_gpuadvisor import report as report_module
+from tb_gpuadvisor import multihost as report_module
 from tb_gpuadvisor.cli import main
 
 

@@ -11,7 +11,7 @@ from tb_gpuadvisor.compare import (
     render_comparison_text,
 )
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 
 def finding(check: str, severity: str, savings: float = 0.0, **metrics) -> dict:

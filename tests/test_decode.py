@@ -7,7 +7,7 @@ import pytest
 from synth import build_training_session, truncated
 
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.xspace import decode
 from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
 

@@ -22,7 +22,7 @@ import pytest
 from demo.serve import MissingToolsCache
 
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("healthy", "input_bound", "host_overhead", "launch_bound",

@@ -23,7 +23,7 @@ import pytest
 import synth
 from tb_gpuadvisor.model.pipeline import Pipeline, Stage, _user_facts, dataset_ops
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = ("bare", "tuned", "injected")

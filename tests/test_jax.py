@@ -24,7 +24,7 @@ from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import HostEventKind, hlo
 from tb_gpuadvisor.model.classify import host_event_kind
 from tb_gpuadvisor.model.kernels import is_tensor_core_kernel
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
 JAX_CAPTURES = ("jax-mi300x-amd", "jax-mi355x-amd", "jax-tpu-v6e")

@@ -6,7 +6,7 @@ import re
 
 from synth_jax import ATTENTION_STEP, CONV_STEP, build_jax_session
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 TF_WORDS = re.compile(r"\btf\.|keras|tensorflow|TF_[A-Z]|model\.compile|steps_per_execution")
 

@@ -20,7 +20,7 @@ import pytest
 
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import HostEventKind, load_session
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
 KERAS_PROFILE_BATCHES = (3, 5)   # 1-based batches given to the callback

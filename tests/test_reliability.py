@@ -20,7 +20,7 @@ from test_service import _write as make_session
 from tb_gpuadvisor import service
 from tb_gpuadvisor.discovery import find_sessions, resolve_session
 from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.xspace import decode
 from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, index_space
 from tb_gpuadvisor.xspace.schema import XSpace

@@ -7,7 +7,8 @@ from synth import build_training_session
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
 from tb_gpuadvisor.checks.base import Check
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session, rank_findings
+from tb_gpuadvisor.multihost import analyze_session
+from tb_gpuadvisor.report import rank_findings
 
 
 def _finding(check: str, severity: Severity, saving: float) -> Finding:

@@ -17,7 +17,7 @@ import pytest
 
 from tb_gpuadvisor.compare import compare_sessions, has_regression
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH, FEATURES, HIDDEN = 256, 256, (1024, 1024)

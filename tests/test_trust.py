@@ -14,7 +14,7 @@ from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.report import analyze_session
+from tb_gpuadvisor.multihost import analyze_session
 
 
 all_checks()   # fills REGISTRY
