@@ -8,10 +8,15 @@ capture: unreadable hosts, a failed check or a session with no steps become
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.report import session_json
+
+if TYPE_CHECKING:
+    from tb_gpuadvisor.multihost.engine import Engine
 
 
 def failed_session(ref: SessionRef, message: str) -> dict:
@@ -21,8 +26,9 @@ def failed_session(ref: SessionRef, message: str) -> dict:
             "errors": [{"message": message}], "warnings": []}
 
 
-def analyze_session(ref: SessionRef) -> dict:
-    """The contract session object for REF; problems become ``errors`` entries."""
+def analyze_session(ref: SessionRef, engine: "Engine | None" = None) -> dict:
+    """The contract session object for REF; problems become ``errors`` entries. ENGINE runs
+    the per-host work (multihost.engine; None: this machine's processes)."""
     try:
         model = load_session(ref)
     except Exception as err:  # never let one session take the whole report down
@@ -32,7 +38,7 @@ def analyze_session(ref: SessionRef) -> dict:
     return session_json(model)
 
 
-def build_report(refs: list[SessionRef], jobs: int = 1) -> dict:
+def build_report(refs: list[SessionRef], jobs: int = 1, engine: "Engine | None" = None) -> dict:
     """The contract's report for several sessions, analysed in JOBS processes when asked."""
     if jobs > 1 and len(refs) > 1 and all(ref.fs is None for ref in refs):
         from concurrent.futures import ProcessPoolExecutor
