@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, Labeller, StepScale
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -75,16 +75,32 @@ FIXES = [
 
 
 @dataclass
-class _GpuCollectives:
-    """One GPU's collective work inside the steps (times in ps, totals over all steps)."""
+class GpuCollectives:
+    """One GPU's collective work inside the steps (times in ps, totals over all steps), small
+    enough to travel from a host's analysis to the merge of a many-host session."""
 
-    dev: DeviceActivity
-    mask: np.ndarray          # collective events in steps
+    label: str
+    device: str
+    host: str
     busy_ps: int
     exposed_ps: int           # collective time not overlapped by the GPU's compute
     allreduce_calls: int
     calls: int
     allreduce_ps: int
+    top: list[tuple[str, int, int]]                   # (kernel, ps, calls) of the longest-running kinds
+    longest: tuple[str, int, int, int] | None        # (kernel, ps, start_ps, end_ps) of the longest call
+
+
+@dataclass
+class Collectives:
+    """What the collectives judgement needs, however it was measured."""
+
+    rows: list[GpuCollectives]
+    windows: int
+    step_ps: float            # sum of the step windows
+    transfer_ms: float        # per step, mean over replicas
+    waiting_ms: float
+    param_bytes: int | None
 
 
 def parameter_bytes(model: SessionModel) -> int | None:
@@ -109,31 +125,61 @@ def parameter_bytes(model: SessionModel) -> int | None:
     return None
 
 
-@register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
-def check(analysis: Analysis) -> Finding:
+def measure_gpu(dev: DeviceActivity, model: SessionModel, label: str) -> GpuCollectives:
+    cls = kernels.classify(dev)
+    keep = kernels.in_steps(dev, model)
+    coll = cls.collective & keep
+    compute = cls.kernel & keep
+    allreduce = cls.allreduce & keep
+    coll_busy = intervals.union(dev.start_ps[coll], dev.end_ps[coll])
+    exposed = intervals.subtract(coll_busy, intervals.union(dev.start_ps[compute], dev.end_ps[compute]))
+    top = [(dev.names[name_idx], int(dur), int(count))
+           for name_idx, dur, count in kernels.top_by_time(dev.name[coll], dev.dur_ps[coll], TOP)]
+    longest = None
+    if coll.any():
+        i = int(np.flatnonzero(coll)[np.argmax(dev.dur_ps[coll])])
+        longest = (dev.names[dev.name[i]], int(dev.dur_ps[i]), int(dev.start_ps[i]), int(dev.end_ps[i]))
+    return GpuCollectives(label, dev.device.name, dev.device.host, intervals.total(coll_busy),
+                          intervals.total(exposed), int(allreduce.sum()), int(coll.sum()),
+                          int(dev.dur_ps[allreduce].sum()), top, longest)
+
+
+def replica_parts_ms(analysis: Analysis) -> tuple[float, float]:
+    """Collective transfer and waiting, ms per step, mean over the measured replicas."""
+    parts = analysis.breakdown.devices
+    if analysis.breakdown.device_kind != "gpu" or not parts:
+        return 0.0, 0.0
+    return (sum(analysis.ms_per_step(dev.total("collective_transfer")) for dev in parts) / len(parts),
+            sum(analysis.ms_per_step(dev.total("collective_wait")) for dev in parts) / len(parts))
+
+
+def measure(analysis: Analysis, label: Labeller | None = None) -> Collectives | Finding:
     model = analysis.model
     active = analysis.comparable_gpus
     if not active:
         return needs_gpu(CHECK_ID, "collectives")
-    lo, hi, steps = kernels.step_windows(model)
-    step_ps = float((hi - lo).sum())
-    rows = []
-    for dev in active:
-        cls = kernels.classify(dev)
-        keep = kernels.in_steps(dev, model)
-        coll = cls.collective & keep
-        compute = cls.kernel & keep
-        allreduce = cls.allreduce & keep
-        coll_busy = intervals.union(dev.start_ps[coll], dev.end_ps[coll])
-        exposed = intervals.subtract(coll_busy, intervals.union(dev.start_ps[compute], dev.end_ps[compute]))
-        rows.append(_GpuCollectives(dev, coll, intervals.total(coll_busy), intervals.total(exposed),
-                                    int(allreduce.sum()), int(coll.sum()), int(dev.dur_ps[allreduce].sum())))
+    lo, hi, windows = kernels.step_windows(model)
+    label = label or analysis.label
+    return Collectives([measure_gpu(dev, model, label(dev)) for dev in active], windows,
+                       float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model))
+
+
+@register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
+def check(analysis: Analysis) -> Finding:
+    measured = measure(analysis)
+    return measured if isinstance(measured, Finding) else judge(measured, analysis)
+
+
+def judge(measured: Collectives, scale: StepScale) -> Finding:
+    """The finding from every replica's collective time."""
+    rows, steps, step_ps = measured.rows, measured.windows, measured.step_ps
+    transfer_ms, waiting_ms = measured.transfer_ms, measured.waiting_ms
     if not any(row.calls for row in rows):
-        if len(active) < 2:
+        if len(rows) < 2:
             return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Single GPU: no collectives",
                            "One GPU ran all the work, so there is no gradient communication to assess.")
         return Finding(CHECK_ID, Severity.OK, "No collective kernels found",
-                       f"{len(active)} GPUs ran kernels but none was an NCCL/AllReduce collective inside "
+                       f"{len(rows)} GPUs ran kernels but none was an NCCL/AllReduce collective inside "
                        "the profiled steps.", {"collective_percent": 0.0, "allreduce_calls_per_step": 0.0})
     n = len(rows)
     percent = 100.0 * sum(row.busy_ps for row in rows) / n / step_ps if step_ps else 0.0
@@ -143,16 +189,10 @@ def check(analysis: Analysis) -> Finding:
     metrics = {"collective_percent": round(percent, 2), "exposed_collective_percent": round(exposed_percent, 2),
                "allreduce_calls_per_step": round(calls, 2),
                "collective_ms_per_step": round(sum(row.busy_ps for row in rows) / n / steps / PS_PER_MS, 3)}
-    # The replica that waited least spent about the transfer itself in its collectives.
-    parts = analysis.breakdown.devices
-    transfer_ms = (sum(analysis.ms_per_step(dev.total("collective_transfer")) for dev in parts) / len(parts)
-                   if analysis.breakdown.device_kind == "gpu" and parts else 0.0)
-    waiting_ms = (sum(analysis.ms_per_step(dev.total("collective_wait")) for dev in parts) / len(parts)
-                  if analysis.breakdown.device_kind == "gpu" and parts else 0.0)
     allreduce_ms = min(row.allreduce_ps for row in rows) / steps / PS_PER_MS
     metrics["collective_transfer_ms_per_step"] = round(transfer_ms, 3)
     metrics["collective_wait_ms_per_step"] = round(waiting_ms, 3)
-    param_bytes = parameter_bytes(model)
+    param_bytes = measured.param_bytes
     if param_bytes:
         # Variables (and so gradients) are float32: their bytes are parameters x 4.
         expected_ms = param_bytes / ASSUMED_LINK_BYTES_PER_S * 1e3
@@ -167,8 +207,8 @@ def check(analysis: Analysis) -> Finding:
         expectation = ("The capture does not record the model's parameter count (variables are created "
                        "before profiling starts), so the AllReduce time cannot be compared with "
                        "parameters x 4 bytes / bandwidth.")
-    evidence = _evidence(analysis, rows, steps)
-    severity = analysis.gated(Severity.WARNING if percent >= WARNING_AT else Severity.OK, savings)
+    evidence = _evidence(rows, steps)
+    severity = scale.gated(Severity.WARNING if percent >= WARNING_AT else Severity.OK, savings)
     summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
                f"hidden behind compute), with {calls:.1f} AllReduce call(s) per step per GPU. {expectation}")
     if waiting_ms > 0.1 * (transfer_ms + waiting_ms):
@@ -180,30 +220,27 @@ def check(analysis: Analysis) -> Finding:
                    FIXES if severity is Severity.WARNING else [])
 
 
-def _evidence(analysis: Analysis, rows: list[_GpuCollectives], steps: int) -> list[Evidence]:
+def _evidence(rows: list[GpuCollectives], steps: int) -> list[Evidence]:
     """Per GPU its collective time and top collective kernels, then the longest collective call."""
     out = []
     longest = None
     for row in rows:
-        dev, coll = row.dev, row.mask
-        label = kernels.device_label(analysis.model, dev)
-        out.append(Evidence("device", label, round(row.busy_ps / steps / PS_PER_MS, 3), "ms/step",
+        out.append(Evidence("device", row.label, round(row.busy_ps / steps / PS_PER_MS, 3), "ms/step",
                             detail=f"{row.calls / steps:.1f} collective call(s) per step, "
                                    f"{row.allreduce_calls / steps:.1f} AllReduce; "
                                    f"{row.exposed_ps / steps / PS_PER_MS:.3f} ms not overlapped with compute",
-                            device=dev.device.name, host=dev.device.host))
-        if coll.any():
-            i = int(np.flatnonzero(coll)[np.argmax(dev.dur_ps[coll])])
-            if longest is None or dev.dur_ps[i] > longest[1]:
-                longest = (dev, int(dev.dur_ps[i]), i, label)
-        for name_idx, dur, count in kernels.top_by_time(dev.name[coll], dev.dur_ps[coll], TOP):
-            out.append(Evidence("kernel", dev.names[name_idx], round(dur / steps / PS_PER_MS, 3), "ms/step",
-                                detail=f"{count} call(s)", device=dev.device.name, host=dev.device.host,
+                            device=row.device, host=row.host))
+        if row.longest is not None and (longest is None or row.longest[1] > longest[1].longest[1]):
+            longest = (row.label, row)
+        for name, dur, count in row.top:
+            out.append(Evidence("kernel", name, round(dur / steps / PS_PER_MS, 3), "ms/step",
+                                detail=f"{count} call(s)", device=row.device, host=row.host,
                                 tool="kernel_stats"))
     if longest is not None:
-        dev, dur, i, label = longest
+        label, row = longest
+        name, dur, start, end = row.longest
         out.append(Evidence("kernel", f"longest collective on {label}", round(dur / PS_PER_MS, 3), "ms",
-                            detail=dev.names[dev.name[i]][:120], device=dev.device.name,
-                            host=dev.device.host, start_ms=round(analysis.to_ms(float(dev.start_ps[i])), 3),
-                            end_ms=round(analysis.to_ms(float(dev.end_ps[i])), 3), tool="trace_viewer@"))
+                            detail=name[:120], device=row.device, host=row.host,
+                            start_ms=round(start / PS_PER_MS, 3), end_ms=round(end / PS_PER_MS, 3),
+                            tool="trace_viewer@"))
     return out

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence, Severity
+from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.trust import Trust, assess
@@ -31,9 +32,37 @@ WARNING_GAIN_SHARE = 0.04
 CRITICAL_GAIN_SHARE = 0.10
 ACTIONABLE_MIN_MS = 0.05
 
+# How a finding names a device: per-host work names them as the whole session will.
+Labeller = Callable[[DeviceActivity], str]
+
+
+class StepScale:
+    """Judging a saving against the mean step: what a check's verdict needs of the session,
+    whether it is one analysed model or hosts joined by multihost.merge."""
+
+    mean_step_ms: float
+
+    def gated(self, severity: Severity, saving_ms: float) -> Severity:
+        """SEVERITY from a metric threshold, lowered when the replayed saving is small."""
+        if not self.mean_step_ms:
+            return severity         # no step to measure the saving against
+        share = saving_ms / self.mean_step_ms
+        if severity is Severity.CRITICAL and share < CRITICAL_GAIN_SHARE:
+            severity = Severity.WARNING
+        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < ACTIONABLE_MIN_MS):
+            severity = Severity.INFO
+        return severity
+
+    def gain_note(self, severity: Severity, saving_ms: float) -> str:
+        """A sentence for a finding whose metric is high but whose replayed saving is small."""
+        if severity is not Severity.INFO:
+            return ""
+        return (f" Replaying the step without this cause shortens it by only {saving_ms:.2f} ms, so it is "
+                "not on the critical path: fix the larger findings first.")
+
 
 @dataclass
-class Analysis:
+class Analysis(StepScale):
     """The analysed session handed to every check."""
 
     model: SessionModel
@@ -68,23 +97,9 @@ class Analysis:
                 self._what_if = WhatIf.build(self.model, breakdown)
         return self._what_if
 
-    def gated(self, severity: Severity, saving_ms: float) -> Severity:
-        """SEVERITY from a metric threshold, lowered when the replayed saving is small."""
-        if not self.mean_step_ms:
-            return severity         # no step to measure the saving against
-        share = saving_ms / self.mean_step_ms
-        if severity is Severity.CRITICAL and share < CRITICAL_GAIN_SHARE:
-            severity = Severity.WARNING
-        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < ACTIONABLE_MIN_MS):
-            severity = Severity.INFO
-        return severity
-
-    def gain_note(self, severity: Severity, saving_ms: float) -> str:
-        """A sentence for a finding whose metric is high but whose replayed saving is small."""
-        if severity is not Severity.INFO:
-            return ""
-        return (f" Replaying the step without this cause shortens it by only {saving_ms:.2f} ms, so it is "
-                "not on the critical path: fix the larger findings first.")
+    def label(self, dev: DeviceActivity) -> str:
+        """How findings name a device (with its host when the session has several)."""
+        return kernels.device_label(self.model, dev)
 
     @property
     def primary_device(self) -> DeviceActivity | None:

@@ -27,12 +27,13 @@ left of the mean step after the findings ranked above it, so it never claims the
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, Labeller
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
@@ -69,7 +70,7 @@ SERIAL_FIX = Remedy(
 
 def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int) -> np.ndarray:
     """Start of the device's first compute or collective kernel in each window (int64 max if none)."""
-    first = np.full(windows, np.iinfo(np.int64).max, np.int64)
+    first = np.full(windows, NO_KERNEL, np.int64)
     cls = kernels.classify(dev)
     mask = (cls.kernel | cls.collective) & kernels.in_steps(dev, model)
     if not mask.any():
@@ -82,48 +83,81 @@ def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int
     return first
 
 
-@register(CHECK_ID, "GPU launch skew", __doc__)
-def check(analysis: Analysis) -> Finding:
+@dataclass
+class StepStarts:
+    """When each compared GPU started each step, whether measured from one process holding every
+    host's events or joined from per-host summaries (multihost.merge)."""
+
+    labels: list[str]
+    devices: list[tuple[str, str]]      # (device name, host) of each label
+    firsts: np.ndarray                  # GPU x step window: first kernel start, ps (NO_KERNEL if none)
+    lo: np.ndarray                      # the step windows, ps on the session's clock
+    hi: np.ndarray
+    threads: list[Evidence]             # the host threads that launched each GPU's kernels
+
+
+NO_KERNEL = np.iinfo(np.int64).max
+
+
+def too_few_gpus(comparable: int) -> Finding:
+    return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs with comparable traces",
+                   f"{comparable} GPU(s) ran kernels in the same steps of this trace, so there is no skew "
+                   "between GPUs to measure.")
+
+
+def measure(analysis: Analysis, label: Labeller | None = None) -> StepStarts | Finding:
+    """Every comparable GPU's first kernel per step, or the not-applicable finding."""
     model = analysis.model
     active = analysis.comparable_gpus
     if len(active) < 2:
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs with comparable traces",
-                       f"{len(active)} GPU(s) ran kernels in the same steps of this trace, so there is no skew "
-                       "between GPUs to measure.")
+        return too_few_gpus(len(active))
     lo, hi, windows = kernels.step_windows(model)
-    firsts = np.vstack([first_kernel_per_step(dev, model, windows) for dev in active])
-    present = firsts != np.iinfo(np.int64).max
+    labels = [(label or analysis.label)(dev) for dev in active]
+    return StepStarts(labels, [(dev.device.name, dev.device.host) for dev in active],
+                      np.vstack([first_kernel_per_step(dev, model, windows) for dev in active]), lo, hi,
+                      _launch_threads(model, active, labels))
+
+
+@register(CHECK_ID, "GPU launch skew", __doc__)
+def check(analysis: Analysis) -> Finding:
+    starts = measure(analysis)
+    return starts if isinstance(starts, Finding) else judge(starts)
+
+
+def judge(starts: StepStarts) -> Finding:
+    """The finding from the GPUs' first kernel of every step."""
+    firsts, lo, hi, labels = starts.firsts, starts.lo, starts.hi, starts.labels
+    present = firsts != NO_KERNEL
     usable = present.sum(axis=0) >= 2
     if not usable.any():
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No step ran kernels on two GPUs",
                        "No profiled step has kernels on more than one GPU, so their start times "
                        "cannot be compared.")
-    earliest = np.where(present, firsts, np.iinfo(np.int64).max).min(axis=0)
+    earliest = np.where(present, firsts, NO_KERNEL).min(axis=0)
     delay = np.where(present, firsts - earliest, 0)          # per GPU, per step
     skew = delay.max(axis=0)[usable]
     step_ps = (hi - lo)[usable]
     skew_ms = float(skew.mean()) / PS_PER_MS
     step_ms = float(step_ps.mean()) / PS_PER_MS
     percent = 100.0 * skew_ms / step_ms if step_ms else 0.0
-    labels = [kernels.device_label(model, dev) for dev in active]
     mean_delay = np.array([delay[i][usable & present[i]].mean() if (usable & present[i]).any() else 0.0
-                           for i in range(len(active))]) / PS_PER_MS
+                           for i in range(len(labels))]) / PS_PER_MS
     late = int(np.argmax(mean_delay))
     worst = int(np.flatnonzero(usable)[int(np.argmax(skew))])
     metrics = {"skew_ms": round(skew_ms, 3), "skew_percent": round(percent, 2),
                "late_device": labels[late], "steps_compared": int(usable.sum())}
     evidence = []
     for i in np.argsort(-mean_delay, kind="stable"):
-        dev = active[int(i)]
+        device, host = starts.devices[int(i)]
         item = Evidence("device", labels[int(i)], round(float(mean_delay[i]), 3), "ms",
                         detail="mean delay of the first kernel of a step after the earliest GPU's",
-                        device=dev.device.name, host=dev.device.host)
+                        device=device, host=host)
         if int(i) == late:
-            item.start_ms = round(analysis.to_ms(float(earliest[worst])), 3)
-            item.end_ms = round(analysis.to_ms(float(firsts[late][worst])), 3)
+            item.start_ms = round(float(earliest[worst]) / PS_PER_MS, 3)
+            item.end_ms = round(float(firsts[late][worst]) / PS_PER_MS, 3)
             item.tool = "trace_viewer@"
         evidence.append(item)
-    evidence += _launch_threads(model, active, labels)
+    evidence += starts.threads
     if percent < WARNING_AT:
         return Finding(CHECK_ID, Severity.OK, f"GPUs start each step within {skew_ms:.2f} ms of each other",
                        f"The first kernels of a step start on all GPUs within {skew_ms:.2f} ms "
@@ -172,6 +206,9 @@ def _launch_threads(model: SessionModel, active: list[DeviceActivity], labels: l
             detail=("launches for " + ", ".join(f"{g} ({counts[g]})" for g in gpus)
                     + ("; shared between GPUs" if len(gpus) > 1 else "")),
             host=host))
-    # Threads that serve several GPUs first (that is where launches contend), then the busiest.
-    items.sort(key=lambda item: ("shared" not in (item.detail or ""), -item.value))
-    return items[:TOP_THREADS * len(active)]
+    return top_threads(items, len(active))
+
+
+def top_threads(items: list[Evidence], gpus: int) -> list[Evidence]:
+    """Threads that serve several GPUs first (that is where launches contend), then the busiest."""
+    return sorted(items, key=lambda item: ("shared" not in (item.detail or ""), -item.value))[:TOP_THREADS * gpus]

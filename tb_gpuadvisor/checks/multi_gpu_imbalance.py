@@ -34,11 +34,12 @@ exceeds the busiest GPU's busy time (what running them side by side would save).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, Labeller, StepScale
 from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
@@ -101,89 +102,130 @@ def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Interv
     return intervals.union(dev.start_ps[keep], dev.end_ps[keep])
 
 
-@register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
-def check(analysis: Analysis) -> Finding:
+@dataclass
+class Replicas:
+    """The GPUs compared and what each did per step, whether measured from one process holding
+    every host's events or joined from per-host summaries (multihost.merge)."""
+
+    labels: list[str]
+    devices: list[tuple[str, str]]            # (device name, host) of each label
+    per_step: np.ndarray                      # GPU x step window: busy ps outside collectives
+    lo: np.ndarray                            # the step windows, ps on the session's clock
+    hi: np.ndarray
+    min_overlap: float                        # percent, the least-overlapping pair
+    serial_pairs: list[tuple[int, int, float]]
+    combined_busy_ps: int                     # union of every GPU's busy time (for serial GPUs)
+    idle: list[tuple[str, str, str, int]]     # label, device, host, events of planes with no kernels
+    planes: int
+    partial_used: list[str]                   # devices the host used but the trace does not hold
+
+
+def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apart: list[str]) -> Finding:
+    """Fewer than two GPUs whose traces can be compared."""
+    summary = (f"{len(active)} of {planes} GPU(s) in this capture ran kernels that can be compared, "
+               "so there are no replicas to compare.")
+    if traced_apart:
+        summary += (f" {', '.join(traced_apart)} ran the same steps at other times than "
+                    f"{active[0] if active else 'the first GPU'} in this trace, so their work cannot be "
+                    "set side by side.")
+    return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "Fewer than two GPUs with comparable traces", summary,
+                   {"active_gpus": active_gpus, "gpu_planes": planes})
+
+
+def measure(analysis: Analysis, label: Labeller | None = None) -> Replicas | Finding:
+    """The comparable GPUs' busy time per step, or the not-applicable finding."""
     model = analysis.model
+    label = label or analysis.label
     active = analysis.comparable_gpus
     planes = model.gpus
-    idle = [dev for dev in planes if dev not in active]
     if len(active) < 2:
-        traced_apart = analysis.trust.misaligned
-        summary = (f"{len(active)} of {len(planes)} GPU(s) in this capture ran kernels that can be compared, "
-                   "so there are no replicas to compare.")
-        if traced_apart:
-            summary += (f" {', '.join(traced_apart)} ran the same steps at other times than "
-                        f"{active[0].device.name} in this trace, so their work cannot be set side by side.")
-        return Finding(CHECK_ID, Severity.NOT_APPLICABLE,
-                       "Fewer than two GPUs with comparable traces", summary,
-                       {"active_gpus": len(model.active_gpus), "gpu_planes": len(planes)})
-    lo, hi, steps = kernels.step_windows(model)
+        return not_applicable([d.device.name for d in active], len(planes), len(model.active_gpus),
+                              list(analysis.trust.misaligned))
+    lo, hi, _ = kernels.step_windows(model)
     busy = [busy_intervals(dev, model) for dev in active]
     per_step = np.vstack([intervals.per_bin_total(b, lo, hi) for b in busy])    # GPU x step
+    min_overlap, serial_pairs = _overlaps(busy)
+    combined = 0
+    if serial_pairs:
+        combined = intervals.total(intervals.union(np.concatenate([b[0] for b in busy]),
+                                                   np.concatenate([b[1] for b in busy])))
+    idle = [(label(dev), dev.device.name, dev.device.host, len(dev))
+            for dev in planes if dev not in active]
+    return Replicas([label(dev) for dev in active],
+                    [(dev.device.name, dev.device.host) for dev in active], per_step, lo, hi,
+                    min_overlap, serial_pairs, int(combined), idle, len(planes),
+                    [d.name for d in analysis.trust.partial_devices])
+
+
+@register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
+def check(analysis: Analysis) -> Finding:
+    replicas = measure(analysis)
+    if isinstance(replicas, Finding):
+        return replicas
+    return judge(replicas, analysis.what_if.saving_ms(CHECK_ID), analysis)
+
+
+def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
+    """The finding from the replicas' busy times and the replayed saving of balancing them."""
+    labels, per_step, idle = r.labels, r.per_step, r.idle
+    steps = per_step.shape[1]
     means = per_step.sum(axis=1) / steps
     top, bottom = int(np.argmax(means)), int(np.argmin(means))
     imbalance = float(100.0 * (means[top] - means[bottom]) / means[top]) if means[top] > 0 else 0.0
-    balance_ms = analysis.what_if.saving_ms(CHECK_ID)
     savings_ms = balance_ms
-    min_overlap, serial_pairs = _overlaps(busy)
-    if serial_pairs:
+    if r.serial_pairs:
         # Work that could run side by side runs in sequence: the step would shrink by the
         # time the GPUs' combined busy span exceeds the busiest GPU's own busy time.
-        combined = intervals.union(np.concatenate([b[0] for b in busy]), np.concatenate([b[1] for b in busy]))
-        serial_ms = (intervals.total(combined) / steps - float(means[top])) / PS_PER_MS
-        savings_ms = max(savings_ms, serial_ms)
-    labels = [kernels.device_label(model, dev) for dev in active]
+        savings_ms = max(savings_ms, (r.combined_busy_ps / steps - float(means[top])) / PS_PER_MS)
     metrics = {
         "imbalance_percent": round(imbalance, 2),
         "straggler_device": labels[top],
-        "active_gpus": len(active),
-        "gpu_planes": len(planes),
+        "active_gpus": len(labels),
+        "gpu_planes": r.planes,
         "max_busy_ms_per_step": round(float(means[top]) / PS_PER_MS, 3),
         "min_busy_ms_per_step": round(float(means[bottom]) / PS_PER_MS, 3),
-        "min_overlap_percent": round(min_overlap, 1),
+        "min_overlap_percent": round(r.min_overlap, 1),
     }
-    evidence = _device_evidence(analysis, active, per_step, means, lo, hi, labels, top)
-    for a, b, share in serial_pairs:
+    evidence = _device_evidence(r, means, top)
+    for a, b, share in r.serial_pairs:
         evidence.append(Evidence("device", f"{labels[a]} / {labels[b]}", round(share, 1),
                                  "% overlap", detail="these GPUs are busy one after another rather "
                                  "than together: look for control dependencies between them",
                                  tool="trace_viewer@"))
-    for dev in idle:
-        copies = len(dev)
-        evidence.append(Evidence("device", kernels.device_label(model, dev), 0.0, "ms/step",
-                                 detail=f"no kernels ({copies} copies only)" if copies else "no events",
-                                 device=dev.device.name, host=dev.device.host))
+    for label, device, host, events in idle:
+        evidence.append(Evidence("device", label, 0.0, "ms/step",
+                                 detail=f"no kernels ({events} copies only)" if events else "no events",
+                                 device=device, host=host))
     severity = severity_by_threshold(imbalance, CRITICAL_AT, WARNING_AT)
-    if serial_pairs and severity is Severity.OK:
+    if r.serial_pairs and severity is Severity.OK:
         severity = Severity.WARNING
-    severity = analysis.gated(severity, savings_ms)
+    severity = scale.gated(severity, savings_ms)
     if idle and severity is Severity.OK:
         severity = Severity.INFO
     names = ", ".join(labels)
-    summary = (f"Across {len(active)} GPUs ({names}) the busiest, {labels[top]}, works "
+    summary = (f"Across {len(labels)} GPUs ({names}) the busiest, {labels[top]}, works "
                f"{means[top] / PS_PER_MS:.2f} ms per step outside collectives and the least busy "
                f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
                f"for the straggler at every gradient AllReduce; evening out the work would save about "
                f"{balance_ms:.2f} ms per step.")
-    if serial_pairs:
-        summary += (f" Some GPUs overlap only {min_overlap:.0f}% of their busy time, so they run one "
+    if r.serial_pairs:
+        summary += (f" Some GPUs overlap only {r.min_overlap:.0f}% of their busy time, so they run one "
                     f"after another instead of in parallel; running them together would save about "
                     f"{savings_ms:.2f} ms per step.")
     if idle:
-        copying = ", ".join(kernels.device_label(model, d) for d in idle if len(d))
-        silent = ", ".join(kernels.device_label(model, d) for d in idle if not len(d))
+        copying = ", ".join(label for label, _, _, events in idle if events)
+        silent = ", ".join(label for label, _, _, events in idle if not events)
         parts = ([f"{copying} only copied data"] if copying else []) + \
                 ([f"{silent} recorded nothing"] if silent else [])
-        used = [d.name for d in analysis.trust.partial_devices]
-        cause = (f"the host used {', '.join(used)}, so the profiler traced only part of the job" if used else
-                 "the training uses fewer GPUs than the machine has")
-        summary += f" {len(idle)} of {len(planes)} GPU planes ran no kernels ({'; '.join(parts)}): {cause}."
+        cause = (f"the host used {', '.join(r.partial_used)}, so the profiler traced only part of the job"
+                 if r.partial_used else "the training uses fewer GPUs than the machine has")
+        summary += f" {len(idle)} of {r.planes} GPU planes ran no kernels ({'; '.join(parts)}): {cause}."
     if imbalance >= WARNING_AT:
         title = f"{labels[top]} works {imbalance:.0f}% more than the least busy GPU"
-    elif serial_pairs:
-        title = f"GPUs run one after another instead of together ({min_overlap:.0f}% overlap)"
+    elif r.serial_pairs:
+        title = f"GPUs run one after another instead of together ({r.min_overlap:.0f}% overlap)"
     elif idle:
-        title = f"Only {len(active)} of {len(planes)} GPUs ran kernels; they are balanced within {imbalance:.0f}%"
+        title = f"Only {len(labels)} of {r.planes} GPUs ran kernels; they are balanced within {imbalance:.0f}%"
     else:
         title = f"GPU work is balanced within {imbalance:.0f}%"
     fixes = FIXES if severity in (Severity.WARNING, Severity.CRITICAL) else []
@@ -209,21 +251,21 @@ def _overlaps(busy: list[intervals.Intervals]) -> tuple[float, list[tuple[int, i
     return smallest, serial
 
 
-def _device_evidence(analysis: Analysis, active: list[DeviceActivity], per_step: np.ndarray, means: np.ndarray,
-                     lo: np.ndarray, hi: np.ndarray, labels: list[str], top: int) -> list[Evidence]:
+def _device_evidence(r: Replicas, means: np.ndarray, top: int) -> list[Evidence]:
     """One item per GPU, busiest first; the straggler's points at its most lopsided step."""
+    per_step = r.per_step
     mean_all = float(means.mean())
     worst_step = int(np.argmax(per_step[top] - per_step.min(axis=0))) if per_step.shape[1] else 0
     out = []
     for i in np.argsort(-means, kind="stable"):
-        dev = active[int(i)]
-        item = Evidence("device", labels[int(i)], round(float(means[i]) / PS_PER_MS, 3), "ms/step",
+        device, host = r.devices[int(i)]
+        item = Evidence("device", r.labels[int(i)], round(float(means[i]) / PS_PER_MS, 3), "ms/step",
                         detail=f"{100.0 * means[i] / mean_all:.0f}% of the mean busy time (excluding collectives)"
                         if mean_all else None,
-                        device=dev.device.name, host=dev.device.host)
-        if int(i) == top and lo.size:
-            item.start_ms = round(analysis.to_ms(float(lo[worst_step])), 3)
-            item.end_ms = round(analysis.to_ms(float(hi[worst_step])), 3)
+                        device=device, host=host)
+        if int(i) == top and r.lo.size:
+            item.start_ms = round(float(r.lo[worst_step]) / PS_PER_MS, 3)
+            item.end_ms = round(float(r.hi[worst_step]) / PS_PER_MS, 3)
             item.tool = "trace_viewer@"
         out.append(item)
     return out
