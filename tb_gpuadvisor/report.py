@@ -164,8 +164,10 @@ def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 
-def session_json(model: SessionModel) -> dict:
-    analysis = Analysis(model)
+def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
+    """The session object before ranking, the findings with their standalone savings, and the
+    errors so far: what one host's analysis hands on when a session spans several hosts."""
+    model = analysis.model
     errors = list(model.errors)
     out = {
         "run": model.run, "session": model.session, "hosts": [h.name for h in model.hosts],
@@ -184,14 +186,26 @@ def session_json(model: SessionModel) -> dict:
         out["bottleneck"] = bottleneck(analysis)
     except Exception as err:
         errors.append({"message": f"critical path failed: {err!r}"})
+    out["warnings"] = list(model.warnings)
+    return out, findings, errors + check_errors
+
+
+def finish(out: dict, findings: list[Finding], errors: list[dict], analysis: Analysis) -> dict:
+    """Rank the findings, make their savings add up, and name the first fix. ANALYSIS is the
+    session's own, or what multihost.merge joins from its hosts (the same interface)."""
     bound = (out.get("bottleneck") or {}).get("bound_by")
     ranked = rank_findings(findings, bound)
     try:
         ranked, out["what_if"] = reconcile_savings(analysis, ranked, bound)
     except Exception as err:
-        errors.append({"message": f"what-if replay failed: {err!r}"})
+        errors = errors + [{"message": f"what-if replay failed: {err!r}"}]
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
     out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)
-    out["errors"] = errors + check_errors
-    out["warnings"] = list(model.warnings)
+    out["errors"] = errors
+    out["warnings"] = out.pop("warnings")       # after the errors, as the contract lists them
     return out
+
+
+def session_json(model: SessionModel) -> dict:
+    analysis = Analysis(model)
+    return finish(*describe(analysis), analysis)

@@ -278,29 +278,15 @@ class Replay:
             ends = new_ends
         return ends
 
-    def _balance_gain(self) -> np.ndarray:
-        """Per step: the straggler brought to the median replica's work.
-
-        The replica that waited least in its collectives arrived last; the others waited
-        for it. Its extra work (non-collective busy time above the median replica's) could
-        go, but the step only gains until the next-latest replica becomes the last: the
-        gain is the smaller of that extra work and the second-smallest wait.
-        """
+    def balance_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per replica and step: busy time outside collectives, collective wait, and where its
+        work ended (-1 where unknown); what ``balance_gain`` needs, small enough to send on."""
         devices = self.breakdown.devices
         n = len(self.steps)
-        if len(devices) < 2 or not n:
-            return np.zeros(n)
         busy = np.vstack([dev.part("compute") + dev.part("copy") for dev in devices]).astype(np.float64)
         wait = np.vstack([dev.parts["collective_wait"] for dev in devices]).astype(np.float64)
-        if not wait.any():
-            ends = np.vstack([chain.base_end if chain is not None else np.full(n, -1) for chain in self.chains])
-            ends = ends.astype(np.float64)
-            wait = ends.max(axis=0) - ends      # how long each replica's work ended before the last one's
-        cols = np.arange(n)
-        last = np.argmin(wait, axis=0)
-        extra = busy[last, cols] - np.median(busy, axis=0)
-        second = np.sort(wait, axis=0)[1]
-        return np.clip(np.minimum(extra, second), 0.0, None)
+        ends = np.vstack([chain.base_end if chain is not None else np.full(n, -1) for chain in self.chains])
+        return busy, wait, ends.astype(np.float64)
 
     def gains(self, scenario: Scenario) -> np.ndarray:
         """Per step, how much shorter the step is predicted to be under SCENARIO (ps)."""
@@ -309,18 +295,41 @@ class Replay:
             self._gains[key] = self._replay(scenario)
         return self._gains[key]
 
+    def device_gains(self, scenario: Scenario) -> np.ndarray:
+        """Per step, the gain every measured device allows (the smallest), before balancing."""
+        per_device = np.vstack([self._device_gain(part, chain, scenario)
+                                for part, chain in zip(self.breakdown.devices, self.chains)])
+        return per_device.min(axis=0)
+
     def _replay(self, scenario: Scenario) -> np.ndarray:
         n = len(self.steps)
         if not n or not self.breakdown.devices:
             return np.zeros(n)
-        per_device = np.vstack([self._device_gain(part, chain, scenario)
-                                for part, chain in zip(self.breakdown.devices, self.chains)])
-        gain = per_device.min(axis=0)
-        if scenario.balance:
-            gain = gain + self._balance_gain()
+        gain = self.device_gains(scenario)
+        if scenario.balance and len(self.breakdown.devices) >= 2:
+            gain = gain + balance_gain(*self.balance_inputs())
         return np.minimum(gain, self.steps.duration_ps.astype(np.float64))
 
     def gain_ms(self, scenario: Scenario) -> float:
         """The mean per-step gain of SCENARIO, in ms."""
         gains = self.gains(scenario)
         return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+
+
+def balance_gain(busy: np.ndarray, wait: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per step: the straggler brought to the median replica's work (replicas x steps inputs).
+
+    The replica that waited least in its collectives arrived last; the others waited
+    for it. Its extra work (non-collective busy time above the median replica's) could
+    go, but the step only gains until the next-latest replica becomes the last: the
+    gain is the smaller of that extra work and the second-smallest wait.
+    """
+    if busy.shape[0] < 2 or not busy.shape[1]:
+        return np.zeros(busy.shape[1])
+    if not wait.any():
+        wait = ends.max(axis=0) - ends      # how long each replica's work ended before the last one's
+    cols = np.arange(busy.shape[1])
+    last = np.argmin(wait, axis=0)
+    extra = busy[last, cols] - np.median(busy, axis=0)
+    second = np.sort(wait, axis=0)[1]
+    return np.clip(np.minimum(extra, second), 0.0, None)

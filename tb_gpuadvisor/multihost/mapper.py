@@ -1,0 +1,123 @@
+"""The map of a many-host session: one host's capture in, a small summary out.
+
+Each host is read, trusted, attributed and checked on its own (the same stages as a
+one-host session), then everything a cross-host judgement needs is kept as per-step
+tables of a few numbers per GPU, and the host's events are dropped. A summary is tens
+of kilobytes whatever the capture's size, so a merge of hundreds of hosts fits in one
+process and a worker never holds more than one host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks import Finding, collectives, launch_skew, multi_gpu_imbalance
+from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.discovery import SessionRef
+from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.model.timeline import DeviceActivity
+from tb_gpuadvisor.report import describe, finish, rank_findings
+
+# The balance scenario is replayed across every host's replicas in the merge, not per host.
+BALANCE = multi_gpu_imbalance.CHECK_ID
+# Combined gains are kept for this many of a host's replayed causes, in its rank order.
+COMBINED_CAUSES = 8
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """One host of a session to map; HOSTS is how many the session has (labels name the host
+    when there are several)."""
+
+    ref: SessionRef
+    host: str
+    hosts: int
+
+
+@dataclass
+class HostSummary:
+    """What the merge needs of one host; never its events."""
+
+    host: str
+    errors: list[dict]
+    report: dict | None = None            # the finished report, for a one-host session
+    out: dict | None = None               # the host's session object before ranking
+    findings: list[Finding] = field(default_factory=list)
+    origin_ns: int = 0                    # the host clock's origin (per-step times are ps from it)
+    numbers: np.ndarray | None = None     # step window numbers (marker numbers, or 0..n-1 without steps)
+    durations: np.ndarray | None = None   # ps per window
+    training_steps: int = 0
+    imbalance: multi_gpu_imbalance.Replicas | Finding | None = None
+    skew: launch_skew.StepStarts | Finding | None = None
+    collectives: collectives.Collectives | Finding | None = None
+    standalone_ms: dict[str, float] = field(default_factory=dict)     # each replayed cause, this host alone
+    combined: dict[frozenset, np.ndarray] = field(default_factory=dict)  # causes -> per-step device gain
+    balance: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None    # replay.balance_gain inputs
+
+    @property
+    def analysed(self) -> bool:
+        return self.out is not None and bool(self.out["hosts"])
+
+
+def map_host(job: HostJob) -> HostSummary:
+    """Analyse one host of JOB's session alone; problems become errors, never exceptions."""
+    # A one-host session keeps its skipped files' errors; a many-host one reports them once, in the merge.
+    ref = dataclasses.replace(job.ref, hosts=(job.host,), skipped=job.ref.skipped if job.hosts == 1 else ())
+    try:
+        analysis = Analysis(load_session(ref))
+        out, findings, errors = describe(analysis)
+        if job.hosts == 1:
+            return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
+                                                         hosts=out["hosts"] or [job.host]))
+        return _summary(job.host, analysis, out, findings, errors)
+    except Exception as err:  # one bad host never hides the others
+        return HostSummary(job.host, [{"host": job.host, "message": f"could not analyse this host: {err!r}"}])
+
+
+def _label(dev: DeviceActivity) -> str:
+    """Device names as a many-host session shows them (kernels.device_label)."""
+    return f"{dev.device.host}{dev.device.name}"
+
+
+def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], errors: list[dict]) -> HostSummary:
+    model = analysis.model
+    summary = HostSummary(host, errors, out=out, findings=findings)
+    if not model.hosts:
+        return summary
+    summary.origin_ns = model.hosts[0].origin_ns
+    steps = model.steps
+    summary.numbers = steps.number.astype(np.int64) if len(steps) else np.zeros(1, np.int64)
+    summary.training_steps = steps.training_steps
+    summary.imbalance = multi_gpu_imbalance.measure(analysis, _label)
+    summary.skew = launch_skew.measure(analysis, _label)
+    summary.collectives = collectives.measure(analysis, _label)
+    if len(steps):
+        summary.durations = steps.duration_ps.astype(np.int64)
+        _gains(summary, analysis)
+    return summary
+
+
+def _gains(summary: HostSummary, analysis: Analysis) -> None:
+    """Per-step replayed gains of this host's causes: each alone, and the fixes combined in the
+    order this host ranks them (what the merge's reconcile and what-if ask for when the hosts
+    agree on the order; when they do not, the merge uses the largest combination it has)."""
+    what_if = analysis.what_if
+    replay = what_if.replay
+    if not analysis.breakdown.devices or len(analysis.breakdown.steps) != len(summary.durations):
+        return      # no replay, or one over other windows than the trusted steps: nothing to join
+    causes = {check: what_if.saving_ms(check) for check in what_if.scenarios}
+    summary.standalone_ms = causes
+    bound = (summary.out or {}).get("bottleneck") or {}
+    ranked = [f.check for f in rank_findings(summary.findings, bound.get("bound_by"))]
+    order = [c for c in ranked if causes.get(c, 0.0) > 0 and c != BALANCE][:COMBINED_CAUSES]
+    subsets = {frozenset()} | {frozenset([c]) for c in order} | {frozenset(order[:n]) for n in range(2, len(order) + 1)}
+    for subset in subsets:
+        scenario = Scenario()       # the empty one measures the replay's own residual
+        for check in subset:
+            scenario = scenario + what_if.scenarios[check]
+        summary.combined[subset] = replay.device_gains(scenario)
+    summary.balance = replay.balance_inputs()

@@ -1,0 +1,251 @@
+"""The merge of a many-host session: host summaries in, one session report out.
+
+Steps are aligned across hosts by their numbers (the same training step on every host),
+else by position. The primary host (the first with a GPU that ran kernels, as in a
+one-process analysis) gives the per-host findings; the cross-host ones (imbalance,
+launch skew, collectives) are judged again over every host's GPUs by the checks' own
+``judge`` functions, and every replayed saving becomes the gain all hosts allow: a step
+of synchronous training ends when its slowest host does, so per step the smallest gain
+of any host, plus the straggler's balance across all replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tb_gpuadvisor.attribution.replay import balance_gain
+from tb_gpuadvisor.attribution.whatif import WhatIf
+from tb_gpuadvisor.checks import Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance
+from tb_gpuadvisor.checks.context import StepScale
+from tb_gpuadvisor.discovery import SessionRef
+from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
+from tb_gpuadvisor.report import finish
+
+
+@dataclass
+class Alignment:
+    """Which step window of each host is which session step (hosts without windows left out)."""
+
+    hosts: list[HostSummary]
+    index: list[np.ndarray]          # per host, its window of each session step
+    numbers: np.ndarray
+
+    @classmethod
+    def of(cls, summaries: list[HostSummary]) -> "Alignment":
+        hosts = [s for s in summaries if s.numbers is not None and s.numbers.size]
+        if not hosts:
+            return cls([], [], np.empty(0, np.int64))
+        common = hosts[0].numbers
+        for host in hosts[1:]:
+            common = np.intersect1d(common, host.numbers)
+        if common.size:
+            index = [np.searchsorted(h.numbers, common) if _sorted(h.numbers)
+                     else np.array([int(np.flatnonzero(h.numbers == n)[0]) for n in common]) for h in hosts]
+            return cls(hosts, index, common)
+        # Numbers that never meet (each host counts its own way): line the windows up in order.
+        n = min(h.numbers.size for h in hosts)
+        return cls(hosts, [np.arange(n) for _ in hosts], hosts[0].numbers[:n])
+
+    def take(self, host: HostSummary, table: np.ndarray) -> np.ndarray:
+        """TABLE's columns (host windows) in session-step order."""
+        return table[..., self.index[self.hosts.index(host)]]
+
+
+def _sorted(values: np.ndarray) -> bool:
+    return bool(np.all(values[1:] > values[:-1]))
+
+
+class MergedWhatIf(WhatIf):
+    """The what-if of all hosts: per step the smallest gain any host allows, plus balancing
+    the straggler across every host's replicas."""
+
+    def __init__(self, alignment: Alignment, durations: np.ndarray, mean_step_ms: float) -> None:
+        scenarios = {}
+        for host in alignment.hosts:
+            scenarios.update(dict.fromkeys(host.standalone_ms))
+        super().__init__(None, scenarios, mean_step_ms)   # type: ignore[arg-type]
+        self.alignment = alignment
+        self.durations = durations.astype(np.float64)
+
+    def _gains(self, checks: set[str]) -> np.ndarray:
+        hosts = [h for h in self.alignment.hosts if h.combined]
+        if not hosts or not self.durations.size:
+            return np.zeros(self.durations.size)
+        per_host = []
+        for host in hosts:
+            # The combination itself, else the largest one this host replayed that it contains.
+            wanted = frozenset(checks) - {BALANCE}
+            key = max((k for k in host.combined if k <= wanted), key=len)
+            per_host.append(self.alignment.take(host, host.combined[key]))
+        gain = np.vstack(per_host).min(axis=0)
+        if BALANCE in checks:
+            gain = gain + balance_gain(*_balance_inputs(self.alignment))
+        return np.minimum(gain, self.durations)
+
+    def saving_ms(self, check_id: str) -> float:
+        return self.combined_ms([check_id])
+
+    def combined_ms(self, check_ids: list[str]) -> float:
+        known = {c for c in check_ids if c in self.scenarios}
+        if not known:
+            return 0.0
+        gains = self._gains(known)
+        return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+
+
+def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every host's replicas, stacked, their work ends moved onto the session clock."""
+    origin = min(h.origin_ns for h in alignment.hosts)
+    parts = [(alignment.take(h, busy), alignment.take(h, wait),
+              np.where(ends >= 0, alignment.take(h, ends) + (h.origin_ns - origin) * 1000.0, -1.0))
+             for h in alignment.hosts if h.balance is not None
+             for busy, wait, ends in [h.balance]]
+    if not parts:
+        return np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0))
+    return tuple(np.vstack([p[i] for p in parts]) for i in range(3))   # type: ignore[return-value]
+
+
+@dataclass
+class MergedAnalysis(StepScale):
+    """What report.finish needs of a session, for hosts joined by their summaries."""
+
+    what_if: MergedWhatIf
+    mean_step_ms: float
+    steps_count: int
+
+
+def _shift(summaries: list[HostSummary], host: HostSummary, times: np.ndarray) -> np.ndarray:
+    origin = min(s.origin_ns for s in summaries)
+    return times + (host.origin_ns - origin) * 1000
+
+
+def _join_imbalance(alignment: Alignment, parts: list) -> multi_gpu_imbalance.Replicas | None:
+    measured = [(h, r) for h, r in parts if isinstance(r, multi_gpu_imbalance.Replicas)]
+    if not measured:
+        return None
+    first_host, first = measured[0]
+    serial, offset = [], 0
+    for _, r in measured:
+        serial += [(a + offset, b + offset, share) for a, b, share in r.serial_pairs]
+        offset += len(r.labels)
+    return multi_gpu_imbalance.Replicas(
+        [label for _, r in measured for label in r.labels], [d for _, r in measured for d in r.devices],
+        np.vstack([alignment.take(h, r.per_step) for h, r in measured]),
+        _shift(alignment.hosts, first_host, alignment.take(first_host, first.lo)),
+        _shift(alignment.hosts, first_host, alignment.take(first_host, first.hi)),
+        min(r.min_overlap for _, r in measured), serial, max(r.combined_busy_ps for _, r in measured),
+        [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
+        [d for _, r in measured for d in r.partial_used])
+
+
+def _join_skew(alignment: Alignment, parts: list) -> launch_skew.StepStarts | None:
+    measured = [(h, s) for h, s in parts if isinstance(s, launch_skew.StepStarts)]
+    if not measured:
+        return None
+    first_host, first = measured[0]
+    firsts = [np.where(s.firsts != launch_skew.NO_KERNEL,
+                       _shift(alignment.hosts, h, alignment.take(h, s.firsts)), launch_skew.NO_KERNEL)
+              for h, s in measured]
+    threads = [item for _, s in measured for item in s.threads]
+    labels = [label for _, s in measured for label in s.labels]
+    return launch_skew.StepStarts(
+        labels, [d for _, s in measured for d in s.devices], np.vstack(firsts),
+        _shift(alignment.hosts, first_host, alignment.take(first_host, first.lo)),
+        _shift(alignment.hosts, first_host, alignment.take(first_host, first.hi)),
+        launch_skew.top_threads(threads, len(labels)))
+
+
+def _join_collectives(parts: list) -> collectives.Collectives | None:
+    measured = [c for _, c in parts if isinstance(c, collectives.Collectives)]
+    if not measured:
+        return None
+    rows = sum(len(c.rows) for c in measured)
+    return collectives.Collectives(
+        [row for c in measured for row in c.rows], measured[0].windows, measured[0].step_ps,
+        sum(c.transfer_ms * len(c.rows) for c in measured) / rows,
+        sum(c.waiting_ms * len(c.rows) for c in measured) / rows,
+        next((c.param_bytes for c in measured if c.param_bytes), None))
+
+
+def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysis,
+                framework: str) -> dict[str, Finding]:
+    """The cross-host checks judged over every host's GPUs, with the primary's confidence."""
+    hosts = alignment.hosts
+    imbalance = _join_imbalance(alignment, [(h, h.imbalance) for h in hosts])
+    skew = _join_skew(alignment, [(h, h.skew) for h in hosts])
+    coll = _join_collectives([(h, h.collectives) for h in hosts])
+    out: dict[str, Finding] = {}
+    if imbalance is not None and len(imbalance.labels) >= 2:
+        out[multi_gpu_imbalance.CHECK_ID] = multi_gpu_imbalance.judge(
+            imbalance, scale.what_if.saving_ms(BALANCE), scale)
+    if skew is not None and len(skew.labels) >= 2:
+        out[launch_skew.CHECK_ID] = launch_skew.judge(skew)
+    if coll is not None and len(coll.rows) >= 2:
+        out[collectives.CHECK_ID] = collectives.judge(coll, scale)
+    own = {f.check: f for f in primary.findings}
+    for check, finding in out.items():
+        finding.fixes = fixes.for_framework(finding.fixes, framework)
+        mine = own.get(check)
+        if mine is not None and mine.severity is not Severity.NOT_APPLICABLE:
+            finding.confidence, finding.confidence_reasons = mine.confidence, list(mine.confidence_reasons)
+        else:
+            finding.confidence = "medium"
+            finding.confidence_reasons = ["compared across hosts from per-host summaries; each host's own "
+                                          "GPUs could not be compared with each other"]
+    return out
+
+
+def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: MergedAnalysis) -> Finding:
+    """A primary-host finding with its saving as all hosts allow it (a replayed cause gains only
+    what the slowest host gains) and its severity judged on that saving."""
+    check = finding.check
+    if check not in host.standalone_ms or check == BALANCE:
+        return finding
+    lost = host.standalone_ms[check] - merged.saving_ms(check)
+    saving = max(0.0, finding.estimated_savings_ms_per_step - max(lost, 0.0))
+    return replace(finding, estimated_savings_ms_per_step=saving, severity=scale.gated(finding.severity, saving))
+
+
+def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
+    """Evidence times from the primary host's clock onto the session's."""
+    if not delta_ms:
+        return finding
+    evidence = [replace(item, start_ms=None if item.start_ms is None else round(item.start_ms + delta_ms, 3),
+                        end_ms=None if item.end_ms is None else round(item.end_ms + delta_ms, 3))
+                for item in finding.evidence]
+    return replace(finding, evidence=evidence)
+
+
+def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
+    """The session report of REF from its hosts' summaries (in REF's host order)."""
+    errors = [{"host": name[: -len(".xplane.pb")], "file": name, "message": why} if name else {"message": why}
+              for name, why in ref.skipped]
+    for summary in summaries:
+        errors += [dict(e, host=e.get("host", summary.host)) for e in summary.errors]
+    good = [s for s in summaries if s.analysed]
+    if not good:
+        return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
+                "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
+                "errors": errors or [{"message": "no host of this session could be analysed"}], "warnings": []}
+    primary = next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0])
+    out = dict(primary.out)
+    out["hosts"] = [s.host for s in good]
+    out["devices"] = [d for s in good for d in s.out["devices"]]
+    out["warnings"] = [w for s in good for w in s.out["warnings"]]
+    alignment = Alignment.of(good)
+    durations = (alignment.take(primary, primary.durations)
+                 if primary in alignment.hosts and primary.durations is not None else np.empty(0))
+    mean_ms = float(durations.mean()) / PS_PER_MS if durations.size else 0.0
+    if primary.durations is not None and durations.size < primary.durations.size:
+        out["warnings"].append(f"{durations.size} of the primary host's {primary.durations.size} steps ran on "
+                               "every host; the cross-host findings compare those")
+    merged = MergedWhatIf(alignment, durations, mean_ms)
+    scale = MergedAnalysis(merged, mean_ms, primary.training_steps if durations.size else 0)
+    delta_ms = (primary.origin_ns - min(s.origin_ns for s in good)) / 1e6
+    findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in primary.findings]
+    joined = _cross_host(alignment, primary, scale, out["framework"]) if len(alignment.hosts) > 1 else {}
+    findings = [joined.get(f.check, f) for f in findings]
+    return finish(out, findings, errors, scale)   # type: ignore[arg-type]
