@@ -400,20 +400,25 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
                            busy_set=busy)
 
 
-def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
-    """Per step, collective time beyond the shortest of the replicas that ran one is waiting.
+def collective_wait(coll: np.ndarray) -> np.ndarray:
+    """Per replica and step (rows x steps of collective time), the part spent waiting.
 
     Replicas leave a collective together, so the one that arrived last spent only the transfer
-    in it; what the others spent beyond that they waited for the slowest replica.
+    in it; what the others spent beyond the shortest of the replicas that ran one they waited
+    for the slowest replica.
     """
-    if len(devices) < 2:
-        return
-    coll = np.vstack([dev.parts["collective_transfer"] for dev in devices])
     ran = coll > 0
     floor = np.where(ran, coll, np.iinfo(np.int64).max).min(axis=0)
     floor = np.where(ran.any(axis=0), floor, 0)
-    for dev, row, has in zip(devices, coll, ran):
-        wait = np.where(has, row - floor, 0).astype(np.int64)
+    return np.where(ran, coll - floor, 0).astype(np.int64)
+
+
+def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
+    """Each replica's collective time split into transfer and waiting (see collective_wait)."""
+    if len(devices) < 2:
+        return
+    coll = np.vstack([dev.parts["collective_transfer"] for dev in devices])
+    for dev, row, wait in zip(devices, coll, collective_wait(coll)):
         dev.parts["collective_wait"] = wait
         dev.parts["collective_transfer"] = row - wait
 

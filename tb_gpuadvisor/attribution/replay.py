@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys
-from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, fp32_eligible
+from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.timeline import (
@@ -279,14 +279,15 @@ class Replay:
         return ends
 
     def balance_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per replica and step: busy time outside collectives, collective wait, and where its
-        work ended (-1 where unknown); what ``balance_gain`` needs, small enough to send on."""
+        """Per replica and step: busy time outside collectives, collective time (transfer and
+        waiting), and where its work ended (-1 where unknown); what ``balance_gain`` needs,
+        small enough to send on."""
         devices = self.breakdown.devices
         n = len(self.steps)
         busy = np.vstack([dev.part("compute") + dev.part("copy") for dev in devices]).astype(np.float64)
-        wait = np.vstack([dev.parts["collective_wait"] for dev in devices]).astype(np.float64)
+        coll = np.vstack([dev.part("collective") for dev in devices]).astype(np.int64)
         ends = np.vstack([chain.base_end if chain is not None else np.full(n, -1) for chain in self.chains])
-        return busy, wait, ends.astype(np.float64)
+        return busy, coll, ends.astype(np.float64)
 
     def gains(self, scenario: Scenario) -> np.ndarray:
         """Per step, how much shorter the step is predicted to be under SCENARIO (ps)."""
@@ -316,7 +317,7 @@ class Replay:
         return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
 
 
-def balance_gain(busy: np.ndarray, wait: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Per step: the straggler brought to the median replica's work (replicas x steps inputs).
 
     The replica that waited least in its collectives arrived last; the others waited
@@ -326,6 +327,7 @@ def balance_gain(busy: np.ndarray, wait: np.ndarray, ends: np.ndarray) -> np.nda
     """
     if busy.shape[0] < 2 or not busy.shape[1]:
         return np.zeros(busy.shape[1])
+    wait = collective_wait(coll).astype(np.float64)
     if not wait.any():
         wait = ends.max(axis=0) - ends      # how long each replica's work ended before the last one's
     cols = np.arange(busy.shape[1])

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, Labeller, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -125,7 +125,7 @@ def parameter_bytes(model: SessionModel) -> int | None:
     return None
 
 
-def measure_gpu(dev: DeviceActivity, model: SessionModel, label: str) -> GpuCollectives:
+def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
     cls = kernels.classify(dev)
     keep = kernels.in_steps(dev, model)
     coll = cls.collective & keep
@@ -139,7 +139,7 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel, label: str) -> GpuColl
     if coll.any():
         i = int(np.flatnonzero(coll)[np.argmax(dev.dur_ps[coll])])
         longest = (dev.names[dev.name[i]], int(dev.dur_ps[i]), int(dev.start_ps[i]), int(dev.end_ps[i]))
-    return GpuCollectives(label, dev.device.name, dev.device.host, intervals.total(coll_busy),
+    return GpuCollectives(kernels.device_label(model, dev), dev.device.name, dev.device.host, intervals.total(coll_busy),
                           intervals.total(exposed), int(allreduce.sum()), int(coll.sum()),
                           int(dev.dur_ps[allreduce].sum()), top, longest)
 
@@ -153,14 +153,13 @@ def replica_parts_ms(analysis: Analysis) -> tuple[float, float]:
             sum(analysis.ms_per_step(dev.total("collective_wait")) for dev in parts) / len(parts))
 
 
-def measure(analysis: Analysis, label: Labeller | None = None) -> Collectives | Finding:
+def measure(analysis: Analysis) -> Collectives | Finding:
     model = analysis.model
     active = analysis.comparable_gpus
     if not active:
         return needs_gpu(CHECK_ID, "collectives")
     lo, hi, windows = kernels.step_windows(model)
-    label = label or analysis.label
-    return Collectives([measure_gpu(dev, model, label(dev)) for dev in active], windows,
+    return Collectives([measure_gpu(dev, model) for dev in active], windows,
                        float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model))
 
 

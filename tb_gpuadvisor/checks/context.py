@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence, Severity
-from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.trust import Trust, assess
@@ -31,9 +30,6 @@ if TYPE_CHECKING:
 WARNING_GAIN_SHARE = 0.04
 CRITICAL_GAIN_SHARE = 0.10
 ACTIONABLE_MIN_MS = 0.05
-
-# How a finding names a device: per-host work names them as the whole session will.
-Labeller = Callable[[DeviceActivity], str]
 
 
 class StepScale:
@@ -96,10 +92,6 @@ class Analysis(StepScale):
 
                 self._what_if = WhatIf.build(self.model, breakdown)
         return self._what_if
-
-    def label(self, dev: DeviceActivity) -> str:
-        """How findings name a device (with its host when the session has several)."""
-        return kernels.device_label(self.model, dev)
 
     @property
     def primary_device(self) -> DeviceActivity | None:

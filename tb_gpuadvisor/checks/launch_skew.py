@@ -33,7 +33,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
-from tb_gpuadvisor.checks.context import Analysis, Labeller
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
@@ -105,14 +105,14 @@ def too_few_gpus(comparable: int) -> Finding:
                    "between GPUs to measure.")
 
 
-def measure(analysis: Analysis, label: Labeller | None = None) -> StepStarts | Finding:
+def measure(analysis: Analysis) -> StepStarts | Finding:
     """Every comparable GPU's first kernel per step, or the not-applicable finding."""
     model = analysis.model
     active = analysis.comparable_gpus
     if len(active) < 2:
         return too_few_gpus(len(active))
     lo, hi, windows = kernels.step_windows(model)
-    labels = [(label or analysis.label)(dev) for dev in active]
+    labels = [kernels.device_label(model, dev) for dev in active]
     return StepStarts(labels, [(dev.device.name, dev.device.host) for dev in active],
                       np.vstack([first_kernel_per_step(dev, model, windows) for dev in active]), lo, hi,
                       _launch_threads(model, active, labels))

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, Labeller, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
@@ -132,10 +132,9 @@ def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apar
                    {"active_gpus": active_gpus, "gpu_planes": planes})
 
 
-def measure(analysis: Analysis, label: Labeller | None = None) -> Replicas | Finding:
+def measure(analysis: Analysis) -> Replicas | Finding:
     """The comparable GPUs' busy time per step, or the not-applicable finding."""
     model = analysis.model
-    label = label or analysis.label
     active = analysis.comparable_gpus
     planes = model.gpus
     if len(active) < 2:
@@ -149,9 +148,9 @@ def measure(analysis: Analysis, label: Labeller | None = None) -> Replicas | Fin
     if serial_pairs:
         combined = intervals.total(intervals.union(np.concatenate([b[0] for b in busy]),
                                                    np.concatenate([b[1] for b in busy])))
-    idle = [(label(dev), dev.device.name, dev.device.host, len(dev))
+    idle = [(kernels.device_label(model, dev), dev.device.name, dev.device.host, len(dev))
             for dev in planes if dev not in active]
-    return Replicas([label(dev) for dev in active],
+    return Replicas([kernels.device_label(model, dev) for dev in active],
                     [(dev.device.name, dev.device.host) for dev in active], per_step, lo, hi,
                     min_overlap, serial_pairs, int(combined), idle, len(planes),
                     [d.name for d in analysis.trust.partial_devices])

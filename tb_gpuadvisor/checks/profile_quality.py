@@ -124,6 +124,8 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     tpus = [d for d in model.devices if d.device.kind == "tpu"]
     hosts = len(model.hosts)
     where = f"{hosts} host{'s' if hosts != 1 else ''}"
+    if model.hosts and model.session_hosts > hosts:     # one host of a many-host session (multihost's map)
+        where = f"host {model.hosts[0].name}, one of the session's {model.session_hosts} hosts"
     if gpus:
         vendors = sorted({d.device.vendor for d in gpus if d.device.vendor})
         vendor = f" {'/'.join(vendors)}" if vendors else ""
@@ -239,14 +241,19 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
     return issues
 
 
+def unreadable(errors: list[dict]) -> Issue:
+    """Host files that could not be read: the findings speak for the other hosts only."""
+    return Issue(Severity.WARNING, f"{len(errors)} host file(s) unreadable",
+                 "Some host files could not be read: " + "; ".join(f"{e.get('host')}: {e.get('message')}"
+                                                                  for e in errors)
+                 + ". Findings cover the other hosts only.")
+
+
 def _issues(analysis: Analysis) -> list[Issue]:
     model = analysis.model
     issues: list[Issue] = []
     if model.errors:
-        issues.append(Issue(Severity.WARNING, f"{len(model.errors)} host file(s) unreadable",
-                            "Some host files could not be read: "
-                            + "; ".join(f"{e.get('host')}: {e.get('message')}" for e in model.errors)
-                            + ". Findings cover the other hosts only."))
+        issues.append(unreadable(model.errors))
     issues += _placement_issues(analysis) + _coverage_issues(analysis) + _step_issues(analysis)
     dropped = sum(h.dropped_events for h in model.hosts)
     if dropped or model.warnings:

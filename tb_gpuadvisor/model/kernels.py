@@ -291,6 +291,6 @@ def top_by_time(keys: np.ndarray, durations: np.ndarray, limit: int) -> list[tup
 
 def device_label(model: SessionModel, dev: DeviceActivity) -> str:
     """A device's name, prefixed by its host when the session spans several hosts."""
-    if len(model.hosts) > 1:
+    if max(len(model.hosts), model.session_hosts) > 1:
         return f"{dev.device.host}{dev.device.name}"
     return dev.device.name

@@ -279,6 +279,8 @@ class SessionModel:
     framework: str                   # "tensorflow", "jax", "unknown"
     errors: list[dict] = field(default_factory=list)   # {"host", "file", "message"}
     warnings: list[str] = field(default_factory=list)
+    # Hosts of the whole session when this model holds one of them (multihost's per-host map).
+    session_hosts: int = 0
 
     @property
     def devices(self) -> list[DeviceActivity]:

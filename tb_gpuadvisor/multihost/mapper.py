@@ -19,7 +19,6 @@ from tb_gpuadvisor.checks import Finding, collectives, launch_skew, multi_gpu_im
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import DeviceActivity
 from tb_gpuadvisor.report import describe, finish, rank_findings
 
 # The balance scenario is replayed across every host's replicas in the merge, not per host.
@@ -68,7 +67,11 @@ def map_host(job: HostJob) -> HostSummary:
     # A one-host session keeps its skipped files' errors; a many-host one reports them once, in the merge.
     ref = dataclasses.replace(job.ref, hosts=(job.host,), skipped=job.ref.skipped if job.hosts == 1 else ())
     try:
-        analysis = Analysis(load_session(ref))
+        model = load_session(ref)
+        if job.hosts > 1 and not model.hosts:
+            return HostSummary(job.host, model.errors)      # unreadable: nothing to analyse
+        model.session_hosts = job.hosts     # findings name devices as the whole session does
+        analysis = Analysis(model)
         out, findings, errors = describe(analysis)
         if job.hosts == 1:
             return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
@@ -76,11 +79,6 @@ def map_host(job: HostJob) -> HostSummary:
         return _summary(job.host, analysis, out, findings, errors)
     except Exception as err:  # one bad host never hides the others
         return HostSummary(job.host, [{"host": job.host, "message": f"could not analyse this host: {err!r}"}])
-
-
-def _label(dev: DeviceActivity) -> str:
-    """Device names as a many-host session shows them (kernels.device_label)."""
-    return f"{dev.device.host}{dev.device.name}"
 
 
 def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], errors: list[dict]) -> HostSummary:
@@ -92,9 +90,9 @@ def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], 
     steps = model.steps
     summary.numbers = steps.number.astype(np.int64) if len(steps) else np.zeros(1, np.int64)
     summary.training_steps = steps.training_steps
-    summary.imbalance = multi_gpu_imbalance.measure(analysis, _label)
-    summary.skew = launch_skew.measure(analysis, _label)
-    summary.collectives = collectives.measure(analysis, _label)
+    summary.imbalance = multi_gpu_imbalance.measure(analysis)
+    summary.skew = launch_skew.measure(analysis)
+    summary.collectives = collectives.measure(analysis)
     if len(steps):
         summary.durations = steps.duration_ps.astype(np.int64)
         _gains(summary, analysis)

@@ -15,9 +15,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import WhatIf
-from tb_gpuadvisor.checks import Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance
+from tb_gpuadvisor.checks import (
+    Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance, profile_quality,
+)
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model.timeline import PS_PER_MS
@@ -158,16 +161,31 @@ def _join_skew(alignment: Alignment, parts: list) -> launch_skew.StepStarts | No
         launch_skew.top_threads(threads, len(labels)))
 
 
-def _join_collectives(parts: list) -> collectives.Collectives | None:
-    measured = [c for _, c in parts if isinstance(c, collectives.Collectives)]
+def _replica_parts_ms(alignment: Alignment, steps: int) -> tuple[float, float] | None:
+    """Collective transfer and waiting, ms per step, mean over every host's replicas: waiting is
+    measured against the fastest replica of the whole session (breakdown.collective_wait)."""
+    if not steps or any(h.balance is None for h in alignment.hosts):
+        return None
+    coll = np.vstack([alignment.take(h, h.balance[1]) for h in alignment.hosts])
+    wait = collective_wait(coll)
+    return (float((coll - wait).sum(axis=1).mean()) / PS_PER_MS / steps,
+            float(wait.sum(axis=1).mean()) / PS_PER_MS / steps)
+
+
+def _join_collectives(alignment: Alignment, parts: list, steps: int) -> collectives.Collectives | None:
+    measured = [(h, c) for h, c in parts if isinstance(c, collectives.Collectives)]
     if not measured:
         return None
-    rows = sum(len(c.rows) for c in measured)
-    return collectives.Collectives(
-        [row for c in measured for row in c.rows], measured[0].windows, measured[0].step_ps,
-        sum(c.transfer_ms * len(c.rows) for c in measured) / rows,
-        sum(c.waiting_ms * len(c.rows) for c in measured) / rows,
-        next((c.param_bytes for c in measured if c.param_bytes), None))
+    # Each host's longest call onto the session clock (its evidence links into the trace).
+    shifted = [replace(row, longest=None if row.longest is None else (
+                   row.longest[0], row.longest[1], *(int(t) for t in _shift(alignment.hosts, h, np.array(row.longest[2:])))))
+               for h, c in measured for row in c.rows]
+    measured = [c for _, c in measured]
+    transfer_ms, waiting_ms = _replica_parts_ms(alignment, steps) or (
+        sum(c.transfer_ms * len(c.rows) for c in measured) / len(shifted),
+        sum(c.waiting_ms * len(c.rows) for c in measured) / len(shifted))
+    return collectives.Collectives(shifted, measured[0].windows, measured[0].step_ps, transfer_ms, waiting_ms,
+                                   next((c.param_bytes for c in measured if c.param_bytes), None))
 
 
 def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysis,
@@ -176,7 +194,7 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
     hosts = alignment.hosts
     imbalance = _join_imbalance(alignment, [(h, h.imbalance) for h in hosts])
     skew = _join_skew(alignment, [(h, h.skew) for h in hosts])
-    coll = _join_collectives([(h, h.collectives) for h in hosts])
+    coll = _join_collectives(alignment, [(h, h.collectives) for h in hosts], scale.steps_count)
     out: dict[str, Finding] = {}
     if imbalance is not None and len(imbalance.labels) >= 2:
         out[multi_gpu_imbalance.CHECK_ID] = multi_gpu_imbalance.judge(
@@ -219,6 +237,37 @@ def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
     return replace(finding, evidence=evidence)
 
 
+# The session is as bad as its worst host for these: each host judges its own devices and capture.
+WORST_HOST = ("memory", profile_quality.CHECK_ID)
+# Counts of the capture that add up over hosts.
+SUMMED_METRICS = ("gpu_count", "active_gpu_count", "dropped_events")
+
+
+def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed: list[dict]) -> Finding | None:
+    """A check judged on each host alone: the primary host's finding (the worst host's where the
+    session is as bad as its worst host), with every other host's per-device evidence."""
+    found = [(s, f) for s in good for f in s.findings if f.check == check]
+    if not found:
+        return None
+    mine = next(f for s, f in found if s is primary) if any(s is primary for s, _ in found) else found[0][1]
+    base = mine
+    if check in WORST_HOST:
+        base = max((f for _, f in found), key=lambda f: f.severity.weight)   # the first of the worst
+        if base.severity.weight == mine.severity.weight:
+            base = mine
+    evidence = list(base.evidence) + [e for _, f in found if f is not base for e in f.evidence if e.kind == "device"]
+    finding = replace(base, evidence=evidence)
+    if check == profile_quality.CHECK_ID:
+        finding.metrics = dict(base.metrics, **{k: sum(f.metrics.get(k) or 0 for _, f in found)
+                                               for k in SUMMED_METRICS if k in base.metrics})
+        if failed:
+            issue = profile_quality.unreadable(failed)
+            finding.summary += " " + issue.text
+            if finding.severity.weight < issue.severity.weight:
+                finding.severity, finding.title = issue.severity, issue.title
+    return finding
+
+
 def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     """The session report of REF from its hosts' summaries (in REF's host order)."""
     errors = [{"host": name[: -len(".xplane.pb")], "file": name, "message": why} if name else {"message": why}
@@ -243,9 +292,12 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
         out["warnings"].append(f"{durations.size} of the primary host's {primary.durations.size} steps ran on "
                                "every host; the cross-host findings compare those")
     merged = MergedWhatIf(alignment, durations, mean_ms)
-    scale = MergedAnalysis(merged, mean_ms, primary.training_steps if durations.size else 0)
+    per_marker = primary.training_steps / primary.durations.size if primary.durations is not None else 1
+    scale = MergedAnalysis(merged, mean_ms, round(durations.size * per_marker))
     delta_ms = (primary.origin_ns - min(s.origin_ns for s in good)) / 1e6
-    findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in primary.findings]
+    failed = [e for s in summaries if not s.analysed for e in s.errors]
+    findings = [_per_host(f.check, primary, good, failed) or f for f in primary.findings]
+    findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in findings]
     joined = _cross_host(alignment, primary, scale, out["framework"]) if len(alignment.hosts) > 1 else {}
     findings = [joined.get(f.check, f) for f in findings]
     return finish(out, findings, errors, scale)   # type: ignore[arg-type]
