@@ -32,8 +32,10 @@ their time once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, needs_gpu, register
@@ -66,56 +68,85 @@ FIXES = [
 ]
 
 
-@register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
-def check(analysis: Analysis) -> Finding:
+@dataclass
+class GpuPrecision:
+    """One GPU's compute kernel time by precision inside the steps (ps, totals over all steps)."""
+
+    device: str
+    host: str
+    compute_capability: str | None
+    tensor_cores: bool
+    speedup: float              # of 32-bit eligible work moved onto Tensor Cores
+    total_ps: int
+    low_ps: int                 # fp16/bf16
+    eligible32_ps: int          # 32-bit kernels of Tensor-Core-eligible ops
+    offenders: list[tuple[str, int, int]]   # (kernel, ps, launches) of the largest 32-bit eligible ones
+
+
+@dataclass
+class Precision:
+    """What the precision judgement needs, however it was measured (one process or joined hosts)."""
+
+    gpus: list[GpuPrecision]
+    windows: int
+
+
+def measure(analysis: Analysis) -> Precision | Finding:
     model = analysis.model
-    gpus = model.active_gpus
-    if not gpus:
+    if not model.active_gpus:
         return needs_gpu(CHECK_ID, "kernels")
-    _, _, steps = kernels.step_windows(model)
-    total_ps = low_ps = eligible32_ps = 0
-    savings_ps = 0.0
-    per_gpu: list[Evidence] = []
-    offenders: list[Evidence] = []
-    for dev in gpus:
+    _, _, windows = kernels.step_windows(model)
+    rows = []
+    for dev in model.active_gpus:
         cls = kernels.classify(dev)
-        keep = kernels.in_steps(dev, model)
-        compute = cls.kernel & keep
-        dev_total = int(dev.dur_ps[compute].sum())
+        compute = cls.kernel & kernels.in_steps(dev, model)
         # bf16 counts as 16-bit here (XProf files it under 32-bit): it is what "mixed_bfloat16"
         # runs on Ampere+, and calling it 32-bit would tell users to enable what they already use.
-        dev_low = int(dev.dur_ps[compute & cls.low_precision].sum())
         fp32_eligible = compute & cls.eligible & ~cls.low_precision
-        dev_eligible32 = int(dev.dur_ps[fp32_eligible].sum())
-        total_ps += dev_total
-        low_ps += dev_low
-        eligible32_ps += dev_eligible32
-        speedup = kernels.tensor_core_speedup(dev.device)
-        savings_ps += dev_eligible32 * (1.0 - 1.0 / speedup)
-        share = 100.0 * dev_low / dev_total if dev_total else 0.0
-        per_gpu.append(Evidence("device", dev.device.name, round(share, 1), "% 16-bit",
-                                detail=f"compute capability {dev.device.compute_capability or '?'}, "
-                                       f"{dev_total / PS_PER_MS / steps:.2f} ms compute per step",
-                                device=dev.device.name, host=dev.device.host))
-        for name_idx, dur, count in kernels.top_by_time(dev.name[fp32_eligible],
-                                                        dev.dur_ps[fp32_eligible], TOP):
-            offenders.append(Evidence("kernel", dev.names[name_idx], round(dur / PS_PER_MS / steps, 3),
-                                      "ms/step", detail=f"32-bit kernel of a Tensor-Core-eligible op, "
-                                                        f"{count} launch(es)",
-                                      device=dev.device.name, host=dev.device.host, tool="kernel_stats"))
+        offenders = [(dev.names[name_idx], int(dur), int(count)) for name_idx, dur, count in
+                     kernels.top_by_time(dev.name[fp32_eligible], dev.dur_ps[fp32_eligible], TOP)]
+        rows.append(GpuPrecision(dev.device.name, dev.device.host, dev.device.compute_capability,
+                                 kernels.has_tensor_cores(dev.device), kernels.tensor_core_speedup(dev.device),
+                                 int(dev.dur_ps[compute].sum()), int(dev.dur_ps[compute & cls.low_precision].sum()),
+                                 int(dev.dur_ps[fp32_eligible].sum()), offenders))
+    return Precision(rows, windows)
+
+
+@register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
+def check(analysis: Analysis) -> Finding:
+    measured = measure(analysis)
+    if isinstance(measured, Finding):
+        return measured
+    return judge(measured, analysis.what_if.saving_ms(CHECK_ID), analysis)
+
+
+def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
+    """The finding from every GPU's kernel time by precision and the replayed saving."""
+    gpus, steps = measured.gpus, measured.windows
+    total_ps = sum(g.total_ps for g in gpus)
+    low_ps = sum(g.low_ps for g in gpus)
+    eligible32_ps = sum(g.eligible32_ps for g in gpus)
+    savings_ps = sum(g.eligible32_ps * (1.0 - 1.0 / g.speedup) for g in gpus)
+    per_gpu = [Evidence("device", g.device, round(100.0 * g.low_ps / g.total_ps if g.total_ps else 0.0, 1),
+                        "% 16-bit", detail=f"compute capability {g.compute_capability or '?'}, "
+                                           f"{g.total_ps / PS_PER_MS / steps:.2f} ms compute per step",
+                        device=g.device, host=g.host) for g in gpus]
+    offenders = [Evidence("kernel", name, round(dur / PS_PER_MS / steps, 3), "ms/step",
+                          detail=f"32-bit kernel of a Tensor-Core-eligible op, {count} launch(es)",
+                          device=g.device, host=g.host, tool="kernel_stats")
+                 for g in gpus for name, dur, count in g.offenders]
     if total_ps == 0:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU compute to assess",
                        "The GPUs ran no compute kernels inside the profiled steps.")
     percent = 100.0 * low_ps / total_ps
-    capable = [dev for dev in gpus if kernels.has_tensor_cores(dev.device)]
-    cc = ", ".join(sorted({dev.device.compute_capability or "?" for dev in gpus}))
+    capable = [g for g in gpus if g.tensor_cores]
+    cc = ", ".join(sorted({g.compute_capability or "?" for g in gpus}))
     metrics = {"low_precision_percent": round(percent, 2),
                "fp32_eligible_ms_per_step": round(eligible32_ps / PS_PER_MS / steps, 3),
                "compute_ms_per_step": round(total_ps / PS_PER_MS / steps, 3)}
     offenders.sort(key=lambda item: -item.value)
     evidence = offenders[:TOP] + (per_gpu if len(per_gpu) > 1 else [])
     busy_savings = savings_ps / PS_PER_MS / steps
-    savings = analysis.what_if.saving_ms(CHECK_ID)
     metrics["kernel_savings_ms_per_step"] = round(busy_savings, 3)
     if percent >= WARNING_BELOW:
         return Finding(CHECK_ID, Severity.OK, f"{percent:.0f}% of GPU compute runs in 16-bit",
@@ -126,7 +157,7 @@ def check(analysis: Analysis) -> Finding:
                        f"Only {percent:.1f}% of GPU kernel time is 16-bit, but this GPU (compute "
                        f"capability {cc}) has no Tensor Cores, so mixed precision would gain little.",
                        metrics, 0.0, evidence, [])
-    severity = analysis.gated(Severity.WARNING, savings)
+    severity = scale.gated(Severity.WARNING, savings)
     return Finding(
         CHECK_ID, severity,
         f"Only {percent:.0f}% of GPU compute is 16-bit on a Tensor Core GPU",
@@ -134,6 +165,6 @@ def check(analysis: Analysis) -> Finding:
         f"{cc}, whose Tensor Cores only pay off with 16-bit inputs. Matrix multiplications and "
         f"convolutions spend {metrics['fp32_eligible_ms_per_step']:.2f} ms per step in 32-bit; "
         f"they would run {busy_savings:.2f} ms per step faster with mixed precision (assumed "
-        f"{kernels.tensor_core_speedup(capable[0].device):.0f}x speed-up of that work), and a replay of "
-        f"the step predicts it {savings:.2f} ms shorter." + analysis.gain_note(severity, savings),
+        f"{capable[0].speedup:.0f}x speed-up of that work), and a replay of "
+        f"the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
         metrics, round(savings, 3), evidence, FIXES)

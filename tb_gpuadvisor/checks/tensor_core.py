@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.precision import MIXED_PRECISION
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "tensor_core"
 WARNING_AT = 10.0
@@ -94,8 +94,66 @@ class _OffTensorCores:
     kernel_names: set[str] = field(default_factory=set)
 
 
-@register(CHECK_ID, "Tensor Core usage", __doc__)
-def check(analysis: Analysis) -> Finding:
+@dataclass
+class GpuTensorCores:
+    """One Tensor Core GPU's eligible work inside the steps (ps, totals over all steps)."""
+
+    device: str
+    host: str
+    cc_major: int | None
+    speedup: float
+    eligible_ps: int
+    tc_ps: int
+    missing_ps: int
+    compute_ps: int
+    layout_ps: int
+    layout_kernels: int
+    layout_first_ps: int          # start of the first layout conversion (0 without one)
+    ops: dict[str, _OffTensorCores]         # op display name -> its kernels off Tensor Cores
+    misaligned: dict[str, list[int]]        # op display name -> dimensions not a multiple of 8
+
+
+@dataclass
+class TensorCores:
+    """What the Tensor Core judgement needs, however it was measured (one process or joined hosts)."""
+
+    gpus: list[GpuTensorCores]
+    windows: int
+
+
+def _measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuTensorCores:
+    cls = kernels.classify(dev)
+    keep = kernels.in_steps(dev, model)
+    # A kernel on Tensor Cores proves its op was eligible, whatever the op is called.
+    eligible = (cls.eligible | cls.tensor_core) & keep
+    missing = eligible & ~cls.tensor_core
+    # Aggregate per op id first, so only the distinct ops are visited in Python.
+    rows = np.flatnonzero(missing & (dev.op >= 0))
+    op_ids = dev.op[rows]
+    time_by_op = np.bincount(op_ids, weights=dev.dur_ps[rows], minlength=len(dev.ops))
+    count_by_op = np.bincount(op_ids, minlength=len(dev.ops))
+    example_name = np.full(len(dev.ops), -1, np.int64)
+    example_name[op_ids[::-1]] = dev.name[rows][::-1]          # the first kernel of each op
+    ops: dict[str, _OffTensorCores] = {}
+    for op_id in np.flatnonzero(count_by_op):
+        entry = ops.setdefault(kernels.op_display_name(dev.ops[op_id]), _OffTensorCores(dev.device.host))
+        entry.time_ps += int(time_by_op[op_id])
+        entry.count += int(count_by_op[op_id])
+        entry.kernel_names.add(dev.names[example_name[op_id]])
+    misaligned = {}
+    for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
+        bad = kernels.dims_not_multiple_of_8(op)
+        if bad:
+            misaligned[kernels.op_display_name(op)] = bad
+    layout = cls.layout & keep
+    return GpuTensorCores(
+        dev.device.name, dev.device.host, dev.device.cc_major, kernels.tensor_core_speedup(dev.device),
+        int(dev.dur_ps[eligible].sum()), int(dev.dur_ps[eligible & cls.tensor_core].sum()),
+        int(dev.dur_ps[missing].sum()), int(dev.dur_ps[cls.kernel & keep].sum()), int(dev.dur_ps[layout].sum()),
+        int(layout.sum()), int(dev.start_ps[np.flatnonzero(layout)[0]]) if layout.any() else 0, ops, misaligned)
+
+
+def measure(analysis: Analysis) -> TensorCores | Finding:
     model = analysis.model
     active = model.active_gpus
     if not active:
@@ -106,52 +164,42 @@ def check(analysis: Analysis) -> Finding:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU has no Tensor Cores",
                        f"Tensor Cores arrived with compute capability 7.0; this capture's GPUs "
                        f"report {cc}.")
-    _, _, steps = kernels.step_windows(model)
-    eligible_ps = tc_ps = not_using_ps = layout_ps = 0
-    savings_ps = 0.0
+    _, _, windows = kernels.step_windows(model)
+    return TensorCores([_measure_gpu(dev, model) for dev in gpus], windows)
+
+
+@register(CHECK_ID, "Tensor Core usage", __doc__)
+def check(analysis: Analysis) -> Finding:
+    measured = measure(analysis)
+    if isinstance(measured, Finding):
+        return measured
+    return judge(measured, analysis.what_if.saving_ms(CHECK_ID), analysis.what_if.saving_ms("precision"), analysis)
+
+
+def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale) -> Finding:
+    """The finding from every Tensor Core GPU's eligible work; SHARED is the precision fix's
+    replayed saving (the same fix for 32-bit kernels)."""
+    gpus, steps = measured.gpus, measured.windows
+    eligible_ps = sum(g.eligible_ps for g in gpus)
+    tc_ps = sum(g.tc_ps for g in gpus)
+    not_using_ps = sum(g.missing_ps for g in gpus)
+    layout_ps = sum(g.layout_ps for g in gpus)
+    savings_ps = sum(g.missing_ps * (1.0 - 1.0 / g.speedup) for g in gpus)
     ops_missing: dict[tuple[str, str], _OffTensorCores] = {}
-    layout_items: list[Evidence] = []
     misaligned: dict[str, list[int]] = {}
-    for dev in gpus:
-        cls = kernels.classify(dev)
-        keep = kernels.in_steps(dev, model)
-        # A kernel on Tensor Cores proves its op was eligible, whatever the op is called.
-        eligible = (cls.eligible | cls.tensor_core) & keep
-        missing = eligible & ~cls.tensor_core
-        dev_missing = int(dev.dur_ps[missing].sum())
-        eligible_ps += int(dev.dur_ps[eligible].sum())
-        tc_ps += int(dev.dur_ps[eligible & cls.tensor_core].sum())
-        not_using_ps += dev_missing
-        dev_compute = int(dev.dur_ps[cls.kernel & keep].sum())
-        savings_ps += dev_missing * (1.0 - 1.0 / kernels.tensor_core_speedup(dev.device))
-        # Aggregate per op id first, so only the distinct ops are visited in Python.
-        rows = np.flatnonzero(missing & (dev.op >= 0))
-        op_ids = dev.op[rows]
-        time_by_op = np.bincount(op_ids, weights=dev.dur_ps[rows], minlength=len(dev.ops))
-        count_by_op = np.bincount(op_ids, minlength=len(dev.ops))
-        example_name = np.full(len(dev.ops), -1, np.int64)
-        example_name[op_ids[::-1]] = dev.name[rows][::-1]          # the first kernel of each op
-        for op_id in np.flatnonzero(count_by_op):
-            key = (dev.device.name, kernels.op_display_name(dev.ops[op_id]))
-            entry = ops_missing.setdefault(key, _OffTensorCores(dev.device.host))
-            entry.time_ps += int(time_by_op[op_id])
-            entry.count += int(count_by_op[op_id])
-            entry.kernel_names.add(dev.names[example_name[op_id]])
-        for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
-            bad = kernels.dims_not_multiple_of_8(op)
-            if bad:
-                misaligned[kernels.op_display_name(op)] = bad
-        layout = cls.layout & keep
-        dev_layout = int(dev.dur_ps[layout].sum())
-        layout_ps += dev_layout
-        if dev_layout:
-            first = np.flatnonzero(layout)[0]
-            layout_items.append(Evidence(
-                "kernel", "layout conversions (NHWC<->NCHW transposes)",
-                round(dev_layout / PS_PER_MS / steps, 3), "ms/step",
-                detail=f"{int(layout.sum())} kernels, {100.0 * dev_layout / max(dev_compute, 1):.1f}% "
-                       f"of compute; first at {analysis.to_ms(float(dev.start_ps[first])):.3f} ms",
-                device=dev.device.name, host=dev.device.host, tool="kernel_stats"))
+    for g in gpus:
+        for name, op in g.ops.items():
+            entry = ops_missing.setdefault((g.device, name), _OffTensorCores(op.host))
+            entry.time_ps += op.time_ps
+            entry.count += op.count
+            entry.kernel_names |= op.kernel_names
+        misaligned.update(g.misaligned)
+    layout_items = [Evidence(
+        "kernel", "layout conversions (NHWC<->NCHW transposes)",
+        round(g.layout_ps / PS_PER_MS / steps, 3), "ms/step",
+        detail=f"{g.layout_kernels} kernels, {100.0 * g.layout_ps / max(g.compute_ps, 1):.1f}% "
+               f"of compute; first at {g.layout_first_ps / PS_PER_MS:.3f} ms",
+        device=g.device, host=g.host, tool="kernel_stats") for g in gpus if g.layout_ps]
     if eligible_ps == 0:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No Tensor-Core-eligible work",
                        "No GPU kernel belongs to a MatMul, convolution, Einsum or RNN op, so there is "
@@ -171,9 +219,7 @@ def check(analysis: Analysis) -> Finding:
                           + ", ".join(map(str, dims)), tool="tensorflow_stats")
                  for name, dims in list(misaligned.items())[:TOP]]
     metrics["kernel_savings_ms_per_step"] = round(savings_ps / PS_PER_MS / steps, 3)
-    savings = analysis.what_if.saving_ms(CHECK_ID)
-    shared = analysis.what_if.saving_ms("precision")
-    severity = analysis.gated(Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK, savings)
+    severity = scale.gated(Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK, savings)
     if severity is Severity.OK:
         return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on Tensor Cores",
                        f"Matrix multiplications and convolutions spend {tc_percent:.1f}% of their GPU "
@@ -181,7 +227,7 @@ def check(analysis: Analysis) -> Finding:
     fixes = [MIXED_PRECISION, DIMS_FIX]
     if layout_ps:
         fixes.append(LAYOUT_FIX)
-    if any((dev.device.cc_major or 0) >= 8 for dev in gpus):
+    if any((g.cc_major or 0) >= 8 for g in gpus):
         fixes.append(TF32_FIX)
     count = metrics["eligible_ops_not_using"]
     summary = (f"{count} Tensor-Core-eligible op(s) (MatMul, convolution, Einsum, RNN) spend "
@@ -191,7 +237,7 @@ def check(analysis: Analysis) -> Finding:
     if shared > 0:
         summary += (" For their 32-bit kernels this is the same fix as mixed precision (the precision "
                     "finding): the time is counted once.")
-    summary += analysis.gain_note(severity, savings)
+    summary += scale.gain_note(severity, savings)
     if layout_ps:
         summary += (f" Another {metrics['layout_conversion_ms_per_step']:.2f} ms per step goes to "
                     "converting tensors between NHWC and NCHW layouts.")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.checks import Finding, collectives, launch_skew, multi_gpu_imbalance
+from tb_gpuadvisor.checks import Finding, collectives, launch_skew, multi_gpu_imbalance, precision, tensor_core
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model import load_session
@@ -53,6 +53,8 @@ class HostSummary:
     imbalance: multi_gpu_imbalance.Replicas | Finding | None = None
     skew: launch_skew.StepStarts | Finding | None = None
     collectives: collectives.Collectives | Finding | None = None
+    precision: precision.Precision | Finding | None = None
+    tensor_cores: tensor_core.TensorCores | Finding | None = None
     standalone_ms: dict[str, float] = field(default_factory=dict)     # each replayed cause, this host alone
     combined: dict[frozenset, np.ndarray] = field(default_factory=dict)  # causes -> per-step device gain
     balance: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None    # replay.balance_gain inputs
@@ -93,6 +95,8 @@ def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], 
     summary.imbalance = multi_gpu_imbalance.measure(analysis)
     summary.skew = launch_skew.measure(analysis)
     summary.collectives = collectives.measure(analysis)
+    summary.precision = precision.measure(analysis)
+    summary.tensor_cores = tensor_core.measure(analysis)
     if len(steps):
         summary.durations = steps.duration_ps.astype(np.int64)
         _gains(summary, analysis)

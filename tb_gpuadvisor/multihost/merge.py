@@ -19,7 +19,8 @@ from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import WhatIf
 from tb_gpuadvisor.checks import (
-    Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance, profile_quality,
+    Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance, precision, profile_quality,
+    tensor_core,
 )
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
@@ -188,6 +189,39 @@ def _join_collectives(alignment: Alignment, parts: list, steps: int) -> collecti
                                    next((c.param_bytes for c in measured if c.param_bytes), None))
 
 
+def _per_primary_windows(primary: HostSummary, parts: list, kind: type) -> list[tuple[float, object]]:
+    """The measured parts of KIND with the factor that brings each host's totals to the primary
+    host's number of step windows (hosts may have captured a different number of steps)."""
+    measured = [(h, p) for h, p in parts if isinstance(p, kind)]
+    windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows if measured else 1)
+    return [(windows / p.windows, p) for _, p in measured]
+
+
+def _join_precision(primary: HostSummary, parts: list) -> precision.Precision | None:
+    scaled = _per_primary_windows(primary, parts, precision.Precision)
+    if not scaled:
+        return None
+    gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
+                    eligible32_ps=round(g.eligible32_ps * k),
+                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders])
+            for k, p in scaled for g in p.gpus]
+    return precision.Precision(gpus, round(scaled[0][1].windows * scaled[0][0]))
+
+
+def _join_tensor_cores(alignment: Alignment, primary: HostSummary, parts: list) -> tensor_core.TensorCores | None:
+    scaled = _per_primary_windows(primary, parts, tensor_core.TensorCores)
+    if not scaled:
+        return None
+    hosts = {id(p): h for h, p in parts}
+    gpus = [replace(g, eligible_ps=round(g.eligible_ps * k), tc_ps=round(g.tc_ps * k),
+                    missing_ps=round(g.missing_ps * k), compute_ps=round(g.compute_ps * k),
+                    layout_ps=round(g.layout_ps * k),
+                    layout_first_ps=int(_shift(alignment.hosts, hosts[id(p)], np.int64(g.layout_first_ps))),
+                    ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in g.ops.items()})
+            for k, p in scaled for g in p.gpus]
+    return tensor_core.TensorCores(gpus, round(scaled[0][1].windows * scaled[0][0]))
+
+
 def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysis,
                 framework: str) -> dict[str, Finding]:
     """The cross-host checks judged over every host's GPUs, with the primary's confidence."""
@@ -195,6 +229,8 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
     imbalance = _join_imbalance(alignment, [(h, h.imbalance) for h in hosts])
     skew = _join_skew(alignment, [(h, h.skew) for h in hosts])
     coll = _join_collectives(alignment, [(h, h.collectives) for h in hosts], scale.steps_count)
+    kinds = _join_precision(primary, [(h, h.precision) for h in hosts])
+    cores = _join_tensor_cores(alignment, primary, [(h, h.tensor_cores) for h in hosts])
     out: dict[str, Finding] = {}
     if imbalance is not None and len(imbalance.labels) >= 2:
         out[multi_gpu_imbalance.CHECK_ID] = multi_gpu_imbalance.judge(
@@ -203,6 +239,11 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
         out[launch_skew.CHECK_ID] = launch_skew.judge(skew)
     if coll is not None and len(coll.rows) >= 2:
         out[collectives.CHECK_ID] = collectives.judge(coll, scale)
+    shared = scale.what_if.saving_ms(precision.CHECK_ID)
+    if kinds is not None:
+        out[precision.CHECK_ID] = precision.judge(kinds, shared, scale)
+    if cores is not None:
+        out[tensor_core.CHECK_ID] = tensor_core.judge(cores, scale.what_if.saving_ms(tensor_core.CHECK_ID), shared, scale)
     own = {f.check: f for f in primary.findings}
     for check, finding in out.items():
         finding.fixes = fixes.for_framework(finding.fixes, framework)
@@ -235,6 +276,13 @@ def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
                         end_ms=None if item.end_ms is None else round(item.end_ms + delta_ms, 3))
                 for item in finding.evidence]
     return replace(finding, evidence=evidence)
+
+
+def failed_session(ref: SessionRef, errors: list[dict]) -> dict:
+    """The contract session object of a session nothing could be learnt from."""
+    return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
+            "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
+            "errors": errors, "warnings": []}
 
 
 # The session is as bad as its worst host for these: each host judges its own devices and capture.
@@ -276,9 +324,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
         errors += [dict(e, host=e.get("host", summary.host)) for e in summary.errors]
     good = [s for s in summaries if s.analysed]
     if not good:
-        return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
-                "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
-                "errors": errors or [{"message": "no host of this session could be analysed"}], "warnings": []}
+        return failed_session(ref, errors or [{"message": "no host of this session could be analysed"}])
     primary = next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0])
     out = dict(primary.out)
     out["hosts"] = [s.host for s in good]
