@@ -169,22 +169,6 @@ def test_capture_too_big_for_memory_is_refused_with_a_clear_message(tmp_path, mo
     assert "memory" in model.errors[0]["message"] and "GiB" in model.errors[0]["message"]
 
 
-def test_hosts_read_in_parallel_processes_match_a_sequential_read(tmp_path, monkeypatch):
-    import tb_gpuadvisor.model as model_module
-
-    synth = build_training_session(steps=4, gpus=2)
-    good = synth.space.SerializeToString()
-    write_session(tmp_path, "run", "s", {"w0": good, "w1": good, "bad": good[:100]})
-    (ref,) = find_sessions(str(tmp_path))
-    sequential = load_session(ref)
-    monkeypatch.setattr(model_module, "PARALLEL_HOSTS_MIN_BYTES", 0)
-    parallel = load_session(ref)
-    assert [h.name for h in parallel.hosts] == [h.name for h in sequential.hosts] == ["w0", "w1"]
-    assert parallel.errors == sequential.errors and parallel.errors[0]["host"] == "bad"
-    for a, b in zip(parallel.devices, sequential.devices):
-        assert np.array_equal(a.start_ps, b.start_ps) and np.array_equal(a.step, b.step)
-
-
 def test_events_the_profiler_dropped_are_counted(tmp_path):
     synth = build_training_session(steps=3)
     synth.space.warnings.append("CUPTI: dropped 12 events (buffer full)")

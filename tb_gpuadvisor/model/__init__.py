@@ -22,8 +22,6 @@ from tb_gpuadvisor.xspace.reader import CaptureError
 # Peak memory of an analysis, measured by benchmarks/bench.py: about 3-4x the capture size.
 MEMORY_PER_CAPTURE_BYTE = 4
 MEMORY_BASELINE_BYTES = 150 << 20
-# Hosts are read in parallel processes only when there is enough to read to pay for starting them.
-PARALLEL_HOSTS_MIN_BYTES = 64 << 20
 
 
 def memory_budget() -> tuple[int | None, str | None]:
@@ -70,8 +68,8 @@ def _host_budgets(sizes: list[int], budget: int | None) -> list[int | None]:
     return [spare * max(s, 0) // total if total else spare for s in sizes]
 
 
-def _read(job: tuple[str, str, object, int | None]) -> HostCapture | CaptureError:
-    path, host, opener, budget = job
+def _read(path: str, host: str, opener, budget: int | None) -> HostCapture | CaptureError:
+    """One host's capture, or why it cannot be read."""
     try:
         return read_host(path, host, opener, budget)
     except CaptureError as err:
@@ -83,18 +81,10 @@ def _read(job: tuple[str, str, object, int | None]) -> HostCapture | CaptureErro
 
 def _read_hosts(ref: SessionRef, paths: list[str], sizes: list[int],
                 budget: int | None) -> list[HostCapture | CaptureError]:
-    jobs = [(path, host, ref.opener(), share)
+    """Every host, one after another (a many-host session is mapped host by host in other
+    processes by tb_gpuadvisor.multihost; this holds them all, for one-process analyses)."""
+    return [_read(path, host, ref.opener(), share)
             for host, path, share in zip(ref.hosts, paths, _host_budgets(sizes, budget))]
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers > 1 and sum(max(s, 0) for s in sizes) >= PARALLEL_HOSTS_MIN_BYTES and ref.fs is None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor   # only here: a slow import otherwise unused
-
-        # A fresh interpreter per worker: forking a threaded process (TensorBoard) is unsafe.
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            return list(pool.map(_read, jobs))
-    return [_read(job) for job in jobs]
 
 
 def _same_clock(captures: list[tuple[HostCapture, str]], errors: list[dict]) -> list[tuple[HostCapture, str]]:
