@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import posixpath
 import re
 import sys
 
@@ -30,11 +31,11 @@ class UsageError(Exception):
 def _named(ref: SessionRef) -> SessionRef:
     """REF with its run named after its folder when discovery called it "." (PATH was the run
     folder itself): "train / <session>" in the output, as the user knows it."""
-    run_dir = os.path.dirname(os.path.dirname(os.path.dirname(ref.path)))
-    if ref.run != "." or ref.fs is not None or \
-            os.path.join(run_dir, "plugins", "profile", ref.session) != ref.path:
+    paths = os.path if ref.fs is None else posixpath
+    run_dir = paths.dirname(paths.dirname(paths.dirname(ref.path)))
+    if ref.run != "." or paths.join(run_dir, "plugins", "profile", ref.session) != ref.path:
         return ref
-    return dataclasses.replace(ref, run=os.path.basename(run_dir) or ".")
+    return dataclasses.replace(ref, run=paths.basename(run_dir) or ".")
 
 
 def _sessions(path: str) -> list[SessionRef]:

@@ -4,22 +4,33 @@ A run is any folder (at any depth below the logdir) that holds ``plugins/profile
 its name is its path relative to the logdir ("." for the logdir itself), as
 TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
 cache files XProf writes beside them are ignored.  Paths with a scheme
-(``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed.
+(``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed; their
+listings are asked of the store on every search (never of fsspec's listing cache), and
+any failure of a store (a missing backend package, credentials, network) is a
+DiscoveryError with one line for the user.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import posixpath
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
+from tb_gpuadvisor.xspace.reader import Opener, remote_stamp
 
 
 class DiscoveryError(Exception):
     """The path given cannot be searched for captures (missing, unreadable, wrong kind)."""
+
+
+class StoreError(DiscoveryError):
+    """A remote location that cannot be searched at all: its fsspec backend is not installed,
+    or the store failed (credentials, network).  Unlike a missing folder, waiting does not fix it."""
 
 
 class UnsafePathError(ValueError):
@@ -46,12 +57,16 @@ class SessionRef:
     def _join(self, *parts: str) -> str:
         return posixpath.join(*parts) if self.fs is not None else os.path.join(*parts)
 
-    def opener(self):
-        """A callable opening a file of this session (None for local files)."""
-        return None if self.fs is None else (lambda p: self.fs.open(p, "rb"))
+    def opener(self) -> Opener | None:
+        """The filesystem the reader reads this session's files with (None for local files)."""
+        return self.fs
 
     def stat_key(self) -> tuple:
-        """(host, size, mtime) of every capture file: a cache key that changes with the files."""
+        """(host, size, mtime) of every capture file: a cache key that changes with the files.
+
+        For a remote file "mtime" is every field of its info that changes on a rewrite
+        (each store names its own); the listing resolve_session just refreshed answers it.
+        """
         key = []
         for host in self.hosts:
             path = self.host_file(host)
@@ -60,10 +75,11 @@ class SessionRef:
                     st = os.stat(path)
                     key.append((host, st.st_size, st.st_mtime_ns))
                 else:
-                    info = self.fs.info(path)
-                    key.append((host, int(info.get("size") or -1),
-                                str(info.get("mtime") or info.get("LastModified") or "")))
-            except OSError:
+                    size, version = remote_stamp(self.fs.info(path))
+                    key.append((host, -1 if size is None else size, version))
+            except Exception as err:    # a store raises its own kinds; reading the file says why
+                if self.fs is None and not isinstance(err, OSError):
+                    raise
                 key.append((host, -1, -1))
         return tuple(key)
 
@@ -75,10 +91,44 @@ def _filesystem(path: str):
     try:
         import fsspec
     except ImportError:
-        raise DiscoveryError(
+        raise StoreError(
             f"{path}: remote paths need fsspec (pip install 'tb-gpuadvisor[remote]')") from None
-    fs, root = fsspec.core.url_to_fs(path)
-    return fs, root
+    try:
+        return fsspec.core.url_to_fs(path)
+    except ImportError as err:
+        raise StoreError(_missing_backend(path, err)) from None
+    except Exception as err:    # an unknown protocol, or a store refusing its settings
+        raise StoreError(f"{path}: cannot open this location: {err}") from None
+
+
+def _missing_backend(path: str, err: ImportError) -> str:
+    """One line naming the package that reads PATH's protocol (fsspec's registry knows it)."""
+    from fsspec.core import split_protocol
+    from fsspec.registry import get_filesystem_class, known_implementations
+
+    for part in path.split("::"):               # a chained URL: find the link that fails
+        protocol = split_protocol(part)[0] or "file"
+        try:
+            get_filesystem_class(protocol)
+        except ImportError:
+            package = known_implementations.get(protocol, {}).get("class", "").split(".")[0]
+            if package and package != "fsspec" and importlib.util.find_spec(package) is None:
+                return f"{path}: reading {protocol}:// needs the {package} package (pip install {package})"
+            return f"{path}: reading {protocol}:// needs a package that is not installed: {err}"
+    return f"{path}: {err}"
+
+
+@contextmanager
+def _store_errors(path: str, fs) -> Iterator[None]:
+    """Any failure of a remote store (each raises its own kinds) as a StoreError for PATH."""
+    try:
+        yield
+    except (DiscoveryError, UnsafePathError, LookupError):
+        raise
+    except Exception as err:
+        if fs is None:
+            raise
+        raise StoreError(f"{path}: cannot list this location: {type(err).__name__}: {err}") from None
 
 
 def _hosts_in(names: list[str]) -> tuple[str, ...]:
@@ -114,10 +164,22 @@ def _local_hosts(folder: str, names: list[str], real_root: str | None = None
     return tuple(hosts), tuple(skipped)
 
 
-def _run_name(paths, logdir: str, run_dir: str) -> str:
+def _run_name(fs, logdir: str, run_dir: str) -> str:
     """TensorBoard's name for a run: its folder relative to the logdir ("." for the logdir)."""
-    rel = paths.relpath(run_dir, logdir)
+    rel = os.path.relpath(run_dir, logdir) if fs is None else run_dir[len(logdir):].strip("/")
     return "." if rel in ("", ".") else rel.replace(os.sep, "/")
+
+
+def _addressable(run: str, session: str) -> bool:
+    """Whether resolve_session reaches RUN/SESSION by these names.  A store's keys are plain
+    strings, so a listed folder may be called "..", "." or "" (from "a//b"): such names would
+    read as a way out of the logdir, or as another run, and are not listed."""
+    try:
+        check_component(run, "run", allow_slash=True)
+        check_component(session, "session", allow_slash=False)
+    except UnsafePathError:
+        return False
+    return run == "." or all(part not in ("", ".") for part in run.split("/"))
 
 
 def _own_name(run_dir: str) -> str:
@@ -155,6 +217,13 @@ def find_sessions(path: str) -> list[SessionRef]:
     with no captures gives an empty list.
     """
     fs, root = _filesystem(path)
+    with _store_errors(path, fs):
+        if fs is not None:
+            fs.invalidate_cache()       # sessions written since the last search must show
+        return _find_sessions(path, fs, root)
+
+
+def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     exists = os.path.exists(root) if fs is None else fs.exists(root)
     if not exists:
         raise DiscoveryError(f"{path}: no such file or directory")
@@ -182,7 +251,6 @@ def find_sessions(path: str) -> list[SessionRef]:
         if hosts or skipped:
             return [SessionRef(_own_name(split[0]), split[1], root, hosts, fs, skipped)]
 
-    paths = os.path if fs is None else posixpath
     sessions: list[SessionRef] = []
     unreadable: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
@@ -191,14 +259,14 @@ def find_sessions(path: str) -> list[SessionRef]:
         if not found:
             continue
         hosts, skipped = _local_hosts(dirpath, filenames) if fs is None else (_hosts_in(filenames), ())
-        if hosts or skipped:
-            run_dir, session = found
-            sessions.append(SessionRef(_run_name(paths, root, run_dir), session, dirpath, hosts, fs, skipped))
+        run, session = _run_name(fs, root, found[0]), found[1]
+        if (hosts or skipped) and (fs is None or _addressable(run, session)):
+            sessions.append(SessionRef(run, session, dirpath, hosts, fs, skipped))
     for folder, reason in unreadable:
         # A session folder that cannot be listed is reported, not silently left out.
         found = _split_session_dir(folder)
         if found:
-            sessions.append(SessionRef(_run_name(paths, root, found[0]), found[1], folder, (), fs,
+            sessions.append(SessionRef(_run_name(fs, root, found[0]), found[1], folder, (), fs,
                                        (("", f"cannot list the session folder: {reason}"),)))
     sessions.sort(key=lambda ref: (ref.run, ref.session))
     return sessions
@@ -240,9 +308,12 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
         except OSError as err:
             hosts, skipped = (), (("", f"cannot list the session folder: {err.strerror}"),)
     else:
-        if not fs.isdir(session_dir):
-            raise LookupError(f"no session {session!r} in run {run!r}")
-        hosts, skipped = _hosts_in([posixpath.basename(p) for p in fs.ls(session_dir, detail=False)]), ()
+        with _store_errors(logdir, fs):
+            fs.invalidate_cache(session_dir)    # stat_key reads this listing: it must be today's
+            if not fs.isdir(session_dir):
+                raise LookupError(f"no session {session!r} in run {run!r}")
+            hosts = _hosts_in([posixpath.basename(p) for p in fs.ls(session_dir, detail=False)])
+        skipped = ()
     if not hosts and not skipped:
         raise LookupError(f"session {session!r} of run {run!r} holds no capture")
     return SessionRef(run, session, session_dir, hosts, fs, skipped)

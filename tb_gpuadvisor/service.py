@@ -57,6 +57,10 @@ class Busy(RuntimeError):
     """Too many analyses are queued already (HTTP 503); the client retries later."""
 
 
+class Unavailable(RuntimeError):
+    """A remote log root cannot be searched (HTTP 503); the message says what to install or fix."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LogRoot:
     """One directory TensorBoard was pointed at.
@@ -189,23 +193,35 @@ class AdvisorService:
     # -- listing ----------------------------------------------------------------
 
     def runs(self) -> list[dict]:
-        """Every session under the roots: [{"run", "session", "hosts"}], sorted."""
+        """Every session under the roots: [{"run", "session", "hosts"}], sorted.
+
+        Raises Unavailable when nothing is listed because a remote root cannot be searched.
+        """
+        failed: list[str] = []
         listed = [
             {"run": _join_run(root.prefix, ref.run), "session": ref.session, "hosts": list(ref.hosts)}
-            for root, ref in self._sessions()
+            for root, ref in self._sessions(failed)
         ]
+        if not listed and failed:
+            raise Unavailable("; ".join(failed))
         listed.sort(key=lambda item: (item["run"], item["session"]))
         return listed
 
     def has_sessions(self) -> bool:
-        """True once a root holds a capture file; lists files, never parses them."""
-        return any(True for _ in self._sessions())
+        """True once a root holds a capture file, or a remote root fails (the tab shows why);
+        lists files, never parses them."""
+        failed: list[str] = []
+        return any(True for _ in self._sessions(failed)) or bool(failed)
 
-    def _sessions(self) -> Iterator[tuple[LogRoot, discovery.SessionRef]]:
-        """(root, session) pairs, one root at a time; unreadable roots are skipped."""
+    def _sessions(self, failed: list[str]) -> Iterator[tuple[LogRoot, discovery.SessionRef]]:
+        """(root, session) pairs, one root at a time; unreadable roots are skipped, and why a
+        remote root cannot be searched goes to FAILED."""
         for root in self._roots:
             try:
                 refs = discovery.find_sessions(root.path)
+            except discovery.StoreError as exc:
+                failed.append(str(exc))
+                continue
             except (discovery.DiscoveryError, OSError):
                 continue
             for ref in refs:
@@ -220,12 +236,14 @@ class AdvisorService:
         reports carry the name the client asked for.
 
         Raises BadRequest for unsafe values (nothing is touched on disk) and
-        NotFound for names that are safe but unknown.
+        NotFound for names that are safe but unknown (Unavailable when a remote root that
+        could hold them cannot be searched).
         """
         run = canonical_run(check_name("run", run))
         session = check_name("session", session, allow_slash=False)
         if host is not None:
             host = check_name("host", host, allow_slash=False)
+        failed: list[str] = []
         for root in self._roots:
             inner = _split_run(root, run)
             if inner is None:
@@ -234,6 +252,9 @@ class AdvisorService:
                 ref = discovery.resolve_session(root.path, inner, session)
             except discovery.UnsafePathError as exc:
                 raise BadRequest(str(exc)) from exc
+            except discovery.StoreError as exc:
+                failed.append(str(exc))
+                continue
             except LookupError:
                 continue
             if host is None:
@@ -241,6 +262,8 @@ class AdvisorService:
             if host not in ref.hosts:
                 raise NotFound(f"unknown host {host!r} in {run}/{session}")
             return dataclasses.replace(ref, run=run, hosts=(host,))
+        if failed:
+            raise Unavailable("; ".join(failed))
         raise NotFound(f"unknown run/session {run}/{session}")
 
     # -- reports -------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import IO, Callable, Iterator
+from typing import Any, Iterator, Protocol
 
 _PLANES, _ERRORS, _WARNINGS, _HOSTNAMES = 1, 2, 3, 4
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_GROUP, _WIRE_END, _WIRE_I32 = 0, 1, 2, 3, 4, 5
@@ -125,7 +125,26 @@ def index_space(buf) -> SpaceIndex:
     return index
 
 
-Opener = Callable[[str], IO[bytes]]
+class Opener(Protocol):
+    """What remote files are read through: the part of an fsspec filesystem used here."""
+
+    def info(self, path: str) -> dict[str, Any]: ...
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes: ...
+
+    def invalidate_cache(self, path: str | None = None) -> None: ...
+
+
+# Remote files are read in ranges of at most this many bytes (one request each), so a read
+# never asks a store for more than the size it reported before reading began.
+REMOTE_CHUNK_BYTES = 16 << 20
+# Fields of fsspec's file info that change when a file is rewritten, across its implementations
+# (local and sftp/arrow/gcsfs mtime, s3fs LastModified and ETag, adlfs last_modified and etag,
+# gcsfs updated and generation, webhdfs modificationTime, ftp modify, memory created).
+_VERSION_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modificationTime",
+                   "modify", "created", "ETag", "etag", "generation")
+_CHANGED = ("the file changed while it was read (is the profiler still writing it?); "
+            "reload to analyse the new version")
 
 # What each way of failing to open a file means to the user.
 _OS_ERRORS = (
@@ -144,6 +163,8 @@ class CaptureFile:
     (touched mapped pages count as resident too) and a file that changes while
     it is read becomes a CaptureError.  Only regular files are opened, without
     blocking: a FIFO named like a capture would otherwise hang the reader forever.
+    Remote files (OPENER, an fsspec filesystem) are read in bounded ranges into a buffer of
+    the size the store reported, and compared with the store's info after the read.
     Use as a context manager.
     """
 
@@ -156,6 +177,12 @@ class CaptureFile:
             message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
                            f"cannot read the file: {err.strerror or err}")
             raise CaptureError(message) from None
+        except CaptureError:
+            raise
+        except Exception as err:    # each remote store raises its own kinds (HTTP, auth, timeouts)
+            if opener is None:
+                raise
+            raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
         self.buffer = memoryview(data)
         self.size = len(data)
         self.index = index_space(self.buffer)
@@ -193,11 +220,42 @@ def _read_local(path: str) -> bytearray:
     finally:
         os.close(fd)
     if got != len(data) or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-        raise CaptureError("the file changed while it was read (is the profiler still writing it?); "
-                           "reload to analyse the new version")
+        raise CaptureError(_CHANGED)
     return data
 
 
-def _read_remote(path: str, opener: Opener) -> bytes:
-    with opener(path) as handle:
-        return handle.read()
+def remote_stamp(info: dict[str, Any]) -> tuple[int | None, tuple[tuple[str, str], ...]]:
+    """(size or None, the fields that change on a rewrite) from a remote file's fsspec info."""
+    size = info.get("size")
+    version = tuple((name, str(info[name])) for name in _VERSION_FIELDS if info.get(name) is not None)
+    return (int(size) if size is not None else None), version
+
+
+def _fresh_stamp(fs: Opener, path: str) -> tuple[int | None, tuple[tuple[str, str], ...]]:
+    """remote_stamp asked of the store itself, not of a listing the filesystem cached."""
+    fs.invalidate_cache(path)
+    info = fs.info(path)
+    if info.get("type") == "directory":
+        raise IsADirectoryError(path)
+    return remote_stamp(info)
+
+
+def _read_remote(path: str, fs: Opener) -> bytearray:
+    before = _fresh_stamp(fs, path)
+    size = before[0]
+    if size is None:
+        raise CaptureError("the store does not report the file's size, so it cannot be read safely")
+    if size == 0:
+        raise CaptureError("the file is empty (0 bytes)")
+    data = bytearray(size)
+    got = 0
+    while got < size:
+        end = min(got + REMOTE_CHUNK_BYTES, size)
+        chunk = fs.cat_file(path, got, end)
+        if not chunk or len(chunk) > end - got:
+            break
+        data[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    if got != size or _fresh_stamp(fs, path) != before:
+        raise CaptureError(_CHANGED)
+    return data
