@@ -17,7 +17,8 @@ import os
 import posixpath
 import stat
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Iterator
 
 from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
@@ -48,11 +49,13 @@ class SessionRef:
     fs: Any = field(default=None, compare=False, hash=False, repr=False)
     # (file name, or "" for the folder itself; why it is not read): reported as errors.
     skipped: tuple[tuple[str, str], ...] = ()
+    # (host, folder) of hosts whose file is in a sibling session folder (see join_split_sessions).
+    host_dirs: tuple[tuple[str, str], ...] = ()
 
     def host_file(self, host: str) -> str:
         if host not in self.hosts:
             raise LookupError(f"host {host!r} is not in session {self.session!r}")
-        return self._join(self.path, host + XPLANE_SUFFIX)
+        return self._join(dict(self.host_dirs).get(host, self.path), host + XPLANE_SUFFIX)
 
     def _join(self, *parts: str) -> str:
         return posixpath.join(*parts) if self.fs is not None else os.path.join(*parts)
@@ -210,6 +213,46 @@ def _walk(fs, root: str, unreadable: list[tuple[str, str]]):
             yield dirpath, dirnames, filenames
 
 
+# Hosts of one job that start tracing a few seconds apart (a TPU pod, a multi-node GPU job) each
+# write their own session folder, named by its start time: folders of one run whose names lie
+# within this many seconds of the first one's, and whose hosts all differ, are one session.
+SPLIT_SESSION_S = 30
+_SESSION_TIME = "%Y_%m_%d_%H_%M_%S"
+
+
+def _started(session: str) -> datetime | None:
+    try:
+        return datetime.strptime(session, _SESSION_TIME)
+    except ValueError:
+        return None
+
+
+def _soon_after(first: str, then: str) -> bool:
+    """Whether session folder THEN started up to SPLIT_SESSION_S after FIRST (by their names)."""
+    a, b = _started(first), _started(then)
+    return a is not None and b is not None and 0 < (b - a).total_seconds() <= SPLIT_SESSION_S
+
+
+def _continues(group: SessionRef, ref: SessionRef) -> bool:
+    """Whether REF's folder holds more hosts of GROUP's session."""
+    return (group.run == ref.run and _soon_after(group.session, ref.session) and bool(group.hosts)
+            and bool(ref.hosts) and not set(group.hosts) & set(ref.hosts))
+
+
+def join_split_sessions(refs: list[SessionRef]) -> list[SessionRef]:
+    """REFS (sorted by run and session) with the folders of one split session joined under the
+    first folder's name."""
+    out: list[SessionRef] = []
+    for ref in refs:
+        if out and _continues(out[-1], ref):
+            group = out[-1]
+            out[-1] = replace(group, hosts=group.hosts + ref.hosts, skipped=group.skipped + ref.skipped,
+                              host_dirs=group.host_dirs + tuple((host, ref.path) for host in ref.hosts))
+        else:
+            out.append(ref)
+    return out
+
+
 def find_sessions(path: str) -> list[SessionRef]:
     """Every session under PATH (a logdir, a run folder, a session folder or one .xplane.pb).
 
@@ -269,7 +312,7 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
             sessions.append(SessionRef(_run_name(fs, root, found[0]), found[1], folder, (), fs,
                                        (("", f"cannot list the session folder: {reason}"),)))
     sessions.sort(key=lambda ref: (ref.run, ref.session))
-    return sessions
+    return join_split_sessions(sessions)
 
 
 def check_component(value: str, what: str, allow_slash: bool) -> None:
@@ -285,8 +328,22 @@ def check_component(value: str, what: str, allow_slash: bool) -> None:
         raise UnsafePathError(f"{what} must not contain '..' or path separators")
 
 
+def _listed(fs, run: str, session: str, session_dir: str, real_root: str | None) -> SessionRef:
+    """The session folder SESSION_DIR as listed now."""
+    if fs is None:
+        try:
+            hosts, skipped = _local_hosts(session_dir, os.listdir(session_dir), real_root)
+        except OSError as err:
+            hosts, skipped = (), (("", f"cannot list the session folder: {err.strerror}"),)
+    else:
+        fs.invalidate_cache(session_dir)    # stat_key reads this listing: it must be today's
+        hosts, skipped = _hosts_in([posixpath.basename(p) for p in fs.ls(session_dir, detail=False)]), ()
+    return SessionRef(run, session, session_dir, hosts, fs, skipped)
+
+
 def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
-    """The session RUN/SESSION of LOGDIR, refusing anything that escapes the logdir.
+    """The session RUN/SESSION of LOGDIR, refusing anything that escapes the logdir; with the
+    hosts of sibling folders of the same split session (join_split_sessions).
 
     Raises UnsafePathError for escape attempts and LookupError for unknown names.
     """
@@ -295,7 +352,9 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
     fs, root = _filesystem(logdir)
     join = os.path.join if fs is None else posixpath.join
     run_dir = root if run == "." else join(root, *run.split("/"))
-    session_dir = join(run_dir, *PROFILE_DIR, session)
+    profile_dir = join(run_dir, *PROFILE_DIR)
+    session_dir = join(profile_dir, session)
+    real_root = None
     if fs is None:
         real_root = os.path.realpath(root)
         real_session = os.path.realpath(session_dir)
@@ -303,17 +362,19 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
             raise UnsafePathError("run/session resolves outside the logdir")
         if not os.path.isdir(session_dir):
             raise LookupError(f"no session {session!r} in run {run!r}")
-        try:
-            hosts, skipped = _local_hosts(session_dir, os.listdir(session_dir), real_root)
-        except OSError as err:
-            hosts, skipped = (), (("", f"cannot list the session folder: {err.strerror}"),)
+        ref = _listed(fs, run, session, session_dir, real_root)
+        siblings = sorted(os.listdir(profile_dir))
     else:
         with _store_errors(logdir, fs):
-            fs.invalidate_cache(session_dir)    # stat_key reads this listing: it must be today's
             if not fs.isdir(session_dir):
                 raise LookupError(f"no session {session!r} in run {run!r}")
-            hosts = _hosts_in([posixpath.basename(p) for p in fs.ls(session_dir, detail=False)])
-        skipped = ()
-    if not hosts and not skipped:
+            ref = _listed(fs, run, session, session_dir, real_root)
+            siblings = sorted(posixpath.basename(p) for p in fs.ls(profile_dir, detail=False))
+    if not ref.hosts and not ref.skipped:
         raise LookupError(f"session {session!r} of run {run!r} holds no capture")
-    return SessionRef(run, session, session_dir, hosts, fs, skipped)
+    for name in siblings:
+        if _soon_after(session, name):      # only folders close in time are listed
+            with _store_errors(logdir, fs):
+                later = _listed(fs, run, name, join(profile_dir, name), real_root)
+            ref = join_split_sessions([ref, later])[0]
+    return ref
