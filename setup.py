@@ -8,6 +8,8 @@ TF_CPU = [
     "tensorflow-cpu>=2.16; platform_machine=='x86_64'",
     "tensorflow>=2.16; platform_machine!='x86_64'",
 ]
+# Analysing a session's hosts on a running Dask cluster (--engine dask); local processes need nothing.
+DASK = ["dask[distributed]>=2023.1"]
 TEST_REQUIRES = [
     "pytest>=7",
     "fsspec>=2023.1",
@@ -15,6 +17,7 @@ TEST_REQUIRES = [
     "xprof>=2.20",
     *TF_CPU,
     "jax>=0.4.20",
+    *DASK,
 ]
 
 setup(
@@ -51,6 +54,7 @@ setup(
         "demo-gpu": ["xprof>=2.20", "tensorflow[and-cuda]>=2.16"],
         "test": TEST_REQUIRES,
         "remote": ["fsspec>=2023.1"],
+        "dask": DASK,
     },
     entry_points={
         "tensorboard_plugins": ["gpu_advisor = tb_gpuadvisor.loader:GpuAdvisorLoader"],

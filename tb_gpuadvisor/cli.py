@@ -16,12 +16,18 @@ import os
 import posixpath
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from tb_gpuadvisor.checks import Severity, all_checks
 from tb_gpuadvisor.discovery import DiscoveryError, SessionRef, find_sessions
 
+if TYPE_CHECKING:
+    from tb_gpuadvisor.multihost.engine import Engine
+
 FORMATS = ("text", "json", "markdown")
 FAIL_ON = ("warning", "critical")
+# multihost.engine's names, spelt here so `checks` and --help need not import the analysis.
+ENGINES = ("local", "dask")
 
 
 class UsageError(Exception):
@@ -90,11 +96,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.render import render_markdown, render_text
     from tb_gpuadvisor.multihost import build_report
 
-    report = build_report(_sessions(args.path), args.jobs)
+    refs = _sessions(args.path)
+    with _engine(args) as engine:
+        report = build_report(refs, args.jobs, engine=engine)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
     if _unanalysed(report["sessions"]):
         return 2
     return 1 if reached([f for s in report["sessions"] for f in s["findings"]], args.fail_on) else 0
+
+
+def _engine(args: argparse.Namespace) -> "Engine":
+    """The engine the flags ask for; one that cannot be built is a usage error."""
+    from tb_gpuadvisor.multihost.engine import EngineError, make_engine
+
+    try:
+        return make_engine(args.engine, args.address, args.workers)
+    except EngineError as err:
+        raise UsageError(str(err)) from None
 
 
 def _one_session(path: str) -> SessionRef:
@@ -111,7 +129,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     from tb_gpuadvisor.multihost import analyze_session
 
-    sessions = [analyze_session(_one_session(args.base)), analyze_session(_one_session(args.new))]
+    refs = [_one_session(args.base), _one_session(args.new)]
+    with _engine(args) as engine:
+        sessions = [analyze_session(ref, engine=engine) for ref in refs]
     result = compare_sessions(*sessions)
     _emit(args.format, result, render_comparison_text, render_comparison_markdown)
     if _unanalysed(sessions):
@@ -152,6 +172,16 @@ def _jobs(text: str) -> int:
     return value
 
 
+def _add_engine_flags(command: argparse.ArgumentParser) -> None:
+    """--engine, --address, --workers: where a session's hosts are analysed."""
+    command.add_argument("--engine", choices=ENGINES, default="local",
+                         help="where each host of a session is analysed: local processes (default) or a running "
+                              "Dask cluster (pip install 'tb-gpuadvisor[dask]')")
+    command.add_argument("--address", help="the Dask scheduler to attach to, e.g. tcp://10.0.0.5:8786 "
+                                           "(default: $DASK_SCHEDULER_ADDRESS); only with --engine dask")
+    command.add_argument("--workers", type=_jobs, help="local processes for a session's hosts (default: all cores)")
+
+
 FORMAT_HELP = "text for a terminal (default), json for tools (the report contract), markdown for a PR comment"
 
 
@@ -170,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--jobs", type=_jobs, default=1, help="analyse sessions in N processes (N >= 1)")
     analyze.add_argument("-v", "--verbose", action="store_true",
                          help="show passing checks, evidence and every fix")
+    _add_engine_flags(analyze)
     analyze.set_defaults(func=cmd_analyze)
     compare = sub.add_parser("compare", help="compare two sessions: new, fixed, better, worse findings")
     compare.add_argument("base", help="the baseline session (folder or .xplane.pb)")
@@ -178,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--fail-on", choices=FAIL_ON,
                          help="exit 1 when a finding of this severity is new or got worse in time per step, "
                               "or the step got slower beyond the noise band; without it compare only reports")
+    _add_engine_flags(compare)
     compare.set_defaults(func=cmd_compare)
     checks = sub.add_parser("checks", help="list the checks, or explain one")
     checks.add_argument("check", nargs="?", help="a check id to explain")

@@ -14,6 +14,8 @@ is anything stat'ed or read.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import re
 import threading
@@ -21,9 +23,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from tb_gpuadvisor import discovery
+
+if TYPE_CHECKING:
+    from tb_gpuadvisor.multihost.engine import Engine
+
+log = logging.getLogger("tb_gpuadvisor")
 
 # Analyzing a session is CPU-bound and protobuf parsing holds the GIL; two
 # workers keep one slow capture from blocking the others without starving the
@@ -189,6 +196,8 @@ class AdvisorService:
         self._lock = threading.Lock()
         self._jobs: OrderedDict[tuple, _Job] = OrderedDict()
         self._bytes_per_s = INITIAL_BYTES_PER_S
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()   # apart from _lock: attaching to Dask can take seconds
 
     # -- listing ----------------------------------------------------------------
 
@@ -353,8 +362,26 @@ class AdvisorService:
         if self._analyze is None:
             from tb_gpuadvisor.multihost import analyze_session
 
-            self._analyze = analyze_session
+            self._analyze = functools.partial(analyze_session, engine=self._shared_engine())
         return self._analyze
+
+    def _shared_engine(self) -> Engine:
+        """The engine every analysis shares, made on first use: a Dask cluster when
+        $DASK_SCHEDULER_ADDRESS names one (attached to, never started), else this machine's
+        processes; a scheduler that cannot be reached is logged and the tab works locally."""
+        from tb_gpuadvisor.multihost.engine import ADDRESS_ENV, EngineError, LocalEngine, make_engine
+
+        with self._engine_lock:
+            if self._engine is None:
+                address = os.environ.get(ADDRESS_ENV)
+                if address:
+                    try:
+                        self._engine = make_engine("dask", address)
+                    except EngineError as err:
+                        log.warning("gpu_advisor: analysing on this machine instead: %s", err)
+                if self._engine is None:
+                    self._engine = LocalEngine()
+            return self._engine
 
     def _outcome(self, job: _Job, wait_s: float) -> dict | Pending:
         try:
@@ -375,4 +402,8 @@ class AdvisorService:
     def close(self) -> None:
         """Stops the workers (tests; TensorBoard never unloads plugins)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 

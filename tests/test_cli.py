@@ -81,7 +81,7 @@ def test_text_shows_the_top_fix_and_verbose_keeps_long_names(logdir, capsys):
 def test_verbose_evidence_names_are_not_cut(capsys, monkeypatch, logdir):
     name = "Iterator::Model::Prefetch::MapAndBatch::TensorSlice::" + "Nested" * 20
     evidence = [{"kind": "stage", "name": name, "value": 1.5, "unit": "ms/step"}]
-    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
         _finding("input_bound", "critical", evidence=evidence)))
     assert main(["analyze", str(logdir / "good"), "-v"]) == 0
     assert name in capsys.readouterr().out
@@ -101,19 +101,19 @@ def _report(*findings: dict, hosts=("h",), run="train") -> dict:
 
 def test_low_confidence_never_trips_fail_on_alone(capsys, monkeypatch, logdir):
     low = _finding("memcpy", "critical", confidence="low", confidence_reasons=["only 1 step captured"])
-    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(low))
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(low))
     assert main(["analyze", str(logdir / "good"), "--fail-on", "warning"]) == 0
     assert "confidence: low (only 1 step captured)" in capsys.readouterr().out
     assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
     assert "**Confidence:** low (only 1 step captured)" in capsys.readouterr().out
     high = _finding("input_bound", "critical", confidence="high")
-    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(low, high))
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(low, high))
     assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 1
 
 
 def test_names_from_the_capture_are_inert(capsys, monkeypatch, logdir):
     """Escape sequences never reach the terminal; Markdown shows host names as text."""
-    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs: _report(
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
         _finding("input_bound", "critical"), hosts=["<img src=x>|host"], run="\x1b[31mred\x1b]0;title\x07"))
     main(["analyze", str(logdir / "good")])
     out = capsys.readouterr().out
