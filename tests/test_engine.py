@@ -189,7 +189,7 @@ def engines_seen(monkeypatch):
 
     def analyze_session(ref, engine=None):
         seen.append(engine)
-        return multihost.failed_session(ref, "not analysed in this test")
+        return multihost.failed_session(ref, [{"message": "not analysed in this test"}])
 
     monkeypatch.setattr(multihost, "build_report", build_report)
     monkeypatch.setattr(multihost, "analyze_session", analyze_session)

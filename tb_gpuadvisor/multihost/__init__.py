@@ -8,43 +8,73 @@ capture: unreadable hosts, a failed check or a session with no steps become
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.multihost.engine import Engine, LocalEngine
+from tb_gpuadvisor.multihost.mapper import HostJob, HostSummary, map_host
+from tb_gpuadvisor.multihost.merge import failed_session, merge
 from tb_gpuadvisor.report import session_json
 
-if TYPE_CHECKING:
-    from tb_gpuadvisor.multihost.engine import Engine
+
+def _here_only(ref: SessionRef) -> bool:
+    """Files only this process can see (fsspec's in-memory filesystem) are mapped here."""
+    protocol = getattr(ref.fs, "protocol", None) if ref.fs is not None else None
+    return protocol is not None and "memory" in ((protocol,) if isinstance(protocol, str) else protocol)
 
 
-def failed_session(ref: SessionRef, message: str) -> dict:
-    """The contract session object of a session nothing could be learnt from."""
-    return {"run": ref.run, "session": ref.session, "hosts": list(ref.hosts), "framework": "unknown",
-            "devices": [], "steps": {"count": 0, "source": "none"}, "findings": [], "first_fix": None,
-            "errors": [{"message": message}], "warnings": []}
-
-
-def analyze_session(ref: SessionRef, engine: "Engine | None" = None) -> dict:
+def analyze_session(ref: SessionRef, engine: Engine | None = None) -> dict:
     """The contract session object for REF; problems become ``errors`` entries. ENGINE runs
-    the per-host work (multihost.engine; None: this machine's processes)."""
+    the per-host maps (None: this machine's processes, one per core)."""
+    if len(ref.hosts) <= 1:
+        return _one_host(ref)
+    jobs = [HostJob(ref, host, len(ref.hosts)) for host in ref.hosts]
+    own = engine is None
+    engine = engine or LocalEngine()
+    summaries: dict[int, HostSummary] = {}
     try:
-        model = load_session(ref)
-    except Exception as err:  # never let one session take the whole report down
-        return failed_session(ref, f"could not analyse the session: {err!r}")
-    if not model.hosts:
+        for outcome in engine.run(map_host, jobs, in_process=_here_only(ref)):
+            job = jobs[outcome.index]
+            summaries[outcome.index] = (outcome.value if outcome.error is None else HostSummary(
+                job.host, [{"host": job.host, "message": f"the analysis of this host failed twice: {outcome.error}"}]))
+    except Exception as err:  # the engine itself failed (a lost cluster): nothing to merge
+        return failed_session(ref, [{"message": f"could not analyse the session: {err!r}"}])
+    finally:
+        if own:
+            engine.close()
+    return merge(ref, [summaries[i] for i in range(len(jobs))])
+
+
+def _one_host(ref: SessionRef) -> dict:
+    """A session of one host (or none readable): analysed here, exactly as the map would."""
+    if not ref.hosts:
+        try:
+            model = load_session(ref)
+        except Exception as err:  # never let one session take the whole report down
+            return failed_session(ref, [{"message": f"could not analyse the session: {err!r}"}])
         return dict(session_json(model), hosts=list(ref.hosts))
-    return session_json(model)
+    summary = map_host(HostJob(ref, ref.hosts[0], 1))
+    return summary.report if summary.report is not None else failed_session(ref, summary.errors)
 
 
-def build_report(refs: list[SessionRef], jobs: int = 1, engine: "Engine | None" = None) -> dict:
-    """The contract's report for several sessions, analysed in JOBS processes when asked."""
-    if jobs > 1 and len(refs) > 1 and all(ref.fs is None for ref in refs):
+def _analyze_alone(ref: SessionRef) -> dict:
+    """A session analysed in one process (sessions are already spread over processes)."""
+    return analyze_session(ref, LocalEngine(workers=1))
+
+
+def build_report(refs: list[SessionRef], jobs: int = 1, engine: Engine | None = None) -> dict:
+    """The contract's report for several sessions. JOBS > 1 analyses whole sessions in that many
+    processes (each session's hosts one after another); otherwise ENGINE maps each session's
+    hosts (None: this machine's processes)."""
+    if jobs > 1 and len(refs) > 1 and not any(_here_only(ref) for ref in refs):
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            sessions = list(pool.map(analyze_session, refs))
-    else:
-        sessions = [analyze_session(ref) for ref in refs]
-    return {"schema_version": SCHEMA_VERSION, "sessions": sessions}
+            return {"schema_version": SCHEMA_VERSION, "sessions": list(pool.map(_analyze_alone, refs))}
+    own = engine is None
+    engine = engine or LocalEngine()
+    try:
+        return {"schema_version": SCHEMA_VERSION, "sessions": [analyze_session(ref, engine) for ref in refs]}
+    finally:
+        if own:
+            engine.close()
