@@ -1,7 +1,7 @@
 """Compare two analysed sessions: which findings are new, fixed, better, worse or unchanged.
 
 Used by ``tb-gpuadvisor compare BASE NEW`` (and its ``--fail-on`` for CI) and by the plugin.
-Both inputs are contract session objects (``report.analyze_session``), so a comparison can
+Both inputs are contract session objects (``multihost.analyze_session``), so a comparison can
 also be made from two saved JSON reports.
 
 Everything is judged on **absolute time per step**, never on shares of the step: when a fix
