@@ -415,14 +415,21 @@ def machine_line(result: dict) -> str:
             f"C wire decoder: {'yes' if m['c_decoder'] else 'no'}; commit {m['commit']}.")
 
 
+def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table, numbers right-aligned and the last (notes) column left."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if i < len(header) - 1 else "---" for i in range(len(header))) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def targets_markdown(found: list[dict]) -> list[str]:
+    """The targets as a Markdown table: target, measured value, met."""
+    return ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |" for t in found]
+
+
 def render_markdown(result: dict) -> str:
-    lines = [
-        machine_line(result),
-        "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join("---:" if i < len(HEADER) - 1 else "---" for i in range(len(HEADER))) + "|",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(result["rows"])]
+    lines = [machine_line(result), "", *markdown_table(HEADER, table_rows(result["rows"]))]
     runs: dict[str, list[str]] = {}
     for r in result["rows"]:
         runs.setdefault(r.get("commit") or "?", []).append(f"{r['nominal_mb']:g} MB x {r['gpus']}")
@@ -431,20 +438,19 @@ def render_markdown(result: dict) -> str:
             f"commit {c}: {', '.join(sizes)}" for c, sizes in runs.items()) + "."]
     lines += ["", "Times are wall seconds of a cold process; RSS is the child's peak resident memory. "
               "`<=` marks ratios against an XProf run that was killed (so XProf needed at least that).",
-              "", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |"
-              for t in result["targets"]]
+              "", *targets_markdown(result["targets"])]
     return "\n".join(lines) + "\n"
 
 
-def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = ()) -> None:
-    """Results as JSON and Markdown, and the Markdown table into each README's results section."""
+def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = (), *, name: str = "latest",
+                  render: Callable[[dict], str] = render_markdown, section: str = "results") -> None:
+    """Results as NAME.json and NAME.md, and the Markdown into each README's SECTION."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = render_markdown(result)
-    (out_dir / "latest.md").write_text(md)
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = render(result)
+    (out_dir / f"{name}.md").write_text(md)
     for readme in readmes:
-        write_section(readme, md)
+        write_section(readme, md, section)
 
 
 def write_section(readme: Path, md: str, name: str = "results") -> None:

@@ -34,7 +34,6 @@ import argparse
 import compileall
 import dataclasses
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -89,7 +88,7 @@ class ProcessTree:
         self.max_process_mb = 0.0
         self.max_total_mb = 0.0
         self.max_processes = 0
-        self._parent: dict[int, int] = {}
+        self._parent: dict[int, int | None] = {}
         self._last = float("-inf")
 
     def members(self, root: int) -> set[int]:
@@ -288,29 +287,20 @@ def render_markdown(result: dict) -> str:
         f"One host: {host['bytes'] / bench.MB:.1f} MB, {HOST_GPUS} GPUs, {host['steps']} steps, "
         f"{host['events']:,} events; a session of N hosts is N hard links of it.",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join("---:" if i < len(HEADER) - 1 else "---" for i in range(len(HEADER))) + "|",
+        *bench.markdown_table(HEADER, [table_row(r) for r in result["rows"]]),
     ]
-    lines += ["| " + " | ".join(table_row(r)) + " |" for r in result["rows"]]
     lines += ["", "Times are wall seconds of a cold process (best of the runs). Max-process RSS is the "
               "largest single process of the run (the CLI, any worker it starts, and for Dask the "
               "cluster's worker processes); total RSS is the largest sum over those processes at one "
               "moment. `>` and `>=` mark a run that was killed. The machine's cores are shared with "
               "other jobs, so times are noisy (a few tens of percent).",
-              "", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |"
-              for t in result["targets"]]
+              "", *bench.targets_markdown(result["targets"])]
     return "\n".join(lines) + "\n"
 
 
 def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = ()) -> None:
-    """Results as JSON and Markdown, and the Markdown into each README's ``hosts`` section."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "hosts.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = render_markdown(result)
-    (out_dir / "hosts.md").write_text(md)
-    for readme in readmes:
-        bench.write_section(readme, md, "hosts")
+    """results/hosts.json, hosts.md and the README's ``hosts`` section."""
+    bench.write_results(result, out_dir, readmes, name="hosts", render=render_markdown, section="hosts")
 
 
 # --- main -------------------------------------------------------------------------------------
