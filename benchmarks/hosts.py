@@ -233,16 +233,19 @@ HEADER = ("hosts", "data MB", "events", "ours s", "ours max-process RSS GB", "ou
           "dask s", "dask max-process RSS GB", "XProf s", "XProf RSS GB", "notes")
 
 
-def _seconds(run: dict | None) -> str:
-    if run is None:
+def _cell(run: dict | None, value: str, killed_mark: str) -> str:
+    """VALUE of a good run, marked as a lower bound for a killed one; a failed run has none."""
+    if run is None or run["status"] == "failed":
         return "-"
-    return f"{'' if run['status'] == 'ok' else '>'}{run['wall_s']:.2f}"
+    return f"{'' if run['status'] == 'ok' else killed_mark}{value}"
+
+
+def _seconds(run: dict | None) -> str:
+    return _cell(run, f"{run['wall_s']:.2f}" if run else "", ">")
 
 
 def _gb(run: dict | None, key: str = "max_process_mb") -> str:
-    if run is None:
-        return "-"
-    return f"{'' if run['status'] == 'ok' else '>='}{run[key] / bench.KB:.2f}"
+    return _cell(run, f"{run[key] / bench.KB:.2f}" if run else "", ">=")
 
 
 def table_row(r: dict) -> tuple[str, ...]:

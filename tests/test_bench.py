@@ -137,3 +137,16 @@ def test_process_tree_memory_counts_descendants_and_extra_processes() -> None:
     assert run["processes"] >= 3  # the child, its own child, the extra process
     assert 200 < run["sampled_max_process_mb"] < 300  # the grandchild, seen by sampling
     assert run["total_mb"] > run["sampled_max_process_mb"] + 150  # plus the extra process
+
+
+def test_many_hosts_table_marks_killed_and_failed_runs() -> None:
+    import hosts
+
+    def run(status: str) -> dict:
+        return {"status": status, "wall_s": 12.0, "max_process_mb": 2048.0, "total_mb": 3072.0,
+                "detail": {"ok": "", "timeout": "timeout: killed after 12 s", "failed": "exit 2: no --engine"}[status]}
+
+    row = {"hosts": 4, "data_mb": 96.0, "events": 100, "ours": run("ok"), "dask": run("failed"),
+           "xprof": run("timeout"), "dask_note": ""}
+    assert hosts.table_row(row) == ("4", "96", "100", "12.00", "2.00", "3.00", "-", "-", ">12.00", ">=2.00",
+                                    "dask exit 2: no --engine; XProf timeout: killed after 12 s")
