@@ -295,8 +295,8 @@ def render_markdown(result: dict) -> str:
     lines += ["", "Times are wall seconds of a cold process (best of the runs). Max-process RSS is the "
               "largest single process of the run (the CLI, any worker it starts, and for Dask the "
               "cluster's worker processes); total RSS is the largest sum over those processes at one "
-              "moment. `>` and `>=` mark a run that was killed. The machine's cores are shared with "
-              "other jobs, so times are noisy (a few tens of percent).",
+              "moment. `>` and `>=` mark a run that was killed. The machine's cores may be shared with "
+              "other jobs: on a busy machine times vary up to 2x between runs, memory by a few percent.",
               "", *bench.targets_markdown(result["targets"])]
     return "\n".join(lines) + "\n"
 
