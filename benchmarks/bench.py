@@ -38,6 +38,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -88,12 +89,15 @@ POLL_S = 0.005
 
 
 def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = None,
-            result_file: Path | None = None, cpus: set[int] | None = None) -> Measurement:
+            result_file: Path | None = None, cpus: set[int] | None = None,
+            rss_mb: Callable[[int], float] = _rss_mb) -> Measurement:
     """Run CMD in its own process; wall time and its own peak RSS via wait4.
 
     The child is killed past ``timeout_s`` or when its RSS passes
     ``mem_limit_mb`` (checked every POLL_S), so a tool that would exhaust the
     machine is recorded instead of taking the benchmark (and others) down.
+    ``rss_mb(pid)`` is what is checked; ``hosts.py`` passes one that also
+    watches the child's worker processes.
     """
     if result_file is not None and result_file.exists():
         result_file.unlink()
@@ -109,7 +113,7 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
             if pid:
                 break
             elapsed = time.perf_counter() - began
-            seen_mb = max(seen_mb, _rss_mb(proc.pid))
+            seen_mb = max(seen_mb, rss_mb(proc.pid))
             if not killed and elapsed > timeout_s:
                 killed = f"timeout: killed after {timeout_s:.0f} s"
             elif not killed and mem_limit_mb and seen_mb > mem_limit_mb:
@@ -163,11 +167,14 @@ def _child_model(session_dir: str, out: str) -> int:
 
 
 def _child_xprof(xplane: str, out: str) -> int:
+    """XProf's overview page of one file, or of every host file of a session folder."""
     began = time.perf_counter()
     from xprof.convert import raw_to_tool_data
 
+    path = Path(xplane)
+    files = sorted(str(p) for p in path.glob("*.xplane.pb")) if path.is_dir() else [xplane]
     imported = time.perf_counter()
-    data, _ = raw_to_tool_data.xspace_to_tool_data([xplane], "overview_page", {"use_saved_result": False})
+    data, _ = raw_to_tool_data.xspace_to_tool_data(files, "overview_page", {"use_saved_result": False})
     done = time.perf_counter()
     Path(out).write_text(json.dumps({"import_s": imported - began, "convert_s": done - imported,
                                      "bytes": len(data) if data else 0}))
@@ -400,17 +407,29 @@ def render_text(rows: list[dict]) -> str:
     return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(HEADER))).rstrip() for c in cells)
 
 
-def render_markdown(result: dict) -> str:
+def machine_line(result: dict) -> str:
+    """When and where RESULT was measured: CPU, cores, RAM, versions, commit."""
     m = result["machine"]
-    lines = [
-        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM; "
-        f"Python {m['python']}, xprof {m['xprof']}, protobuf {m['protobuf']}, numpy {m['numpy']}; "
-        f"C wire decoder: {'yes' if m['c_decoder'] else 'no'}; commit {m['commit']}.",
-        "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join("---:" if i < len(HEADER) - 1 else "---" for i in range(len(HEADER))) + "|",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(result["rows"])]
+    return (f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM; "
+            f"Python {m['python']}, xprof {m['xprof']}, protobuf {m['protobuf']}, numpy {m['numpy']}; "
+            f"C wire decoder: {'yes' if m['c_decoder'] else 'no'}; commit {m['commit']}.")
+
+
+def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table, numbers right-aligned and the last (notes) column left."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if i < len(header) - 1 else "---" for i in range(len(header))) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def targets_markdown(found: list[dict]) -> list[str]:
+    """The targets as a Markdown table: target, measured value, met."""
+    return ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |" for t in found]
+
+
+def render_markdown(result: dict) -> str:
+    lines = [machine_line(result), "", *markdown_table(HEADER, table_rows(result["rows"]))]
     runs: dict[str, list[str]] = {}
     for r in result["rows"]:
         runs.setdefault(r.get("commit") or "?", []).append(f"{r['nominal_mb']:g} MB x {r['gpus']}")
@@ -419,24 +438,28 @@ def render_markdown(result: dict) -> str:
             f"commit {c}: {', '.join(sizes)}" for c, sizes in runs.items()) + "."]
     lines += ["", "Times are wall seconds of a cold process; RSS is the child's peak resident memory. "
               "`<=` marks ratios against an XProf run that was killed (so XProf needed at least that).",
-              "", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |"
-              for t in result["targets"]]
+              "", *targets_markdown(result["targets"])]
     return "\n".join(lines) + "\n"
 
 
-def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = ()) -> None:
-    """Results as JSON and Markdown, and the Markdown table into each README's results section."""
+def write_results(result: dict, out_dir: Path, readmes: tuple[Path, ...] = (), *, name: str = "latest",
+                  render: Callable[[dict], str] = render_markdown, section: str = "results") -> None:
+    """Results as NAME.json and NAME.md, and the Markdown into each README's SECTION."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = render_markdown(result)
-    (out_dir / "latest.md").write_text(md)
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = render(result)
+    (out_dir / f"{name}.md").write_text(md)
     for readme in readmes:
-        text = readme.read_text() if readme.exists() else ""
-        if begin in text and end in text:
-            head, rest = text.split(begin, 1)
-            readme.write_text(f"{head}{begin}\n{md}{end}{rest.split(end, 1)[1]}")
+        write_section(readme, md, section)
+
+
+def write_section(readme: Path, md: str, name: str = "results") -> None:
+    """MD in place of what README holds between its ``<!-- NAME:begin/end -->`` markers."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = readme.read_text() if readme.exists() else ""
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        readme.write_text(f"{head}{begin}\n{md}{end}{rest.split(end, 1)[1]}")
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,70 @@ def test_targets_and_table() -> None:
     merged = bench.merge_rows(rows, [_row(50, 8, 2.0, 10.0), _row(10, 1, 0.5, 1.0)])
     assert [(r["gpus"], r["nominal_mb"], r["ours"]["wall_s"]) for r in merged] == [
         (1, 10, 0.5), (8, 50, 2.0), (8, 200, 4.0), (8, 1000, 70.0)]
+
+
+def test_many_hosts_session_of_links(tmp_path: Path) -> None:
+    import hosts
+
+    host = hosts.build_host(tmp_path, size_mb=1)
+    session = hosts.link_session(host.path, 2, tmp_path / "links")
+    assert sorted(p.name for p in session.iterdir()) == ["host000.xplane.pb", "host001.xplane.pb"]
+    assert host.path.stat().st_nlink == 3  # hard links, not copies
+
+    row = hosts.bench_hosts(host, 2, tmp_path, timeout_s=120, with_xprof=False)
+    ours = row["ours"]
+    assert ours["status"] == "ok", ours["detail"]
+    assert ours["max_process_mb"] > 20 and ours["total_mb"] >= ours["max_process_mb"]
+    assert row["events"] == 2 * host.events and row["dask"] is None and row["xprof"] is None
+    assert not (tmp_path / "h2").exists() and host.path.stat().st_nlink == 3  # its links are gone
+
+    fast = {**ours, "wall_s": 10.0, "max_process_mb": 200.0}
+    slow = {**ours, "wall_s": 30.0, "max_process_mb": 100.0}
+    big = {**row, "hosts": 64, "ours": fast, "dask": slow, "dask_note": ""}
+    verdict = {t["target"]: t["met"] for t in hosts.targets([row, big])}
+    assert verdict == {"64 hosts x 24 MB, local engine: analyze in < 20 s": True,
+                       "64 hosts x 24 MB, local engine: every process < 0.3 GB": True,
+                       "64 hosts x 24 MB, Dask engine: analyze in < 20 s": False,
+                       "64 hosts x 24 MB, Dask engine: every process < 0.3 GB": True}
+
+    result = {"date": "today", "machine": bench.machine(), "rows": [row], "targets": [],
+              "host": {"bytes": host.bytes, "steps": host.steps, "events": host.events}}
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\nKEEP\n<!-- results:end -->\n<!-- hosts:begin -->\nOLD\n"
+                      "<!-- hosts:end -->\n")
+    hosts.write_results(result, tmp_path / "out", (readme,))
+    assert json.loads((tmp_path / "out" / "hosts.json").read_text())["rows"][0]["hosts"] == 2
+    text = readme.read_text()
+    assert "KEEP" in text and "OLD" not in text and f"| 2 | 2 | {2 * host.events:,} |" in text
+
+
+def test_process_tree_memory_counts_descendants_and_extra_processes() -> None:
+    import hosts
+
+    py = sys.executable
+    hold = "import time; b = bytearray({} << 20); time.sleep({})"
+    other = subprocess.Popen([py, "-c", hold.format(150, 30)])
+    try:
+        time.sleep(1.0)  # let it allocate
+        parent = (f"import subprocess, sys; subprocess.run([sys.executable, '-c', {hold.format(200, 1)!r}])")
+        run = hosts.measure_tree([py, "-c", parent], timeout_s=60, extra_roots=(other.pid,))
+    finally:
+        other.kill()
+        other.wait()
+    assert run["status"] == "ok", run["detail"]
+    assert run["processes"] >= 3  # the child, its own child, the extra process
+    assert 200 < run["sampled_max_process_mb"] < 300  # the grandchild, seen by sampling
+    assert run["total_mb"] > run["sampled_max_process_mb"] + 150  # plus the extra process
+
+
+def test_many_hosts_table_marks_killed_and_failed_runs() -> None:
+    import hosts
+
+    def run(status: str) -> dict:
+        return {"status": status, "wall_s": 12.0, "max_process_mb": 2048.0, "total_mb": 3072.0,
+                "detail": {"ok": "", "timeout": "timeout: killed after 12 s", "failed": "exit 2: no --engine"}[status]}
+
+    row = {"hosts": 4, "data_mb": 96.0, "events": 100, "ours": run("ok"), "dask": run("failed"),
+           "xprof": run("timeout"), "dask_note": ""}
+    assert hosts.table_row(row) == ("4", "96", "100", "12.00", "2.00", "3.00", "-", "-", ">12.00", ">=2.00",
+                                    "dask exit 2: no --engine; XProf timeout: killed after 12 s")
