@@ -32,7 +32,7 @@ after it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -198,6 +198,7 @@ class Replay:
         # depend on the scenario, so each is measured once and scenarios only weigh them.
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}
         self._gains: dict[str, np.ndarray] = {}
+        self._device_gains: dict[str, np.ndarray] = {}
 
     def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
                  tag: str) -> np.ndarray:
@@ -298,9 +299,12 @@ class Replay:
 
     def device_gains(self, scenario: Scenario) -> np.ndarray:
         """Per step, the gain every measured device allows (the smallest), before balancing."""
-        per_device = np.vstack([self._device_gain(part, chain, scenario)
-                                for part, chain in zip(self.breakdown.devices, self.chains)])
-        return per_device.min(axis=0)
+        key = repr(replace(scenario, balance=False))
+        if key not in self._device_gains:
+            per_device = np.vstack([self._device_gain(part, chain, scenario)
+                                    for part, chain in zip(self.breakdown.devices, self.chains)])
+            self._device_gains[key] = per_device.min(axis=0)
+        return self._device_gains[key]
 
     def _replay(self, scenario: Scenario) -> np.ndarray:
         n = len(self.steps)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -153,6 +153,7 @@ def replica_parts_ms(analysis: Analysis) -> tuple[float, float]:
             sum(analysis.ms_per_step(dev.total("collective_wait")) for dev in parts) / len(parts))
 
 
+@measurement
 def measure(analysis: Analysis) -> Collectives | Finding:
     model = analysis.model
     active = analysis.comparable_gpus

@@ -7,9 +7,10 @@ and hands the same object to all of them.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
@@ -57,6 +58,20 @@ class StepScale:
                 "not on the critical path: fix the larger findings first.")
 
 
+M = TypeVar("M")
+
+
+def measurement(measure: "Callable[[Analysis], M]") -> "Callable[[Analysis], M]":
+    """A check's measurement, kept on the analysis: the check and the multihost map both ask for
+    it, and the second asks for free. Each is asked from one thread at a time."""
+    @functools.wraps(measure)
+    def once(analysis: "Analysis") -> M:
+        if measure not in analysis.measurements:
+            analysis.measurements[measure] = measure(analysis)
+        return analysis.measurements[measure]
+    return once
+
+
 @dataclass
 class Analysis(StepScale):
     """The analysed session handed to every check."""
@@ -67,6 +82,8 @@ class Analysis(StepScale):
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _breakdown: "Breakdown | None" = field(default=None, init=False, repr=False, compare=False)
     _what_if: "WhatIf | None" = field(default=None, init=False, repr=False, compare=False)
+    # The checks' measurements (see ``measurement``), by function.
+    measurements: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.trust is None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.context import Analysis, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
@@ -105,6 +105,7 @@ def too_few_gpus(comparable: int) -> Finding:
                    "between GPUs to measure.")
 
 
+@measurement
 def measure(analysis: Analysis) -> StepStarts | Finding:
     """Every comparable GPU's first kernel per step, or the not-applicable finding."""
     model = analysis.model

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
 from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
@@ -132,6 +132,7 @@ def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apar
                    {"active_gpus": active_gpus, "gpu_planes": planes})
 
 
+@measurement
 def measure(analysis: Analysis) -> Replicas | Finding:
     """The comparable GPUs' busy time per step, or the not-applicable finding."""
     model = analysis.model

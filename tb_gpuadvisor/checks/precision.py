@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, needs_gpu, register
@@ -91,6 +91,7 @@ class Precision:
     windows: int
 
 
+@measurement
 def measure(analysis: Analysis) -> Precision | Finding:
     model = analysis.model
     if not model.active_gpus:

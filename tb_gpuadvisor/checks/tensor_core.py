@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale
+from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -153,6 +153,7 @@ def _measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuTensorCores:
         int(layout.sum()), int(dev.start_ps[np.flatnonzero(layout)[0]]) if layout.any() else 0, ops, misaligned)
 
 
+@measurement
 def measure(analysis: Analysis) -> TensorCores | Finding:
     model = analysis.model
     active = model.active_gpus
