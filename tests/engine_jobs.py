@@ -41,3 +41,9 @@ def risky(job: tuple[str, str, int]) -> int:
             os._exit(17)
         raise ValueError(f"job {value} failed")
     return value
+
+
+def die_at_start(*_: object) -> None:
+    """A pool initializer that kills its worker, as a worker that cannot start (its interpreter
+    cannot import the program, or the machine has no memory left) dies."""
+    os._exit(3)

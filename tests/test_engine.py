@@ -86,6 +86,18 @@ def test_job_that_always_kills_its_worker_is_reported_and_others_finish(local, t
     assert [o.value for o in local.run(abs, [-1, -2])] in ([1, 2], [2, 1])
 
 
+def test_workers_that_cannot_start_fail_the_jobs_instead_of_retrying_forever(local, monkeypatch):
+    """Workers that die before running anything broke the pool; the queued jobs lost no attempt,
+    so a new pool was started forever (12,201 dead workers in a minute, seen with a script read
+    from stdin, which spawned workers cannot import). Two such breaks now end each job."""
+    from tb_gpuadvisor.multihost import engine as engine_module
+    from engine_jobs import die_at_start
+
+    monkeypatch.setattr(engine_module, "_claim_slot", die_at_start)
+    got = _by_index(local.run(abs, [-1, -2, -3]))
+    assert got == {i: (None, engine_module.NO_WORKERS) for i in range(3)}
+
+
 def test_in_process_retries_a_failing_job_once(local, tmp_path):
     got = _by_index(local.run(risky, _jobs(tmp_path, "raise_once", "raise_always"), in_process=True))
     assert got == {0: (0, None), 1: (None, "ValueError: job 1 failed")}

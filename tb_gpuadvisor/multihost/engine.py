@@ -35,6 +35,8 @@ ATTEMPTS = 2
 CONNECT_TIMEOUT_S = 10.0
 # Outcome.error of a job whose worker process died on both attempts.
 DIED = "the worker process running it died (killed, out of memory or crashed)"
+# Outcome.error of a job no worker could take: the pool broke twice before any job ran.
+NO_WORKERS = "no worker process could start (it died before running a job)"
 # A pool slot with no job running in it.
 _IDLE = -1
 
@@ -238,6 +240,12 @@ class LocalEngine(Engine):
             del running[future]
             if not isinstance(future.exception(), BrokenProcessPool):
                 yield from self._settle(future, attempt.index, plan)
+            elif not was_running:
+                # No job was running: the workers die as they start, and a new pool would too.
+                if (outcome := plan.spent(attempt.index, NO_WORKERS)) is not None:
+                    yield outcome
+                else:
+                    plan.shared.append(attempt.index)
             elif attempt.token not in was_running:
                 plan.shared.append(attempt.index)   # only queued when the pool broke: no attempt lost
             elif (outcome := plan.spent(attempt.index, DIED)) is not None:
