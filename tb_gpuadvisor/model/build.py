@@ -410,6 +410,10 @@ class MemoryCost:
     def needed(self, size: int, events: int, stats: int) -> int:
         return self.per_file_byte * size + self.per_event * events + self.per_stat * max(stats, 0)
 
+    def most(self, size: int) -> int:
+        """The most a file of SIZE bytes can need: every event and stat takes 2 bytes or more."""
+        return self.per_file_byte * size + max(self.per_event, self.per_stat) * (size // 2)
+
 
 # Measured with captures of 2-byte events, of empty stats and of benchmark-like events
 # (tests/test_reliability.py checks the estimate bounds the real peak).  The C decoder packs
@@ -428,8 +432,9 @@ def memory_needed(capture: CaptureFile) -> tuple[int, int]:
 
 
 def _check_budget(capture: CaptureFile, budget: int | None) -> None:
-    if budget is None:
-        return
+    cost = COST_C if has_fast_decoder() else COST_PYTHON
+    if budget is None or cost.most(capture.size) <= budget:
+        return          # fits whatever it holds: no need to count its events
     needed, events = memory_needed(capture)
     if needed > budget:
         hint = "" if has_fast_decoder() else "; installing with a C compiler (the fast decoder) needs far less"
