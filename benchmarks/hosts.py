@@ -162,12 +162,18 @@ class DaskCluster:
     """A LocalCluster of DASK_WORKERS single-thread worker processes, made cold before each run."""
 
     def __init__(self) -> None:
+        # Importing distributed sets MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS... in this process's
+        # environment, which every later child would inherit: the local and XProf runs ran 2.4x
+        # slower beside a cluster. They get the environment from before; Dask's workers keep theirs.
+        before = dict(os.environ)
         from distributed import Client, LocalCluster
 
         self.cluster = LocalCluster(n_workers=DASK_WORKERS, threads_per_worker=1, processes=True,
                                     dashboard_address=None, silence_logs=logging.ERROR)
         self.client = Client(self.cluster)  # nannies and scheduler run in this process
         self.address: str = self.cluster.scheduler_address
+        os.environ.clear()
+        os.environ.update(before)
 
     def cold_pids(self) -> tuple[int, ...]:
         """Restart the worker processes (nothing imported or cached); their new pids."""
