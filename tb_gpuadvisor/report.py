@@ -7,10 +7,10 @@ produced. Reading the files and joining many hosts is tb_gpuadvisor.multihost's 
 
 from __future__ import annotations
 
-import os
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, fixes
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel
@@ -155,11 +155,11 @@ def _run_one(check: Check, analysis: Analysis) -> Finding | dict:
 
 # Checks are vectorised numpy work that mostly runs without the GIL, so two threads overlap
 # the breakdown with the checks that do not need it.
-CHECK_THREADS = max(1, min(2, os.cpu_count() or 1))
+CHECK_THREADS = 2
 
 
 def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
-    with ThreadPoolExecutor(max_workers=CHECK_THREADS) as pool:
+    with ThreadPoolExecutor(max_workers=cores.threads(CHECK_THREADS)) as pool:
         results = list(pool.map(lambda check: _run_one(check, analysis), all_checks()))
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 

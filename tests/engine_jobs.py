@@ -47,3 +47,11 @@ def die_at_start(*_: object) -> None:
     """A pool initializer that kills its worker, as a worker that cannot start (its interpreter
     cannot import the program, or the machine has no memory left) dies."""
     os._exit(3)
+
+
+def stage_threads(seconds: float) -> int:
+    """How many threads a stage of the analysis may use in this worker (after holding it)."""
+    from tb_gpuadvisor import cores
+
+    time.sleep(seconds)
+    return cores.threads(4, per_core=2)

@@ -273,3 +273,12 @@ def test_service_attaches_to_the_scheduler_in_the_environment(logdir, monkeypatc
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler_address)
     engine = _service_engine(logdir, monkeypatch)
     assert isinstance(engine, DaskEngine) and engine.address == cluster.scheduler_address
+
+
+def test_pool_workers_share_the_cores_instead_of_each_using_them_all(local):
+    """Two workers on a machine: each stage in a worker runs on its share of the cores, not on
+    twice the cores (four decoding threads per worker on two cores only contended)."""
+    from engine_jobs import stage_threads
+
+    shares = {o.value for o in local.run(stage_threads, [0.3, 0.3])}
+    assert shares == {max(1, (os.cpu_count() or 1) // 2)}

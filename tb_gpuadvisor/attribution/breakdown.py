@@ -29,7 +29,6 @@ loop over events.
 
 from __future__ import annotations
 
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
@@ -264,7 +264,7 @@ def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int) -> list[dict]
 
 
 # Twice the cores: Python bookkeeping between numpy calls holds the GIL part of the time.
-THREADS = min(4, 2 * (os.cpu_count() or 1))
+MOST_THREADS = 4
 
 
 def _ms(ps: float) -> float:
@@ -537,7 +537,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
             launch_targets(host)
             host_ops_mask(host, steps)
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
-        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
             devices = list(pool.map(measure, pairs))
     else:
         devices = [measure(pair) for pair in pairs]

@@ -8,13 +8,13 @@ are decoded one at a time and dropped once converted.
 
 from __future__ import annotations
 
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import map_small_ints
 from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.timeline import (
@@ -447,7 +447,7 @@ def _check_budget(capture: CaptureFile, budget: int | None) -> None:
 
 # Planes are decoded and converted in parallel: the C decoder and numpy release the GIL.
 # Twice the cores: while one thread holds the GIL for Python work, another decodes in C.
-WORKERS = min(4, 2 * (os.cpu_count() or 1))
+MOST_THREADS = 4
 
 
 def read_host(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
@@ -461,7 +461,7 @@ def read_host(path: str, host: str, opener: Opener | None = None, budget: int | 
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
         spans = capture.index.plane_spans
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
             planes = [p for p in pool.map(lambda span: _read_plane(capture.buffer, span, host), spans)
                       if p is not None]
     device_planes = [p for p in planes if isinstance(p, _DevicePlane)]

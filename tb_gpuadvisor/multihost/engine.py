@@ -24,6 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+from tb_gpuadvisor import cores
+
 J = TypeVar("J")
 R = TypeVar("R")
 
@@ -105,8 +107,9 @@ _SLOT: tuple[Any, int] | None = None
 
 
 def _claim_slot(slots: Any, taken: Any) -> None:
-    """Pool initializer: take the next free slot."""
+    """Pool initializer: take the next free slot (and share the cores with the other workers)."""
     global _SLOT
+    cores.share_with(len(slots))
     with taken.get_lock():
         index = taken.value
         taken.value += 1

@@ -1,0 +1,26 @@
+"""How many threads a stage of one analysis may use.
+
+An analysis alone on a machine overlaps its numpy and C work (which release the GIL) on
+several threads. When it is one of several worker processes sharing the cores (the local
+engine of tb_gpuadvisor.multihost runs one per core), extra threads only contend with the
+other workers, so each worker is told its share of the cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+_sharing = 1        # processes of this job sharing the machine's cores
+
+
+def share_with(processes: int) -> None:
+    """This process is one of PROCESSES working at once (a pool worker says so when it starts)."""
+    global _sharing
+    _sharing = max(1, processes)
+
+
+def threads(most: int, per_core: int = 1) -> int:
+    """Threads for a stage that can use up to MOST: PER_CORE per core when this process has the
+    machine to itself, one per core of its share when it shares them with other workers."""
+    cores = max(1, (os.cpu_count() or 1) // _sharing)
+    return max(1, min(most, (per_core if _sharing == 1 else 1) * cores))
