@@ -168,6 +168,15 @@ def test_dask_reports_a_job_that_always_kills_and_keeps_the_rest(dask_engine, tm
     assert got == {0: (0, None), 2: (2, None)}
 
 
+def test_dask_tasks_share_their_machines_cores(dask_engine):
+    """The test cluster runs two single-thread workers on this machine: each task's stages get
+    their share of the cores, as the local pool's workers do."""
+    from engine_jobs import stage_threads
+
+    shares = {o.value for o in dask_engine.run(stage_threads, [0.2, 0.2])}
+    assert shares == {max(1, (os.cpu_count() or 1) // 2)}
+
+
 def test_dask_engine_never_starts_a_scheduler(monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)

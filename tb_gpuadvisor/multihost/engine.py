@@ -13,10 +13,12 @@ only when a DaskEngine is built, and an engine only ever attaches to a running s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import os
 import threading
+import urllib.parse
 from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -327,7 +329,15 @@ class DaskEngine(Engine):
             return self._here(fn, jobs)
         return self._mapped(fn, jobs)
 
+    def _sharing(self) -> dict[str, int]:
+        """Task threads per machine of the cluster: the jobs that share each machine's cores."""
+        sharing: dict[str, int] = {}
+        for info in self._client.scheduler_info().get("workers", {}).values():
+            sharing[info.get("host", "")] = sharing.get(info.get("host", ""), 0) + int(info.get("nthreads") or 1)
+        return sharing
+
     def _mapped(self, fn: Callable[[J], R], jobs: list[J]) -> Iterator[Outcome]:
+        fn = functools.partial(_sharing_cores, fn, self._sharing())
         futures = self._client.map(fn, jobs, pure=False)
         live = {future.key: (index, future) for index, future in enumerate(futures)}
         completed = self._distributed.as_completed(futures, loop=self._client.loop)
@@ -350,6 +360,14 @@ class DaskEngine(Engine):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _sharing_cores(fn: Callable[[J], R], sharing: dict[str, int], job: J) -> R:
+    """FN(JOB) in a Dask worker, told how many task threads share its machine's cores."""
+    from distributed import get_worker
+
+    cores.share_with(sharing.get(urllib.parse.urlparse(get_worker().address).hostname or "", 1))
+    return fn(job)
 
 
 def _failure(future: Any) -> str:
