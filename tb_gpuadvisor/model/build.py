@@ -33,7 +33,7 @@ _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
 _MEMORY_STATS = ("allocator_name", "fragmentation", "tf_op") + _MEMORY_INTS
-_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r") + _MEMORY_STATS
+_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r", "name") + _MEMORY_STATS
 
 
 class _Interner:
@@ -285,6 +285,7 @@ class _HostBuilder:
         self.mem_ops = _Interner()
         self.parts: list[dict[str, np.ndarray]] = []
         self.memory_parts: list[dict[str, np.ndarray]] = []
+        self.datasets: dict[str, str] = {}
 
     def add_plane(self, dp: DecodedPlane, origin_ns: int) -> None:
         n = dp.n_events
@@ -302,6 +303,7 @@ class _HostBuilder:
             "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
             "corr": ints["correlation_id"],
         })
+        self._add_datasets(dp)
         memory_md = [mid for mid, meta in metadata.items() if meta.name in classify.MEMORY_EVENTS]
         rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
         if rows.size:
@@ -316,6 +318,21 @@ class _HostBuilder:
             for name in _MEMORY_INTS:
                 part[name] = np.maximum(stat[name].ints(rows.size, dp.strings), 0)
             self.memory_parts.append(part)
+
+    def _add_datasets(self, dp: DecodedPlane) -> None:
+        """The ``name`` stat (the dataset op) of each tf.data stage, from its first event that has it."""
+        metadata = dp.shell.event_metadata
+        stage_md = [mid for mid, meta in metadata.items() if meta.name.startswith(classify.INPUT_STAGE_PREFIX)]
+        rows = np.flatnonzero(np.isin(dp.metadata_id, stage_md))
+        if not rows.size:
+            return
+        values = _Interner()
+        named = dp.stats["name"].at(rows).interned(rows.size, dp.stat_names, dp.strings, values.add)
+        has = named >= 0
+        stage_ids, first = np.unique(dp.metadata_id[rows[has]], return_index=True)
+        for mid, value in zip(stage_ids.tolist(), named[has][first].tolist()):
+            if values.strings[value]:
+                self.datasets.setdefault(metadata[mid].name, values.strings[value])
 
     @staticmethod
     def _concat(parts: list[dict[str, np.ndarray]], key: str, dtype) -> np.ndarray:
@@ -345,7 +362,7 @@ class _HostBuilder:
             host=self.host, start_ps=start[order], dur_ps=col["dur_ps"], thread=col["thread"],
             name=col["name"], kind=kind.astype(np.int8), step_num=col["step_num"], is_root=col["is_root"],
             group_id=col["group"], correlation_id=col["corr"], names=self.names.strings,
-            threads=self.threads.strings, step=np.full(order.size, -1, np.int32))
+            threads=self.threads.strings, step=np.full(order.size, -1, np.int32), datasets=self.datasets)
         mem = self.memory_parts
         time_ps = cat(mem, "time_ps", np.int64)
         morder = np.argsort(time_ps, kind="stable")

@@ -22,6 +22,9 @@ STEPS_LINE = "Steps"
 TPU_OPS_LINE = "XLA Ops"
 XLA_MODULES_LINE = "XLA Modules"
 
+# tf.data stages on the host timeline ("Iterator::Model::Prefetch::Map").
+INPUT_STAGE_PREFIX = "Iterator::"
+
 _COPY_BY_NAME = {
     "memcpyh2d": DeviceEventKind.MEMCPY_H2D, "memcpyhtod": DeviceEventKind.MEMCPY_H2D,
     "copyhosttodevice": DeviceEventKind.MEMCPY_H2D,
@@ -77,7 +80,7 @@ def host_event_kind(name: str) -> HostEventKind:
         return HostEventKind.STEP_MARKER
     if name in _INPUT_WAIT:
         return HostEventKind.INPUT_WAIT
-    if name.startswith("Iterator::") or name.startswith("ParallelMap") or name.startswith("ParallelInterleave"):
+    if name.startswith(INPUT_STAGE_PREFIX) or name.startswith("ParallelMap") or name.startswith("ParallelInterleave"):
         return HostEventKind.INPUT_STAGE
     if name in MEMORY_EVENTS:
         return HostEventKind.MEMORY

@@ -30,8 +30,6 @@ import numpy as np
 
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
-from tb_gpuadvisor.xspace.decode import REF, STR, decode_plane
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
 
 # Stage kinds (the last component of a long stage name, without "[n]" input indices).
 # Buffer stages only hand over elements another thread produced; their self time is waiting
@@ -40,7 +38,6 @@ BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism",
 _PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
 _INPUT_INDEX = re.compile(r"\[\d+\]$")
 _DATASET_ID = re.compile(r":\d+$")
-_HOST_PLANE = "/host:CPU"
 _TF_DATA_THREAD = "tf_data"
 _INJECTED_PREFIX = "inject/"
 # Op types that run Python inside a dataset function (they also hold the GIL).
@@ -136,37 +133,6 @@ def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
     return sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
 
 
-def _dataset_names(host: HostModel) -> dict[str, str]:
-    """Stage name -> its ``name`` stat (the dataset op), read again from the host's file.
-
-    The timeline keeps no per-event strings, so the host plane is decoded once more for this
-    one stat; {} when the file cannot be read now or records no dataset names.
-    """
-    def choose(plane) -> tuple[str, ...] | None:
-        return ("name",) if plane.name == _HOST_PLANE else None
-
-    found: dict[str, str] = {}
-    try:
-        with CaptureFile(host.path) as capture:
-            for span in capture.index.plane_spans:
-                plane = decode_plane(capture.buffer, span, choose)
-                if plane is None:
-                    continue
-                column = plane.stats["name"]
-                event_names = {mid: meta.name for mid, meta in plane.shell.event_metadata.items()}
-                for event, kind, value in zip(column.event, column.kind, column.value):
-                    stage = event_names.get(int(plane.metadata_id[event]), "")
-                    if not stage.startswith("Iterator::") or stage in found:
-                        continue
-                    text = plane.strings[int(value)] if kind == STR else \
-                        plane.stat_names.get(int(value), "") if kind == REF else ""
-                    if text:
-                        found[stage] = text
-    except (CaptureError, OSError, ValueError):
-        return {}
-    return found
-
-
 def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, bool, bool, list[str]]:
     """(prefetches, parallel map, sequential map, what tf.data inserted) from dataset names."""
     prefetches = parallel = sequential = False
@@ -191,7 +157,7 @@ def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, 
 
 def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = False) -> Pipeline:
     """The pipeline's stages inside WINDOWS; with READ_ORIGIN, also which ones the user wrote
-    (that reads the host's capture file again, so callers ask only when it is reported)."""
+    (from the stages' dataset names) and the user's own slowest ops in them."""
     activity = host.activity
     idx = np.flatnonzero(activity.kind == HostEventKind.INPUT_STAGE)
     names = {activity.names[i] for i in np.unique(activity.name[idx])}
@@ -203,7 +169,7 @@ def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = 
     if not (read_origin and stages):
         return seen
     seen.user_ops = _user_ops(activity, windows)
-    datasets = _dataset_names(host)
+    datasets = activity.datasets
     if not any(name in datasets for name in names):
         return seen
     prefetches, parallel, sequential, inserted = _user_facts(names, datasets)

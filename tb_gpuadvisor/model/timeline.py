@@ -179,6 +179,8 @@ class HostActivity(_EventColumns):
     threads: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    # tf.data stage ("Iterator::Model::Prefetch") -> its dataset op (the ``name`` stat).
+    datasets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
