@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
+from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -166,8 +166,7 @@ def measure(analysis: Analysis) -> Collectives | Finding:
 
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
 def check(analysis: Analysis) -> Finding:
-    measured = measure(analysis)
-    return measured if isinstance(measured, Finding) else judge(measured, analysis)
+    return judged(measure(analysis), lambda m: judge(m, analysis))
 
 
 def judge(measured: Collectives, scale: StepScale) -> Finding:

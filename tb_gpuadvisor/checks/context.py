@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Evidence, Severity
+from tb_gpuadvisor.checks.base import Evidence, Finding, Severity
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.trust import Trust, assess
@@ -70,6 +70,12 @@ def measurement(measure: "Callable[[Analysis], M]") -> "Callable[[Analysis], M]"
             analysis.measurements[measure] = measure(analysis)
         return analysis.measurements[measure]
     return once
+
+
+def judged(measured: "M | Finding", judge: "Callable[[M], Finding]") -> Finding:
+    """The finding of a check split into measure and judge: the not-applicable finding its
+    measurement returned, else what JUDGE makes of the measurement."""
+    return measured if isinstance(measured, Finding) else judge(measured)
 
 
 @dataclass

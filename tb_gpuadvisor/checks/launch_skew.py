@@ -33,7 +33,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
-from tb_gpuadvisor.checks.context import Analysis, measurement
+from tb_gpuadvisor.checks.context import Analysis, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
@@ -121,8 +121,7 @@ def measure(analysis: Analysis) -> StepStarts | Finding:
 
 @register(CHECK_ID, "GPU launch skew", __doc__)
 def check(analysis: Analysis) -> Finding:
-    starts = measure(analysis)
-    return starts if isinstance(starts, Finding) else judge(starts)
+    return judged(measure(analysis), judge)
 
 
 def judge(starts: StepStarts) -> Finding:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
+from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, register, severity_by_threshold,
@@ -159,10 +159,7 @@ def measure(analysis: Analysis) -> Replicas | Finding:
 
 @register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
 def check(analysis: Analysis) -> Finding:
-    replicas = measure(analysis)
-    if isinstance(replicas, Finding):
-        return replicas
-    return judge(replicas, analysis.what_if.saving_ms(CHECK_ID), analysis)
+    return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis))
 
 
 def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:

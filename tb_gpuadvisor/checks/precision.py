@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
+from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, needs_gpu, register
@@ -115,10 +115,7 @@ def measure(analysis: Analysis) -> Precision | Finding:
 
 @register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
 def check(analysis: Analysis) -> Finding:
-    measured = measure(analysis)
-    if isinstance(measured, Finding):
-        return measured
-    return judge(measured, analysis.what_if.saving_ms(CHECK_ID), analysis)
+    return judged(measure(analysis), lambda m: judge(m, analysis.what_if.saving_ms(CHECK_ID), analysis))
 
 
 def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale, measurement
+from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
@@ -171,10 +171,9 @@ def measure(analysis: Analysis) -> TensorCores | Finding:
 
 @register(CHECK_ID, "Tensor Core usage", __doc__)
 def check(analysis: Analysis) -> Finding:
-    measured = measure(analysis)
-    if isinstance(measured, Finding):
-        return measured
-    return judge(measured, analysis.what_if.saving_ms(CHECK_ID), analysis.what_if.saving_ms("precision"), analysis)
+    what_if = analysis.what_if
+    return judged(measure(analysis),
+                  lambda m: judge(m, what_if.saving_ms(CHECK_ID), what_if.saving_ms("precision"), analysis))
 
 
 def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale) -> Finding:
