@@ -168,13 +168,13 @@ def test_dask_reports_a_job_that_always_kills_and_keeps_the_rest(dask_engine, tm
     assert got == {0: (0, None), 2: (2, None)}
 
 
-def test_dask_tasks_share_their_machines_cores(dask_engine):
-    """The test cluster runs two single-thread workers on this machine: each task's stages get
-    their share of the cores, as the local pool's workers do."""
+def test_dask_tasks_run_their_stages_on_one_thread(dask_engine):
+    """Dask runs a task per worker thread; a task's stages must not start threads for the whole
+    machine on top (the 64-host Dask run took 22.3 s with them, 20.4 s without; see
+    benchmarks/README.md)."""
     from engine_jobs import stage_threads
 
-    shares = {o.value for o in dask_engine.run(stage_threads, [0.2, 0.2])}
-    assert shares == {max(1, (os.cpu_count() or 1) // 2)}
+    assert {o.value for o in dask_engine.run(stage_threads, [0.2, 0.2])} == {1}
 
 
 def test_dask_engine_never_starts_a_scheduler(monkeypatch):

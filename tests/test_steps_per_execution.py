@@ -72,14 +72,17 @@ def _standard_error(steps: dict) -> float:
 
 
 def test_per_step_time_matches_one_step_per_call(sessions):
-    """The same model trained one step per call: per training step, close to each other (with
-    the machine otherwise idle this test passed a 10% bound here; the bound allows 20%, or two
-    standard errors of the two means, because other work on a shared 2-core machine slows one
-    capture and not the other, by up to 2x in runs here); and compare between the two finds no
-    regression. Undivided, the spe4 markers would read 4x the time."""
+    """The same model trained one step per call: per training step, spe4 is no slower than spe1
+    (with the machine otherwise idle this test passed a 10% bound here; the bound allows 20%, or
+    two standard errors of the two means, because other work on a shared 2-core machine slows one
+    capture and not the other, by up to 2x in runs here), and may be faster: one call for four
+    steps saves three host round trips (a clean-clone CI run measured 35.8 against 46.6 ms), but
+    not 2x faster. Undivided, the spe4 markers would read 4x the time; divided twice, a quarter.
+    Compare between the two finds no regression."""
     one, four = sessions["spe1"]["steps"], sessions["spe4"]["steps"]
     noise = 2 * (_standard_error(one) ** 2 + _standard_error(four) ** 2) ** 0.5
-    assert abs(four["mean_ms"] - one["mean_ms"]) <= max(0.20 * one["mean_ms"], noise)
+    assert four["mean_ms"] - one["mean_ms"] <= max(0.20 * one["mean_ms"], noise)
+    assert four["mean_ms"] >= 0.5 * one["mean_ms"]
     result = compare_sessions(sessions["spe1"], sessions["spe4"])
     assert not has_regression(result, "warning")
 

@@ -18,7 +18,6 @@ import itertools
 import multiprocessing
 import os
 import threading
-import urllib.parse
 from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -329,15 +328,8 @@ class DaskEngine(Engine):
             return self._here(fn, jobs)
         return self._mapped(fn, jobs)
 
-    def _sharing(self) -> dict[str, int]:
-        """Task threads per machine of the cluster: the jobs that share each machine's cores."""
-        sharing: dict[str, int] = {}
-        for info in self._client.scheduler_info().get("workers", {}).values():
-            sharing[info.get("host", "")] = sharing.get(info.get("host", ""), 0) + int(info.get("nthreads") or 1)
-        return sharing
-
     def _mapped(self, fn: Callable[[J], R], jobs: list[J]) -> Iterator[Outcome]:
-        fn = functools.partial(_sharing_cores, fn, self._sharing())
+        fn = functools.partial(_one_thread, fn)
         futures = self._client.map(fn, jobs, pure=False)
         live = {future.key: (index, future) for index, future in enumerate(futures)}
         completed = self._distributed.as_completed(futures, loop=self._client.loop)
@@ -362,11 +354,10 @@ class DaskEngine(Engine):
         self._client.close()
 
 
-def _sharing_cores(fn: Callable[[J], R], sharing: dict[str, int], job: J) -> R:
-    """FN(JOB) in a Dask worker, told how many task threads share its machine's cores."""
-    from distributed import get_worker
-
-    cores.share_with(sharing.get(urllib.parse.urlparse(get_worker().address).hostname or "", 1))
+def _one_thread(fn: Callable[[J], R], job: J) -> R:
+    """FN(JOB) in a Dask worker, each stage on one thread: Dask runs as many tasks at once as its
+    workers have threads, and which tasks share a machine changes as workers come and go."""
+    cores.share_with(os.cpu_count() or 1)
     return fn(job)
 
 
