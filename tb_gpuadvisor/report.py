@@ -129,14 +129,14 @@ def reconcile_savings(analysis: Analysis, ranked: list[Finding],
     shares = what_if.reconcile([(f.check, f.estimated_savings_ms_per_step) for f in ranked])
     for finding, share in zip(ranked, shares):
         finding.estimated_savings_ms_per_step = share
-        if finding.check in what_if.scenarios:
+        if finding.check in what_if.checks:
             finding.severity = analysis.gated(finding.severity, share)
     ranked = rank_findings(ranked, bound)
     top = [f for f in ranked if f.severity in ACTIONABLE and f.estimated_savings_ms_per_step > 0][:WHAT_IF_FIXES]
     if not top:
         return ranked, None
-    replayed = [f.check for f in top if f.check in what_if.scenarios]
-    others = sum(f.estimated_savings_ms_per_step for f in top if f.check not in what_if.scenarios)
+    replayed = [f.check for f in top if f.check in what_if.checks]
+    others = sum(f.estimated_savings_ms_per_step for f in top if f.check not in what_if.checks)
     before = analysis.mean_step_ms
     after = max(0.0, before - what_if.combined_ms(replayed) - others)
     names = ", ".join(f.check for f in top)

@@ -10,6 +10,7 @@ fix) and the savings of a session add up to at most its mean step.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,34 +60,23 @@ def scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenario]:
     return {key: value for key, value in out.items() if device_kind != "cpu" or key in _HOST_AS_DEVICE}
 
 
-@dataclass
-class WhatIf:
-    """The replay of a session and the scenario of every check."""
+class Savings(ABC):
+    """What a session's fixes gain, alone and together, and their savings made to add up.
 
-    replay: Replay
-    scenarios: dict[str, Scenario]
+    ``checks`` are the causes with a time model; a subclass says how fixes combine: one
+    session's replay (WhatIf), or the hosts of a many-host session joined (multihost.merge).
+    """
+
+    checks: frozenset[str]
     mean_step_ms: float
 
-    @classmethod
-    def build(cls, model: SessionModel, breakdown: Breakdown) -> "WhatIf":
-        steps = breakdown.steps
-        mean = float(np.mean(steps.duration_ps)) / 1e9 if len(steps) else 0.0
-        return cls(Replay(model, breakdown), scenarios(model, breakdown.device_kind), mean)
-
-    def saving_ms(self, check_id: str) -> float:
-        """The standalone gain of the check's fix, ms per step (0 when it has no replay here)."""
-        scenario = self.scenarios.get(check_id)
-        return self.replay.gain_ms(scenario) if scenario is not None else 0.0
-
+    @abstractmethod
     def combined_ms(self, check_ids: list[str]) -> float:
         """The gain of several checks' fixes applied together, ms per step."""
-        known = [self.scenarios[c] for c in check_ids if c in self.scenarios]
-        if not known:
-            return 0.0
-        total = known[0]
-        for scenario in known[1:]:
-            total = total + scenario
-        return self.replay.gain_ms(total)
+
+    def saving_ms(self, check_id: str) -> float:
+        """The standalone gain of the check's fix, ms per step (0 when it has no time model)."""
+        return self.combined_ms([check_id])
 
     def reconcile(self, ranked: list[tuple[str, float]]) -> list[float]:
         """Savings for findings (check id, standalone saving) in rank order, made disjoint.
@@ -100,10 +90,38 @@ class WhatIf:
         gained = 0.0        # combined gain of the replayed fixes so far
         for check_id, saving in ranked:
             share = max(0.0, saving)
-            if check_id in self.scenarios and saving > 0:
+            if check_id in self.checks and saving > 0:
                 combined = self.combined_ms(replayed + [check_id])
                 share = max(0.0, combined - gained)
                 replayed.append(check_id)
                 gained = combined
             out.append(min(share, max(0.0, self.mean_step_ms - sum(out))))
         return out
+
+
+@dataclass
+class WhatIf(Savings):
+    """The replay of a session and the scenario of every check."""
+
+    replay: Replay
+    scenarios: dict[str, Scenario]
+    mean_step_ms: float
+
+    @classmethod
+    def build(cls, model: SessionModel, breakdown: Breakdown) -> "WhatIf":
+        steps = breakdown.steps
+        mean = float(np.mean(steps.duration_ps)) / 1e9 if len(steps) else 0.0
+        return cls(Replay(model, breakdown), scenarios(model, breakdown.device_kind), mean)
+
+    @property
+    def checks(self) -> frozenset[str]:     # type: ignore[override]
+        return frozenset(self.scenarios)
+
+    def combined_ms(self, check_ids: list[str]) -> float:
+        known = [self.scenarios[c] for c in check_ids if c in self.scenarios]
+        if not known:
+            return 0.0
+        total = known[0]
+        for scenario in known[1:]:
+            total = total + scenario
+        return self.replay.gain_ms(total)

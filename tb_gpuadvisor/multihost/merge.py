@@ -11,13 +11,14 @@ of any host, plus the straggler's balance across all replicas.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
-from tb_gpuadvisor.attribution.whatif import WhatIf
+from tb_gpuadvisor.attribution.whatif import Savings
 from tb_gpuadvisor.checks import (
     Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance, precision, profile_quality,
     tensor_core,
@@ -32,82 +33,89 @@ from tb_gpuadvisor.report import finish
 
 @dataclass
 class Alignment:
-    """Which step window of each host is which session step (hosts without windows left out)."""
+    """Which step window of each host is which session step (hosts without windows left out),
+    and the session's clock: the earliest host origin."""
 
     hosts: list[HostSummary]
-    index: list[np.ndarray]          # per host, its window of each session step
+    index: dict[str, np.ndarray]     # host -> its window of each session step
     numbers: np.ndarray
+    origin_ns: int
 
     @classmethod
     def of(cls, summaries: list[HostSummary]) -> "Alignment":
+        origin = min((s.origin_ns for s in summaries), default=0)
         hosts = [s for s in summaries if s.numbers is not None and s.numbers.size]
         if not hosts:
-            return cls([], [], np.empty(0, np.int64))
+            return cls([], {}, np.empty(0, np.int64), origin)
         common = hosts[0].numbers
         for host in hosts[1:]:
             common = np.intersect1d(common, host.numbers)
         if common.size:
-            index = [np.searchsorted(h.numbers, common) if _sorted(h.numbers)
-                     else np.array([int(np.flatnonzero(h.numbers == n)[0]) for n in common]) for h in hosts]
-            return cls(hosts, index, common)
+            index = {}
+            for h in hosts:         # the first window of each common number
+                order = np.argsort(h.numbers, kind="stable")
+                index[h.host] = order[np.searchsorted(h.numbers[order], common)]
+            return cls(hosts, index, common, origin)
         # Numbers that never meet (each host counts its own way): line the windows up in order.
         n = min(h.numbers.size for h in hosts)
-        return cls(hosts, [np.arange(n) for _ in hosts], hosts[0].numbers[:n])
+        return cls(hosts, {h.host: np.arange(n) for h in hosts}, hosts[0].numbers[:n], origin)
 
     def take(self, host: HostSummary, table: np.ndarray) -> np.ndarray:
         """TABLE's columns (host windows) in session-step order."""
-        return table[..., self.index[self.hosts.index(host)]]
+        return table[..., self.index[host.host]]
+
+    def on_session_clock(self, host: HostSummary, times: np.ndarray) -> np.ndarray:
+        """HOST's times (ps from its own origin) from the session's origin."""
+        return times + (host.origin_ns - self.origin_ns) * 1000
+
+    def windows(self, host: HostSummary, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """HOST's step windows [lo, hi) as the session's steps, on the session's clock."""
+        return self.on_session_clock(host, self.take(host, lo)), self.on_session_clock(host, self.take(host, hi))
 
 
-def _sorted(values: np.ndarray) -> bool:
-    return bool(np.all(values[1:] > values[:-1]))
-
-
-class MergedWhatIf(WhatIf):
+class MergedWhatIf(Savings):
     """The what-if of all hosts: per step the smallest gain any host allows, plus balancing
     the straggler across every host's replicas."""
 
     def __init__(self, alignment: Alignment, durations: np.ndarray, mean_step_ms: float) -> None:
-        scenarios = {}
-        for host in alignment.hosts:
-            scenarios.update(dict.fromkeys(host.standalone_ms))
-        super().__init__(None, scenarios, mean_step_ms)   # type: ignore[arg-type]
+        self.checks = frozenset(c for host in alignment.hosts for c in host.standalone_ms)
+        self.mean_step_ms = mean_step_ms
         self.alignment = alignment
         self.durations = durations.astype(np.float64)
+        self._known: dict[frozenset[str], float] = {}    # reconcile asks for each prefix again
 
-    def _gains(self, checks: set[str]) -> np.ndarray:
+    @functools.cached_property
+    def _balance(self) -> np.ndarray:
+        return balance_gain(*_balance_inputs(self.alignment))
+
+    def _gains(self, checks: frozenset[str]) -> np.ndarray:
         hosts = [h for h in self.alignment.hosts if h.combined]
         if not hosts or not self.durations.size:
             return np.zeros(self.durations.size)
-        per_host = []
-        for host in hosts:
-            # The combination itself, else the largest one this host replayed that it contains.
-            wanted = frozenset(checks) - {BALANCE}
-            key = max((k for k in host.combined if k <= wanted), key=len)
-            per_host.append(self.alignment.take(host, host.combined[key]))
-        gain = np.vstack(per_host).min(axis=0)
+        wanted = checks - {BALANCE}
+        # Per host the combination itself, else the largest one it replayed that it contains.
+        gain = np.vstack([self.alignment.take(h, h.combined[max((k for k in h.combined if k <= wanted), key=len)])
+                          for h in hosts]).min(axis=0)
         if BALANCE in checks:
-            gain = gain + balance_gain(*_balance_inputs(self.alignment))
+            gain = gain + self._balance
         return np.minimum(gain, self.durations)
 
-    def saving_ms(self, check_id: str) -> float:
-        return self.combined_ms([check_id])
-
     def combined_ms(self, check_ids: list[str]) -> float:
-        known = {c for c in check_ids if c in self.scenarios}
+        known = frozenset(c for c in check_ids if c in self.checks)
         if not known:
             return 0.0
-        gains = self._gains(known)
-        return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+        if known not in self._known:
+            gains = self._gains(known)
+            self._known[known] = float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+        return self._known[known]
 
 
 def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every host's replicas, stacked, their work ends moved onto the session clock."""
-    origin = min(h.origin_ns for h in alignment.hosts)
-    parts = [(alignment.take(h, busy), alignment.take(h, wait),
-              np.where(ends >= 0, alignment.take(h, ends) + (h.origin_ns - origin) * 1000.0, -1.0))
+    parts = [(alignment.take(h, busy), alignment.take(h, coll),
+              np.where(ends >= 0, alignment.on_session_clock(h, alignment.take(h, ends)), -1.0))
              for h in alignment.hosts if h.balance is not None
-             for busy, wait, ends in [h.balance]]
+             for busy, coll, ends in [h.balance]]
     if not parts:
         return np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0))
     return tuple(np.vstack([p[i] for p in parts]) for i in range(3))   # type: ignore[return-value]
@@ -122,11 +130,6 @@ class MergedAnalysis(StepScale):
     steps_count: int
 
 
-def _shift(summaries: list[HostSummary], host: HostSummary, times: np.ndarray) -> np.ndarray:
-    origin = min(s.origin_ns for s in summaries)
-    return times + (host.origin_ns - origin) * 1000
-
-
 def _join_imbalance(alignment: Alignment, parts: list) -> multi_gpu_imbalance.Replicas | None:
     measured = [(h, r) for h, r in parts if isinstance(r, multi_gpu_imbalance.Replicas)]
     if not measured:
@@ -139,8 +142,7 @@ def _join_imbalance(alignment: Alignment, parts: list) -> multi_gpu_imbalance.Re
     return multi_gpu_imbalance.Replicas(
         [label for _, r in measured for label in r.labels], [d for _, r in measured for d in r.devices],
         np.vstack([alignment.take(h, r.per_step) for h, r in measured]),
-        _shift(alignment.hosts, first_host, alignment.take(first_host, first.lo)),
-        _shift(alignment.hosts, first_host, alignment.take(first_host, first.hi)),
+        *alignment.windows(first_host, first.lo, first.hi),
         min(r.min_overlap for _, r in measured), serial, max(r.combined_busy_ps for _, r in measured),
         [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
         [d for _, r in measured for d in r.partial_used])
@@ -152,14 +154,13 @@ def _join_skew(alignment: Alignment, parts: list) -> launch_skew.StepStarts | No
         return None
     first_host, first = measured[0]
     firsts = [np.where(s.firsts != launch_skew.NO_KERNEL,
-                       _shift(alignment.hosts, h, alignment.take(h, s.firsts)), launch_skew.NO_KERNEL)
+                       alignment.on_session_clock(h, alignment.take(h, s.firsts)), launch_skew.NO_KERNEL)
               for h, s in measured]
     threads = [item for _, s in measured for item in s.threads]
     labels = [label for _, s in measured for label in s.labels]
     return launch_skew.StepStarts(
         labels, [d for _, s in measured for d in s.devices], np.vstack(firsts),
-        _shift(alignment.hosts, first_host, alignment.take(first_host, first.lo)),
-        _shift(alignment.hosts, first_host, alignment.take(first_host, first.hi)),
+        *alignment.windows(first_host, first.lo, first.hi),
         launch_skew.top_threads(threads, len(labels)))
 
 
@@ -179,8 +180,8 @@ def _join_collectives(alignment: Alignment, parts: list, steps: int) -> collecti
     if not measured:
         return None
     # Each host's longest call onto the session clock (its evidence links into the trace).
-    shifted = [replace(row, longest=None if row.longest is None else (
-                   row.longest[0], row.longest[1], *(int(t) for t in _shift(alignment.hosts, h, np.array(row.longest[2:])))))
+    shifted = [row if row.longest is None else replace(row, longest=(
+                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))))
                for h, c in measured for row in c.rows]
     measured = [c for _, c in measured]
     transfer_ms, waiting_ms = _replica_parts_ms(alignment, steps) or (
@@ -190,37 +191,36 @@ def _join_collectives(alignment: Alignment, parts: list, steps: int) -> collecti
                                    next((c.param_bytes for c in measured if c.param_bytes), None))
 
 
-def _per_primary_windows(primary: HostSummary, parts: list, kind: type) -> list[tuple[float, object]]:
-    """The measured parts of KIND with the factor that brings each host's totals to the primary
-    host's number of step windows (hosts may have captured a different number of steps)."""
+def _per_primary_windows(primary: HostSummary, parts: list, kind: type) -> tuple[int, list[tuple[float, HostSummary, object]]]:
+    """The primary host's number of step windows, and the measured parts of KIND with the factor
+    that brings each host's totals to it (hosts may have captured different numbers of steps)."""
     measured = [(h, p) for h, p in parts if isinstance(p, kind)]
     windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows if measured else 1)
-    return [(windows / p.windows, p) for _, p in measured]
+    return windows, [(windows / p.windows, h, p) for h, p in measured]
 
 
 def _join_precision(primary: HostSummary, parts: list) -> precision.Precision | None:
-    scaled = _per_primary_windows(primary, parts, precision.Precision)
+    windows, scaled = _per_primary_windows(primary, parts, precision.Precision)
     if not scaled:
         return None
     gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
                     eligible32_ps=round(g.eligible32_ps * k),
                     offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders])
-            for k, p in scaled for g in p.gpus]
-    return precision.Precision(gpus, round(scaled[0][1].windows * scaled[0][0]))
+            for k, _, p in scaled for g in p.gpus]
+    return precision.Precision(gpus, windows)
 
 
 def _join_tensor_cores(alignment: Alignment, primary: HostSummary, parts: list) -> tensor_core.TensorCores | None:
-    scaled = _per_primary_windows(primary, parts, tensor_core.TensorCores)
+    windows, scaled = _per_primary_windows(primary, parts, tensor_core.TensorCores)
     if not scaled:
         return None
-    hosts = {id(p): h for h, p in parts}
     gpus = [replace(g, eligible_ps=round(g.eligible_ps * k), tc_ps=round(g.tc_ps * k),
                     missing_ps=round(g.missing_ps * k), compute_ps=round(g.compute_ps * k),
                     layout_ps=round(g.layout_ps * k),
-                    layout_first_ps=int(_shift(alignment.hosts, hosts[id(p)], np.int64(g.layout_first_ps))),
+                    layout_first_ps=int(alignment.on_session_clock(h, np.int64(g.layout_first_ps))),
                     ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in g.ops.items()})
-            for k, p in scaled for g in p.gpus]
-    return tensor_core.TensorCores(gpus, round(scaled[0][1].windows * scaled[0][0]))
+            for k, h, p in scaled for g in p.gpus]
+    return tensor_core.TensorCores(gpus, windows)
 
 
 def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysis,
@@ -333,7 +333,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     out["warnings"] = [w for s in good for w in s.out["warnings"]]
     alignment = Alignment.of(good)
     durations = (alignment.take(primary, primary.durations)
-                 if primary in alignment.hosts and primary.durations is not None else np.empty(0))
+                 if primary.host in alignment.index and primary.durations is not None else np.empty(0))
     mean_ms = float(durations.mean()) / PS_PER_MS if durations.size else 0.0
     if primary.durations is not None and durations.size < primary.durations.size:
         out["warnings"].append(f"{durations.size} of the primary host's {primary.durations.size} steps ran on "
@@ -341,7 +341,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     merged = MergedWhatIf(alignment, durations, mean_ms)
     per_marker = primary.training_steps / primary.durations.size if primary.durations is not None else 1
     scale = MergedAnalysis(merged, mean_ms, round(durations.size * per_marker))
-    delta_ms = (primary.origin_ns - min(s.origin_ns for s in good)) / 1e6
+    delta_ms = (primary.origin_ns - alignment.origin_ns) / 1e6
     failed = [e for s in summaries if not s.analysed for e in s.errors]
     findings = [_per_host(f.check, primary, good, failed) or f for f in primary.findings]
     findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in findings]
