@@ -70,7 +70,7 @@ def rank_findings(findings: list[Finding], bound: str | None = None) -> list[Fin
 
 def bottleneck(analysis: Analysis) -> dict | None:
     """What bounded the trusted steps, as a share of steps (from the attribution)."""
-    shares = analysis.breakdown.critical_path()["shares"]
+    shares = analysis.breakdown.critical_path["shares"]
     if not shares:
         return None
     kind, share = max(shares.items(), key=lambda kv: kv[1])

@@ -29,6 +29,7 @@ loop over events.
 
 from __future__ import annotations
 
+import functools
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "co
 
 
 # The interval sets checks read under the breakdown's original names.
-LEGACY_SETS = {"input_set": "input", "launch_set": "launch", "other_set": "other_host", "copy_set": "copy"}
+LEGACY_SETS = {"launch_set": "launch", "other_set": "other_host", "copy_set": "copy"}
 
 
 @dataclass
@@ -130,7 +131,7 @@ class DeviceBreakdown:
         return np.sum([self.parts[k] for k in keys], axis=0).astype(np.int64)
 
     def __getattr__(self, name: str) -> np.ndarray | Intervals:
-        """The original parts as attributes (``.input``) and their interval sets (``.input_set``)."""
+        """The original parts as attributes (``.input``) and their interval sets (``.copy_set``)."""
         if name in LEGACY_PARTS:
             return self.part(name)
         if name in LEGACY_SETS:
@@ -193,8 +194,10 @@ class Breakdown:
                 totals[kinds.index(BOUND_GROUPS[category.group])] += primary.parts[category.key]
         return np.argmax(totals, axis=0)
 
+    @functools.cached_property
     def critical_path(self) -> dict:
-        """What bounded the steps (share of steps per kind) and the median step's path as ranges."""
+        """What bounded the steps (share of steps per kind) and the median step's path as ranges
+        (the step JSON and the report's bottleneck both read it: measured once)."""
         primary = self.primary
         if primary is None or not len(self.steps):
             return {"shares": {}, "median_step": None}
@@ -233,7 +236,7 @@ class Breakdown:
             "categories": [{"key": c.key, "label": c.label, "group": c.group} for c in CATEGORIES],
             "steps": steps,
             "per_device": [dev.to_json() for dev in self.devices],
-            "critical_path": self.critical_path(),
+            "critical_path": self.critical_path,
         }
 
 
