@@ -72,12 +72,18 @@ def _emit(fmt: str, result: dict, as_text, as_markdown) -> None:
            as_markdown(result) if fmt == "markdown" else as_text(result))
 
 
-def reached(findings: list[dict], fail_on: str | None) -> bool:
-    """True when a finding of at least FAIL_ON severity is not of low confidence."""
+def failing(findings: list[dict], fail_on: str | None) -> list[dict]:
+    """The findings of at least FAIL_ON severity that are not of low confidence (those never
+    count on their own), in their order."""
     if not fail_on:
-        return False
+        return []
     limit = Severity(fail_on).weight
-    return any(Severity(f["severity"]).weight >= limit and f.get("confidence") != "low" for f in findings)
+    return [f for f in findings if Severity(f["severity"]).weight >= limit and f.get("confidence") != "low"]
+
+
+def reached(findings: list[dict], fail_on: str | None) -> bool:
+    """True when --fail-on FAIL_ON trips on FINDINGS."""
+    return bool(failing(findings, fail_on))
 
 
 def _unanalysed(sessions: list[dict]) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
 from tb_gpuadvisor.checks.base import Severity
-from tb_gpuadvisor.cli import FAIL_ON
+from tb_gpuadvisor.cli import FAIL_ON, failing
 
 log = logging.getLogger("tb_gpuadvisor")
 
@@ -315,15 +315,6 @@ class BackgroundAnalysis:
             return None, f"the analysis printed no report ({bad})"
 
 
-def usable(finding: dict) -> bool:
-    """Findings the analysis itself marks as low confidence never count on their own."""
-    return finding.get("confidence") != "low"
-
-
-def _at_least(finding: dict, severity: str) -> bool:
-    return Severity(finding["severity"]).weight >= Severity(severity).weight
-
-
 def _session(report: dict | None) -> dict | None:
     return report["sessions"][0] if report and report.get("sessions") else None
 
@@ -333,14 +324,12 @@ def top_findings(report: dict | None, limit: int = TOP_FINDINGS) -> list[dict]:
     session = _session(report)
     if session is None:
         return []
-    return [f for f in session["findings"] if _at_least(f, Severity.WARNING) and usable(f)][:limit]
+    return failing(session["findings"], Severity.WARNING.value)[:limit]
 
 
 def failing_findings(report: dict | None, fail_on: str | None) -> list[dict]:
     session = _session(report)
-    if session is None or not fail_on:
-        return []
-    return [f for f in session["findings"] if _at_least(f, fail_on) and usable(f)]
+    return failing(session["findings"], fail_on) if session is not None else []
 
 
 def _steps_sentence(steps: dict) -> str:
