@@ -13,7 +13,7 @@ table's ``names`` list; classification is done once per distinct name.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -240,8 +240,8 @@ class Steps:
 
     def take(self, index: np.ndarray) -> "Steps":
         """The steps at INDEX (ints or a mask), as a new table with the same source and marker."""
-        return Steps(self.source, self.number[index], self.start_ps[index], self.end_ps[index],
-                     self.group_id[index], self.marker_name, self.per_marker)
+        return replace(self, number=self.number[index], start_ps=self.start_ps[index],
+                       end_ps=self.end_ps[index], group_id=self.group_id[index])
 
     @property
     def duration_ps(self) -> np.ndarray:

@@ -18,7 +18,7 @@ The model holds every step candidate the markers gave. This stage decides, in or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -148,7 +148,7 @@ def _align_to_primary(steps: Steps, model: SessionModel, misaligned: list[str]) 
             np.maximum.at(last, dev.step[inside], dev.end_ps[inside])
             ends = np.maximum(ends, last)
     ends = np.where(ends > steps.start_ps, np.minimum(ends, steps.end_ps), steps.end_ps)
-    return Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name, steps.per_marker)
+    return replace(steps, end_ps=ends)
 
 
 def _without_device_data(steps: Steps, primary_cov: DeviceCoverage | None) -> list[ExcludedStep]:
@@ -209,9 +209,6 @@ def assess(model: SessionModel) -> Trust:
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,
 # the composition of device kernels, the comparison of replicas, allocator records, or nothing
 # measured from steps at all.
-ASPECTS = ("idle", "kernels", "replicas", "memory", "capture")
-
-
 def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, list[str]]:
     """How far a finding resting on ASPECT can be believed, with the reasons in words."""
     if aspect == "capture":

@@ -17,7 +17,7 @@ Two things make raw step windows wrong on real captures:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -65,8 +65,7 @@ def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
     # Periods stay periods: a step that ran up to the next step's start still does.
     touching = np.append(steps.end_ps[:-1] == steps.start_ps[1:], False)
     ends[:-1] = np.where(touching[:-1], starts[1:], ends[:-1])
-    return Steps(steps.source, steps.number, starts, np.maximum(ends, starts), steps.group_id,
-                 steps.marker_name, steps.per_marker)
+    return replace(steps, start_ps=starts, end_ps=np.maximum(ends, starts))
 
 
 def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
@@ -91,8 +90,7 @@ def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
         return steps
     ends = steps.end_ps.copy()
     ends[-1] = end
-    return Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name,
-                 steps.per_marker)
+    return replace(steps, end_ps=ends)
 
 
 def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
@@ -172,6 +170,4 @@ def cut_profiler_export(steps: Steps, hosts: list[HostModel]) -> tuple[Steps, li
         if own_end < hi:
             ends[i] = own_end
             cuts.append(ExportCut(step=i, start_ps=export, excluded_ps=hi - own_end))
-    trimmed = Steps(steps.source, steps.number, steps.start_ps, ends, steps.group_id, steps.marker_name,
-                    steps.per_marker)
-    return trimmed, cuts
+    return replace(steps, end_ps=ends), cuts
