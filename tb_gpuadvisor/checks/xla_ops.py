@@ -64,18 +64,20 @@ class DeviceXla:
         return int(self.dev.dur_ps[self.events].sum())
 
 
-def _categories(dev: DeviceActivity) -> np.ndarray:
-    """Per event: its HLO category (from ``hlo_op``; collectives and copies by event kind)."""
-    per_op = [hlo.category(op) for op in dev.hlo_ops]
-    out = np.array([per_op[i] if i >= 0 else hlo.OTHER for i in dev.hlo_op], dtype=object)
-    out[dev.kind == DeviceEventKind.COLLECTIVE] = hlo.COLLECTIVE
-    out[np.isin(dev.kind, np.asarray(COPY_KINDS, np.int8))] = hlo.COPY
+def _categories(dev: DeviceActivity, events: np.ndarray) -> np.ndarray:
+    """Per event of EVENTS: its HLO category (from ``hlo_op``; collectives and copies by event
+    kind), classified once per distinct instruction name."""
+    table = np.array([hlo.category(op) for op in dev.hlo_ops] + [hlo.OTHER], dtype=object)
+    out = table[dev.hlo_op[events]]            # -1 (no instruction) is the trailing OTHER
+    kind = dev.kind[events]
+    out[kind == DeviceEventKind.COLLECTIVE] = hlo.COLLECTIVE
+    out[np.isin(kind, np.asarray(COPY_KINDS, np.int8))] = hlo.COPY
     return out
 
 
 def _device_view(analysis: Analysis, dev: DeviceActivity) -> DeviceXla:
     events = np.flatnonzero(in_steps(dev, analysis.model))
-    category = _categories(dev)[events]
+    category = _categories(dev, events)
     compute = events[~np.isin(category, (hlo.COPY, hlo.COLLECTIVE))]
     start = dev.start_ps[compute]
     steps = analysis.model.steps
