@@ -24,11 +24,11 @@ Savings model: none (0 ms); the finding is about headroom, not time.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE, Remedy,
@@ -40,7 +40,6 @@ WARNING_AT = 90.0
 LOW_BELOW = 30.0
 RESERVES_ALL_AT = 85.0      # allocator limit as % of device memory that means "claims it all"
 GIB = 1024 ** 3
-_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 MEMORY_GROWTH_DOC = f"{GPU_GUIDE}#limiting_gpu_memory_growth"
 
 GROWTH_FIX = Remedy(
@@ -106,8 +105,7 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
         mem = host.memory
         gpus = {dev.device.index: dev.device for dev in host.devices if dev.device.kind == "gpu"}
         for index, name in enumerate(mem.allocators):
-            match = _ALLOCATOR.match(name)
-            device = gpus.get(int(match.group(1))) if match else None
+            device = gpus.get(classify.gpu_allocator_index(name))
             rows = np.flatnonzero(mem.allocator == index)
             if device is None or not device.memory_bytes or rows.size == 0:
                 continue

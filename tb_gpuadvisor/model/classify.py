@@ -100,6 +100,15 @@ def host_event_kind(name: str) -> HostEventKind:
 _XLA_CPU_THREAD = re.compile(r"^(tf_)?XLA(Eigen|PjRtCpuClient)")
 
 
+_GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+
+
+def gpu_allocator_index(allocator: str) -> int | None:
+    """The GPU a TensorFlow allocator serves ("GPU_0_bfc" -> 0), or None for other allocators."""
+    match = _GPU_ALLOCATOR.match(allocator)
+    return int(match.group(1)) if match else None
+
+
 def is_xla_cpu_thread(thread_name: str) -> bool:
     return bool(_XLA_CPU_THREAD.match(thread_name))
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
 )
 
-_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 _REPLICA = re.compile(r"replica_(\d+)")
 _GPU_THREAD = re.compile(r"^tf_gpu_private_(\d+)")
 _XLA_EXECUTE_THREAD = "py_xla_execute"
@@ -65,21 +64,25 @@ def _allocations(host: HostModel) -> dict[int, int]:
     mem = host.memory
     out: dict[int, int] = {}
     for i, name in enumerate(mem.allocators):
-        match = _ALLOCATOR.match(name)
+        gpu = classify.gpu_allocator_index(name)
         pick = mem.allocator == i
-        if match and pick.any():
-            out[int(match.group(1))] = int(mem.bytes_allocated[pick].max(initial=0))
+        if gpu is not None and pick.any():
+            out[gpu] = int(mem.bytes_allocated[pick].max(initial=0))
     return out
 
 
 def _replica_events(host: HostModel) -> Counter:
-    """Replica index -> host events naming it (TensorFlow's per-replica op scopes)."""
+    """Replica index -> host events naming it (TensorFlow's per-replica op scopes); a search of
+    every event name, kept on the host (coverage and the device count both ask)."""
     act = host.activity
+    if "replicas" in act.derived:
+        return act.derived["replicas"]
     per_name = np.bincount(act.name, minlength=len(act.names)) if len(act) else np.zeros(len(act.names), int)
     out: Counter = Counter()
     for name_id, name in enumerate(act.names):
         for replica in set(_REPLICA.findall(name)):
             out[int(replica)] += int(per_name[name_id])
+    act.derived["replicas"] = out
     return out
 
 
