@@ -48,10 +48,7 @@ FIXES = [
         "export TF_GPU_THREAD_MODE=gpu_private\n"
         "export TF_GPU_THREAD_COUNT=2   # threads per GPU; raise it if one GPU still lags",
         GPU_PERF_GUIDE),
-    Remedy("The same from Python, before any TensorFlow op runs.",
-        'import os\nos.environ["TF_GPU_THREAD_MODE"] = "gpu_private"\n'
-        'os.environ["TF_GPU_THREAD_COUNT"] = "2"\nimport tensorflow as tf',
-        GPU_PERF_GUIDE),
+    fixes.GPU_PRIVATE_THREADS,      # the same from Python
 ]
 SERIAL_FIX = Remedy(
     "Look in the trace viewer for what the late GPU waits on: ops that read another replica's "
