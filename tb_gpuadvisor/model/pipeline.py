@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
 
@@ -38,7 +39,6 @@ BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism",
 _PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
 _INPUT_INDEX = re.compile(r"\[\d+\]$")
 _DATASET_ID = re.compile(r":\d+$")
-_TF_DATA_THREAD = "tf_data"
 _INJECTED_PREFIX = "inject/"
 # Op types that run Python inside a dataset function (they also hold the GIL).
 PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
@@ -119,12 +119,12 @@ def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.nda
 
 def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
     """Framework ops run on tf.data threads (the user's dataset functions), by thread time."""
-    threads = [i for i, name in enumerate(activity.threads) if name.startswith(_TF_DATA_THREAD)]
+    threads = [i for i, name in enumerate(activity.threads) if classify.is_input_pipeline_thread(name)]
     rows = np.flatnonzero((activity.kind == HostEventKind.FRAMEWORK_OP) & np.isin(activity.thread, threads))
     totals: dict[str, tuple[int, str]] = {}
     for name_id in np.unique(activity.name[rows]):
         own = rows[activity.name[rows] == name_id]
-        op_type = activity.names[int(name_id)].rsplit(":", 1)[-1]
+        op_type = kernels.op_type(activity.names[int(name_id)])
         # Thread time: parallel calls on several threads add up.
         busy = sum(iv.total(iv.intersect(iv.union(activity.start_ps[on], activity.end_ps[on]), windows))
                    for on in (own[activity.thread[own] == t] for t in np.unique(activity.thread[own])))
