@@ -443,8 +443,7 @@ def _input_waits(host: HostModel) -> Intervals:
     waits = host.activity.derived.get("input_waits")
     if waits is None:
         activity = host.activity
-        sends = kernels.name_mask(activity.names, _INPUT_SEND.search)[activity.name] if activity.names \
-            else np.zeros(len(activity), bool)
+        sends = kernels.named_events(activity, "input_sends", _INPUT_SEND.search)
         waits = host.activity.derived["input_waits"] = _set(
             activity.start_ps, activity.end_ps, (activity.kind == HostEventKind.INPUT_WAIT) | sends)
     return waits
@@ -499,8 +498,7 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
     # Eagerly executed ops (a step not in tf.function) are compute too.
-    eager = kernels.name_mask(activity.names, _EAGER_OP.match)[activity.name] if activity.names \
-        else np.zeros(len(activity), bool)
+    eager = kernels.named_events(activity, "eager_ops", _EAGER_OP.match)
     step_ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & step_threads(activity)
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.

@@ -156,9 +156,8 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     activity = host.activity
     calls = activity.derived.get("sync_calls")
     if calls is None:
-        sync_names = kernels.name_mask(activity.names, _SYNC.search)
-        calls = activity.derived["sync_calls"] = (sync_names[activity.name] & (activity.step >= 0)
-                                                  if activity.names else np.zeros(len(activity), bool))
+        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
+                                                  & (activity.step >= 0))
     d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
     start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
     end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, SessionModel
+from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, HostActivity, SessionModel
 
 # Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
 # h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/
@@ -152,6 +152,15 @@ def dims_not_multiple_of_8(op: str) -> list[int]:
 def name_mask(names: Sequence[str], predicate: Callable[[str], object]) -> np.ndarray:
     """``predicate`` evaluated once per distinct name, as a table that event name ids index."""
     return np.fromiter((bool(predicate(name)) for name in names), bool, count=len(names))
+
+
+def named_events(table: HostActivity | DeviceActivity, key: str, predicate: Callable[[str], object]) -> np.ndarray:
+    """Per-event mask of TABLE's events whose name satisfies PREDICATE, kept in the table's
+    ``derived`` under KEY: computed once per table, whoever asks."""
+    mask = table.derived.get(key)
+    if mask is None:
+        mask = table.derived[key] = name_mask(table.names, predicate)[table.name]
+    return mask
 
 
 @dataclass

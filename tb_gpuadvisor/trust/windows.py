@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tb_gpuadvisor.model.kernels import name_mask
+from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
 from tb_gpuadvisor.trust.placement import step_threads
 
@@ -98,14 +98,6 @@ def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
     return slice(int(np.searchsorted(starts, lo)), int(np.searchsorted(starts, hi)))
 
 
-def _named(act: HostActivity, key: str, pattern: re.Pattern) -> np.ndarray:
-    """Per-event mask of names matching PATTERN, computed once per host table."""
-    mask = act.derived.get(key)
-    if mask is None:
-        mask = act.derived[key] = name_mask(act.names, lambda n: bool(pattern.search(n)))[act.name]
-    return mask
-
-
 def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
     """The end of a step's own work started in [lo, before): its device work and the host's
     launch, copy and synchronize calls (the loss/metric copies back to the host)."""
@@ -143,9 +135,9 @@ def _export_start(hosts: list[HostModel], after: int, hi: int) -> int | None:
     for host in hosts:
         act = host.activity
         rows = _span(act.start_ps, after, hi)
-        if not _named(act, "summary_writer", _SUMMARY_WRITER)[rows].any():
+        if not named_events(act, "summary_writer", _SUMMARY_WRITER.search)[rows].any():
             continue
-        sequence = np.flatnonzero(_named(act, "export_sequence", _EXPORT_SEQUENCE)[rows])
+        sequence = np.flatnonzero(named_events(act, "export_sequence", _EXPORT_SEQUENCE.search)[rows])
         start = int(act.start_ps[rows.start + sequence[0]])
         first = start if first is None else min(first, start)
     return first
@@ -156,7 +148,7 @@ def cut_profiler_export(steps: Steps, hosts: list[HostModel]) -> tuple[Steps, li
     its own work ended; the cut is reported, never attributed."""
     ends = steps.end_ps.copy()
     cuts: list[ExportCut] = []
-    if not any(_named(h.activity, "summary_writer", _SUMMARY_WRITER).any() for h in hosts):
+    if not any(named_events(h.activity, "summary_writer", _SUMMARY_WRITER.search).any() for h in hosts):
         return steps, cuts
     # The export may run past the step's recorded end: look up to the next step (or the end).
     limits = np.append(steps.start_ps[1:], np.iinfo(np.int64).max)
