@@ -36,6 +36,14 @@ def _device_line(dev: dict) -> str:
     return ", ".join(parts)
 
 
+# Said before anything else about a capture that has no accelerator: every number is the CPU's.
+NO_ACCELERATOR = "none: no GPU or TPU in this capture, the model ran on the host CPU"
+
+
+def _no_accelerator(session: dict) -> bool:
+    return (session.get("trust") or {}).get("model_ran_on") == "cpu_only"
+
+
 def _steps_line(steps: dict) -> str:
     if not steps.get("count"):
         return "no steps found"
@@ -130,6 +138,8 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
         out.append(f"  device:  {_device_line(dev)}")
     if len(shown) < len(devices):
         out.append(f"  device:  ... {len(devices) - len(shown)} more ({len(active)} of {len(devices)} active)")
+    if _no_accelerator(session):
+        out.append(f"  device:  {NO_ACCELERATOR}")
     for err in session["errors"]:
         where = err.get("host") or err.get("check") or "session"
         out.append(f"  ERROR [{where}]: {err['message']}")
@@ -177,6 +187,8 @@ def render_markdown(report: dict) -> str:
         out.append(f"- **Steps:** {_steps_line(session['steps'])}")
         for dev in [d for d in session["devices"] if d.get("active")][:8]:
             out.append(f"- **Device:** {md_escape(_device_line(dev))}")
+        if _no_accelerator(session):
+            out.append(f"- **Device:** {NO_ACCELERATOR}")
         for err in session["errors"]:
             out.append(f"- ⛔ **Error** ({md_escape(err.get('host') or err.get('check') or 'session')}): "
                        f"{md_escape(err['message'])}")

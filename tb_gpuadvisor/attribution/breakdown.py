@@ -21,7 +21,8 @@ host did during each idle gap is what lets the checks name the cause.
 
 On CPU-only captures the host is the device: ``input`` is time the training
 threads spend waiting for the next tf.data element, compute is framework op
-time outside those waits, and the rest of the step is ``other_host``.
+time (and the executor's own threads running the graph) outside those waits,
+and the rest of the step is ``other_host``.
 
 Everything is computed with interval algebra on whole columns; there is no
 loop over events.
@@ -43,7 +44,7 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.trust.placement import grouped_steps, host_op_mask, step_threads
+from tb_gpuadvisor.trust.placement import executor_work_mask, grouped_steps, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
     HostModel, SessionModel, Steps,
@@ -183,9 +184,16 @@ class Breakdown:
     def primary(self) -> DeviceBreakdown | None:
         return self.devices[0] if self.devices else None
 
+    @property
+    def bound_kinds(self) -> list[str]:
+        """BOUND_GROUPS' distinct kinds, in words for this capture: on a CPU-only one the compute
+        is the CPU's (there is no device)."""
+        kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
+        return ["CPU compute" if k == "device compute" and self.device_kind == "cpu" else k for k in kinds]
+
     def bounds(self) -> np.ndarray:
-        """Per step, the index into BOUND_GROUPS' distinct kinds of what bounded it on the primary
-        device: the kind holding the most of the step (not-traced time bounds nothing)."""
+        """Per step, the index into ``bound_kinds`` of what bounded it on the primary device: the
+        kind holding the most of the step (not-traced time bounds nothing)."""
         kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
         primary = self.primary
         totals = np.zeros((len(kinds), len(self.steps)), np.int64)
@@ -201,14 +209,14 @@ class Breakdown:
         primary = self.primary
         if primary is None or not len(self.steps):
             return {"shares": {}, "median_step": None}
-        kinds = list(dict.fromkeys(BOUND_GROUPS.values()))
+        kinds = self.bound_kinds
         bounds = self.bounds()
         counts = np.bincount(bounds, minlength=len(kinds))
         shares = {kind: round(100.0 * int(c) / len(self.steps), 1) for kind, c in zip(kinds, counts) if c}
         order = np.argsort(primary.duration, kind="stable")
         median = int(order[(order.size - 1) // 2])
         lo, hi = int(self.steps.start_ps[median]), int(self.steps.end_ps[median])
-        ranges = _labelled_ranges(primary.sets, lo, hi)
+        ranges = _labelled_ranges(primary.sets, lo, hi, kinds[0])
         return {"shares": shares, "median_step": {
             "step": int(self.steps.number[median]), "start_ms": _ms(lo), "end_ms": _ms(hi),
             "bound_by": kinds[int(bounds[median])], "ranges": ranges}}
@@ -244,10 +252,11 @@ class Breakdown:
 PATH_RANGES = 40
 
 
-def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int) -> list[dict]:
-    """The categories' time ranges inside [lo, hi), adjacent ranges of one kind merged."""
+def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int, compute: str) -> list[dict]:
+    """The categories' time ranges inside [lo, hi), adjacent ranges of one kind merged (COMPUTE
+    names the compute kind)."""
     starts, ends, labels = [], [], []
-    for key, group in (("compute", "device compute"), ("collective", "communication"), ("copy", "copies"),
+    for key, group in (("compute", compute), ("collective", "communication"), ("copy", "copies"),
                        ("not_traced", "not traced"), ("input", "input"), ("host_ops", "host"),
                        ("launch", "host"), ("other_host", "host")):
         s, e = iv.clip(sets[key], lo, hi)
@@ -497,9 +506,11 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     start, end = activity.start_ps, activity.end_ps
     waits = _input_waits(host)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
-    # Eagerly executed ops (a step not in tf.function) are compute too.
+    # Eagerly executed ops (a step not in tf.function) are compute too, and so is the executor
+    # running the step's graph on its own threads (all there is when ops were not traced).
     eager = kernels.named_events(activity, "eager_ops", _EAGER_OP.match)
-    step_ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & step_threads(activity)
+    step_ops = (((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & step_threads(activity)
+                | executor_work_mask(activity))
     ops = iv.subtract(_set(start, end, step_ops), waits)
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
     return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))

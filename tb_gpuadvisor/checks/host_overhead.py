@@ -5,7 +5,8 @@
 host was neither waiting on input nor launching work for it, i.e. running Python, Keras
 callbacks and metrics, ops outside ``tf.function``, host-side conditionals such as dynamic
 loss scaling checks, or nothing at all between steps. On CPU-only captures it is step
-time covered by neither framework ops nor input waits. Measured on the primary device.
+time covered by neither framework ops, the executor running the graph, nor input waits,
+and it is said of the CPU (there is no device to idle). Measured on the primary device.
 The evidence lists the host activities that overlapped those gaps the most, the longest
 gaps with their time range, and the steps that lost the most time.
 
@@ -95,8 +96,9 @@ STATIC_LOSS_SCALE = fixes.Remedy(
 )
 
 
-def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP) -> list[Evidence]:
-    """Host events (by thread and name) with the most time inside the gaps."""
+def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP,
+             idle: str = "the device was idle") -> list[Evidence]:
+    """Host events (by thread and name) with the most time inside the gaps (while IDLE)."""
     candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS))
     if not candidates.size or not gaps[0].size:
         return []
@@ -115,7 +117,7 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
         thread, name = divmod(int(uniq[i]), len(activity.names))
         out.append(Evidence(kind="thread", name=activity.names[name],
                             value=round(sums[i] / PS_PER_MS / steps, 3), unit="ms/step",
-                            detail=f"on thread {activity.threads[thread]} while the device was idle",
+                            detail=f"on thread {activity.threads[thread]} while {idle}",
                             host=activity.host, tool="trace_viewer@"))
     return out
 
@@ -138,20 +140,29 @@ def check(analysis: Analysis) -> Finding:
     severity = analysis.gated(severity_by_threshold(percent, CRITICAL, WARNING), saving)
     host = analysis.primary_host
     loss_scale = uses_dynamic_loss_scale(analysis)
-    device = "the host ran no framework op" if breakdown.device_kind == "cpu" else f"{primary.name} sat idle"
+    on_cpu = breakdown.device_kind == "cpu"
+    # Without an accelerator the CPU is what waits: for the step's ops, not for launches.
+    idle = "no op of the step ran on the CPU" if on_cpu else f"{primary.name} sat idle"
+    busy = "input" if on_cpu else "input or kernel launches"
 
     summary = (f"In {percent:.1f}% of step time ({other_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
-               f"{device} while the host was busy with something other than input or kernel launches: "
+               f"{idle} while the host was busy with something other than {busy}: "
                f"Python code, callbacks, metrics, ops run outside "
                f"{fixes.compiled_step(analysis.model.framework)}, or gaps between steps.")
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
     summary += analysis.gain_note(severity, saving)
-    title = (f"Host overhead idles the device {percent:.1f}% of step time" if severity is not Severity.OK
-             else f"Little host overhead ({percent:.1f}% of step time)")
+    if severity is Severity.OK:
+        title = f"Little host overhead ({percent:.1f}% of step time)"
+    elif on_cpu:
+        title = f"Host overhead takes {percent:.1f}% of the CPU's step time"
+    else:
+        title = f"Host overhead idles the device {percent:.1f}% of step time"
 
-    evidence = culprits(host.activity, primary.other_set, analysis.steps_count)
-    evidence += analysis.gap_evidence(primary.other_set, "device idle, host busy elsewhere",
+    evidence = culprits(host.activity, primary.other_set, analysis.steps_count,
+                        idle="no op of the step ran" if on_cpu else "the device was idle")
+    evidence += analysis.gap_evidence(primary.other_set,
+                                      "no op running, host busy elsewhere" if on_cpu else "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",
                                        device=primary.name, host=primary.host)
@@ -160,7 +171,7 @@ def check(analysis: Analysis) -> Finding:
                 LOOP_IN_GRAPH]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
-    if breakdown.device_kind == "cpu":
+    if on_cpu:
         fix_list.remove(fixes.GPU_PRIVATE_THREADS)
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, Remedy
+from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "profile_quality"
@@ -135,11 +136,39 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     if tpus:
         return "tpu", (f"a TPU capture ({len(tpus)} TPU(s) on {where}); the GPU checks do not apply, "
                        "the step-level checks still do")
-    return "cpu", f"a CPU-only capture on {where} (no accelerator planes); the host is analysed as the device"
+    return "cpu", (f"a CPU-only capture on {where}: no GPU or TPU was recorded, so the model ran on the CPU "
+                   "and every number in this report is about the CPU and the host")
+
+
+HOST_TRACER = Remedy(
+    text="Record the ops the CPU runs: profile with the host tracer at level 2 or more, so each op's "
+         "time is traced and not only the executor's.",
+    code="options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)\n"
+         "tf.profiler.experimental.start(log_dir, options=options)\n"
+         "# ... a few training steps ...\n"
+         "tf.profiler.experimental.stop()",
+    doc=PROFILER_GUIDE,
+    jax=Fix(
+        text="Record the ops the CPU runs: profile with the host tracer at level 2 or more.",
+        code="options = jax.profiler.ProfileOptions()\noptions.host_tracer_level = 2\n"
+             "jax.profiler.start_trace(log_dir, profiler_options=options)",
+        doc=JAX_PROFILING_GUIDE),
+)
 
 
 def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
+    if placement.where == "cpu_only":
+        issues = [Issue(Severity.INFO, "No GPU: the model ran on the CPU",
+                        "If this machine has a GPU, the framework did not see it: the fix shows how to check.",
+                        CHECK_GPU_VISIBLE)]
+        if not placement.ops_traced:
+            issues.append(Issue(Severity.WARNING, "CPU ops not traced",
+                                "The runtime ran the steps on its own threads but the host tracer recorded none "
+                                "of their ops, so the CPU's compute is taken from the executor's activity; when "
+                                "the CPU sat idle cannot be measured, and findings that rest on it are low "
+                                "confidence.", HOST_TRACER))
+        return issues
     if placement.where == "gpu_trace_lost":
         gpus = analysis.model.gpus
         return [Issue(Severity.WARNING, "Empty GPU trace",

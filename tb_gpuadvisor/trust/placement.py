@@ -47,6 +47,20 @@ def step_threads(activity: HostActivity) -> np.ndarray:
     return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
 
 
+def executor_work_mask(activity: HostActivity) -> np.ndarray:
+    """Executor activity on the runtime's own step threads (``ExecutorState::Process`` on
+    tf_Compute, ``ThunkExecutor::Execute`` on XLA's CPU threads): the graph running on the CPU.
+
+    The threads that call into the runtime (they carry the step markers and function calls)
+    only wait on it, so their executor events are dispatch, not compute.
+    """
+    calls = activity.mask(HostEventKind.STEP_MARKER, HostEventKind.FUNCTION)
+    callers = np.zeros(len(activity.threads), bool)
+    callers[np.unique(activity.thread[calls])] = True
+    return ((activity.kind == HostEventKind.EXECUTOR) & step_threads(activity)
+            & ~callers[activity.thread] if activity.threads else np.zeros(len(activity), bool))
+
+
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
     """Framework op events on step threads that compute (not bookkeeping)."""
     computes = name_mask(activity.names, lambda n: op_type(n) not in BOOKKEEPING_OPS)
@@ -86,11 +100,17 @@ class Placement:
     long_op_share: float = 0.0      # share of host op time in ops lasting HOST_COMPUTE_OP_PS or more
     ops: list[dict] = field(default_factory=list)   # heaviest host op types: type, ms_per_step, calls_per_step
     launch_calls: int = 0
+    # False when the runtime ran the steps (executor activity) but the host tracer recorded none
+    # of their ops: CPU compute is then known only as executor time, and idle time not at all.
+    ops_traced: bool = True
 
     def to_json(self) -> dict:
-        return {"where": self.where, "host_op_percent": round(self.host_op_percent, 2),
-                "host_op_ms_per_step": round(self.host_op_ms_per_step, 3),
-                "long_host_op_share": round(self.long_op_share, 3), "top_host_ops": self.ops}
+        out = {"where": self.where, "host_op_percent": round(self.host_op_percent, 2),
+               "host_op_ms_per_step": round(self.host_op_ms_per_step, 3),
+               "long_host_op_share": round(self.long_op_share, 3), "top_host_ops": self.ops}
+        if not self.ops_traced:
+            out["ops_traced"] = False
+        return out
 
 
 def _host_ops(model: SessionModel, steps: Steps) -> tuple[float, float, float, list[dict], int]:
@@ -142,6 +162,8 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
         return Placement("tpu")
     percent, ms, long_share, ops, launches = _host_ops(model, steps)
     if not model.gpus:
-        return Placement("cpu_only", percent, ms, long_share, ops, launches)
+        ran = any(bool(np.any(executor_work_mask(h.activity) & (steps.locate(h.activity.start_ps) >= 0)))
+                  for h in model.hosts) if len(steps) else False
+        return Placement("cpu_only", percent, ms, long_share, ops, launches, ops_traced=percent > 0 or not ran)
     on_host = percent >= 100 * MODEL_ON_HOST_SHARE and long_share >= LONG_OP_SHARE
     return Placement("host_despite_gpu" if on_host else "gpu_trace_lost", percent, ms, long_share, ops, launches)
