@@ -140,6 +140,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
                    "and every number in this report is about the CPU and the host")
 
 
+# Leads the title of a CPU-only capture's finding, whatever else is wrong with the capture.
+NO_GPU = "No GPU: the model ran on the CPU"
+
 HOST_TRACER = Remedy(
     text="Record the ops the CPU runs: profile with the host tracer at level 2 or more, so each op's "
          "time is traced and not only the executor's.",
@@ -159,7 +162,7 @@ HOST_TRACER = Remedy(
 def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
     if placement.where == "cpu_only":
-        issues = [Issue(Severity.INFO, "No GPU: the model ran on the CPU",
+        issues = [Issue(Severity.INFO, NO_GPU,
                         "If this machine has a GPU, the framework did not see it: the fix shows how to check.",
                         CHECK_GPU_VISIBLE)]
         if not placement.ops_traced:
@@ -307,7 +310,7 @@ def check(analysis: Analysis) -> Finding:
         summary += (f" {total} step{' was' if total == 1 else 's were'} found "
                     f"({_SOURCES.get(trust.candidates.source, trust.candidates.source)}); {counted}.")
     summary += (" " + " ".join(i.text for i in issues)) if issues else " Nothing in it limits the analysis."
-    worst = [i for i in issues if i.severity is severity]
+    worst = [i for i in issues if i.severity is severity or i.title == NO_GPU]
     title = ("; ".join(i.title for i in worst) if issues and severity is not Severity.OK
              else "Capture is complete and usable")
     fix_list: list[Fix] = []

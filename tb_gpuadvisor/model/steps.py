@@ -170,12 +170,51 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
     return runs
 
 
+def _loop_iterations(runs: dict[str, _Runs]) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(start, end) of each iteration of the loop the host's program calls repeat in, and the
+    marker's name (its first call), or None.
+
+    Without a device timeline (JAX on the CPU) call times say nothing of which program is the
+    step: a batch helper may outweigh the update, and op by op no program dominates. The loop
+    does show in the calls' order: N iterations run the same sequence of programs, so the
+    programs that repeat run a multiple of N times each, and the time-ordered calls cut into N
+    equal chunks are the same sequence in each. The largest N that holds is the iteration count.
+    A step runs from an iteration's first call to the next one's, so the N-1 steps that have a
+    next iteration are measured whole; where the last one ends (its work runs on after its
+    calls return) nothing on the host says.
+    """
+    calls = sorted((s, e, key) for key, run in runs.items() for s, e in zip(*_top_level(run.start_ps, run.end_ps)))
+    counts: dict[str, int] = {}
+    for _, _, key in calls:
+        counts[key] = counts.get(key, 0) + 1
+    repeated = [c for c in counts.values() if c >= 2]
+    if not repeated:
+        return None
+    names = [key for _, _, key in calls if counts[key] >= 2]
+    starts = np.array([s for s, _, key in calls if counts[key] >= 2], np.int64)
+    for n in range(int(np.gcd.reduce(repeated)), 2, -1):
+        size = len(names) // n
+        if all(c % n == 0 for c in repeated) and all(names[i * size:(i + 1) * size] == names[:size]
+                                                     for i in range(1, n)):
+            firsts = starts[::size]
+            first = runs[names[0]].name
+            return firsts[:-1], firsts[1:], f"{first} (the first of the {size} program calls each loop iteration repeats)"
+    return None
+
+
 def _jax_inferred(hosts: list[HostCapture]) -> Steps | None:
     """The dominant repeated XLA computation by device time, never a small helper
-    (``PjitFunction(add)``); a capture where none dominates is one window, not invented steps."""
+    (``PjitFunction(add)``); a capture where none dominates is one window, not invented steps.
+    Without any device timeline the steps are the loop's iterations (``_loop_iterations``)."""
     runs = _jax_runs(hosts)
     if not runs:
         return None
+    host_only = not any(run.on_device or run.device_events >= 0 for run in runs.values())
+    loop = _loop_iterations(runs) if host_only else None
+    if loop is not None:
+        start, end, marker = loop
+        return Steps("inferred", np.arange(start.size, dtype=np.int64), start, end,
+                     np.full(start.size, -1, np.int64), marker)
     total = sum(run.device_ps for run in runs.values())
     best = max(runs.values(), key=lambda run: run.device_ps)
     start, end = _top_level(best.start_ps, best.end_ps)
