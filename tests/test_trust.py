@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
@@ -306,3 +307,54 @@ def test_bert_trace_without_heavy_kernels_is_partial(corpus):
         assert finding(session, check)["confidence"] == "low", check
     assert first_fix(session) == "profile_quality"
     assert 19.0 < session["steps"]["mean_ms"] < 21.5
+
+
+def _retime(table, shift_ps) -> None:
+    """Move TABLE's events by SHIFT_PS (one value per event) and keep the table sorted by start."""
+    table.start_ps = table.start_ps + shift_ps
+    order = np.argsort(table.start_ps, kind="stable")
+    for name, value in vars(table).items():
+        if isinstance(value, np.ndarray) and value.size == order.size:
+            setattr(table, name, value[order])
+    table.derived.clear()
+
+
+def _export_without_sync(model) -> None:
+    """keras-t4 20221104-213654 as a Colab TF 2.4 run without a logs sync records it (issue 25
+    item 1): the loss sync and copies after train_function are gone (python3's
+    cuStreamSynchronize and MemcpyD2H calls at 5.58-8.30 ms, with their two D2H copies), and the
+    callback's export follows train_function at once: every host event from the tf.constant at
+    33.51 ms on moves 27.91 ms earlier (LogicalAnd at 6.36 ms), while the GPU still runs the
+    step's kernels until 8.02 ms; the export's own kernel and copy queue behind them (from
+    8.10 ms). The derived Steps line ends with the group-0 work, as TF writes it."""
+    host = model.hosts[0]
+    act, dev = host.activity, host.devices[0]
+    ms = 1_000_000_000
+    sync = (act.start_ps >= 5.58 * ms) & (act.start_ps < 8.3 * ms) & (act.thread == act.threads.index("python3"))
+    dropped = act.correlation_id[sync & (act.correlation_id >= 0)]
+    for table, keep in ((act, ~sync), (dev, ~np.isin(dev.correlation_id, dropped))):
+        for name, value in vars(table).items():
+            if isinstance(value, np.ndarray) and value.size == keep.size:
+                setattr(table, name, value[keep])
+    constants = act.start_ps[act.name == act.names.index("tf.constant")]
+    export = int(constants[constants > 30 * ms][0])
+    shift = int(5.6 * ms) - export
+    _retime(act, np.where(act.start_ps >= export, shift, 0))
+    later = dev.start_ps >= export
+    _retime(dev, np.where(later, int(8.1 * ms) - int(dev.start_ps[later].min()) if later.any() else 0, 0))
+    group = max(int(act.end_ps[act.group_id == 0].max()), int(dev.end_ps[dev.group_id == 0].max()))
+    model.steps.end_ps = np.array([group], np.int64)
+
+
+def test_export_never_takes_the_step_s_own_device_work(corpus):
+    """Device work the step launched is the step's, whatever the host does: with the export
+    starting at 5.6 ms (LogicalAnd 6.36 ms) and no sync, the step's kernels (launched by
+    train_function before 5.25 ms) still run to 8.02 ms, so the step is 0 -> 8.02 ms and the
+    export cut is what follows. Today's main ends the step at the last device event that started
+    before the export (about 6.4 ms) and counts the rest as export."""
+    (ref,) = find_sessions(str(corpus / "keras-t4" / "20221104-213654"))
+    model = load_session(ref)
+    _export_without_sync(model)
+    analysis = Analysis(model)
+    assert analysis.trust.export_cuts
+    assert analysis.mean_step_ms == pytest.approx(8.02, abs=0.05)

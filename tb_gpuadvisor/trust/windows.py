@@ -100,7 +100,11 @@ def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
 
 def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
     """The end of a step's own work started in [lo, before): its device work and the host's
-    launch, copy and synchronize calls (the loss/metric copies back to the host)."""
+    launch, copy and synchronize calls (the loss/metric copies back to the host).
+
+    Device work the step launched in that time is the step's wherever it runs: without a sync
+    on the Python thread the export starts while the GPU still runs the step's kernels.
+    """
     end = lo
     for host in hosts:
         act = host.activity
@@ -108,10 +112,15 @@ def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
         launches = act.kind[rows] == HostEventKind.LAUNCH
         if launches.any():
             end = max(end, int(act.end_ps[rows][launches].max()))
+        launched = act.correlation_id[rows][launches]
+        launched = launched[launched >= 0]
         for dev in host.devices:
             rows = _span(dev.start_ps, lo, before)
             if rows.stop > rows.start:
                 end = max(end, int(dev.end_ps[rows].max()))
+            mine = np.isin(dev.correlation_id, launched) if launched.size else None
+            if mine is not None and mine.any():
+                end = max(end, int(dev.end_ps[mine].max()))
     return end
 
 
