@@ -74,6 +74,24 @@ def test_a_straggler_on_another_host_is_found_across_hosts(tmp_path):
     assert _by_check(one)["multi_gpu_imbalance"]["metrics"] == imbalance["metrics"]
 
 
+def test_a_slower_host_s_gpus_are_evened_out_across_hosts(tmp_path):
+    """Issue 25 item 4's shape: both of w1's GPUs do more work than w0's (w0 spends 30% of each
+    20 ms step in its AllReduces, w1 10%, so w0's GPUs compute 13.0 ms, w1's 17.0 and 16.32 ms).
+    By hand, evening the work out brings both of w1's GPUs to the median replica, (16.32 + 13.0)
+    / 2 = 14.66 ms, and the step ends 17.0 - 14.66 = 2.34 ms earlier. Today's main brings only
+    the last GPU down and stops where the second-latest becomes the last (17.0 - 16.32 =
+    0.68 ms), in one process and in the merge alike."""
+    a = build_training_session(collective_frac=0.3, **COMMON).space
+    b = build_training_session(collective_frac=0.1, gpu_compute_scale={1: 0.96}, **COMMON).space
+    one, merged = _both(_session(tmp_path, {"w0": a, "w1": b}))
+    _assert_same_findings(one, merged)
+    imbalance = _by_check(merged)["multi_gpu_imbalance"]
+    busy = [e["value"] for e in imbalance["evidence"]]
+    assert busy == pytest.approx([17.0, 16.32, 13.0, 13.0], abs=0.01)
+    assert imbalance["estimated_savings_ms_per_step"] == pytest.approx(busy[0] - (busy[1] + busy[2]) / 2, abs=0.02)
+    assert imbalance["severity"] in ("warning", "critical")
+
+
 def test_precision_and_tensor_cores_count_every_hosts_gpus(tmp_path):
     """w0 runs 60% of its compute in fp16, w1 none (and w1's GPU:0 has 40% more work): the
     session's 16-bit share and Tensor Core share are over all four GPUs' kernel time, as one

@@ -321,20 +321,19 @@ class Replay:
 
 
 def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Per step: the straggler brought to the median replica's work (replicas x steps inputs).
+    """Per step: the stragglers brought to the median replica's work (replicas x steps inputs).
 
-    The replica that waited least in its collectives arrived last; the others waited
-    for it. Its extra work (non-collective busy time above the median replica's) could
-    go, but the step only gains until the next-latest replica becomes the last: the
-    gain is the smaller of that extra work and the second-smallest wait.
+    The replica that waited least in its collectives arrived last; each other one arrived
+    earlier by its wait. Evened out, every replica above the median does the median's
+    non-collective work and arrives earlier by its work above the median; the step gains
+    until the replica that now arrives last does, i.e. the smallest of wait + excess over
+    the replicas. Several replicas carrying the extra work (a slower host's GPUs) all come
+    down together; a replica late for another reason (a late launch) still caps the gain.
     """
     if busy.shape[0] < 2 or not busy.shape[1]:
         return np.zeros(busy.shape[1])
     wait = collective_wait(coll).astype(np.float64)
     if not wait.any():
         wait = ends.max(axis=0) - ends      # how long each replica's work ended before the last one's
-    cols = np.arange(busy.shape[1])
-    last = np.argmin(wait, axis=0)
-    extra = busy[last, cols] - np.median(busy, axis=0)
-    second = np.sort(wait, axis=0)[1]
-    return np.clip(np.minimum(extra, second), 0.0, None)
+    excess = np.clip(busy - np.median(busy, axis=0), 0.0, None)
+    return np.clip((wait + excess).min(axis=0), 0.0, None)
