@@ -13,7 +13,8 @@ Each check's time is its main ``*_ms_per_step`` metric (``MAIN_MS``), else its
 times are divided by it (ms per example). A change counts only beyond the **noise band**:
 ``NOISE_SIGMAS`` standard errors of the difference of the two mean step times (from each
 side's ``std_ms`` and step count), and at least ``NOISE_FLOOR_PERCENT`` of the longer step for a
-check's time, ``STEP_NOISE_FLOOR_PERCENT`` for the step itself.
+check's time, ``STEP_NOISE_FLOOR_PERCENT`` for the step itself and for a check's time when either
+side holds one step (its spread is unknown).
 
 Status of a check with a time: more time beyond the band is ``new`` (a problem now, not
 before) or ``worse``; less time beyond the band is ``fixed`` (a problem before, not now) or
@@ -148,10 +149,17 @@ def _standard_error(steps: dict) -> float:
 
 
 def noise_band(base_steps: dict, new_steps: dict, divisors: tuple[float, float] = (1.0, 1.0)) -> float:
-    """How far apart two mean times (per step or per example) must be to count as a change."""
+    """How far apart two mean times (per step or per example) must be to count as a change.
+
+    A side with one step shows no spread at all: nothing says how much its parts vary from
+    step to step, so any part may differ by as much as whole steps of one job do
+    (``STEP_NOISE_FLOOR_PERCENT``), and the band is that wide.
+    """
     errors = [_standard_error(s) / d for s, d in zip((base_steps, new_steps), divisors)]
     means = [(s.get("mean_ms") or 0.0) / d for s, d in zip((base_steps, new_steps), divisors)]
-    return max(NOISE_SIGMAS * math.hypot(*errors), NOISE_FLOOR_PERCENT / 100 * max(means))
+    one_step = any(int(s.get("count") or 0) == 1 for s in (base_steps, new_steps))
+    floor = STEP_NOISE_FLOOR_PERCENT if one_step else NOISE_FLOOR_PERCENT
+    return max(NOISE_SIGMAS * math.hypot(*errors), floor / 100 * max(means))
 
 
 def compare_sessions(base: dict, new: dict) -> dict:
