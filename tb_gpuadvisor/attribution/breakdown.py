@@ -44,7 +44,7 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.trust.placement import executor_work_mask, grouped_steps, host_op_mask, step_threads
+from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
     HostModel, SessionModel, Steps,
@@ -489,7 +489,7 @@ def host_ops_mask(host: HostModel, steps: Steps) -> np.ndarray:
     mask = host.activity.derived.get("host_ops")
     if mask is None:
         gpus = [d for d in host.devices if d.device.kind == "gpu"]
-        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus, grouped_steps(steps))
+        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus, steps)
     return mask
 
 

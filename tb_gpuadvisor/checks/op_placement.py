@@ -59,7 +59,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.whatif import HOST_OP_GPU_SPEEDUP
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, grouped_steps, host_op_mask, step_threads
+from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, host_op_mask, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
@@ -226,7 +226,7 @@ def check(analysis: Analysis) -> Finding:
     host = analysis.primary_host
     gpus = [d for d in analysis.model.active_gpus if d.device.host == host.name]
     activity = host.activity
-    idx = np.flatnonzero(host_op_mask(activity, gpus, grouped_steps(analysis.model.steps)))
+    idx = np.flatnonzero(host_op_mask(activity, gpus, analysis.model.steps))
     steps = analysis.steps_count
     host_ps = int(activity.dur_ps[idx].sum())
     gpu_ps = primary.total("compute")

@@ -72,12 +72,13 @@ def grouped_steps(steps: Steps) -> bool:
     return bool(np.any(steps.group_id >= 0))
 
 
-def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], grouped_steps: bool) -> np.ndarray:
+def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Steps) -> np.ndarray:
     """Framework op events of the step itself that executed on the host (dispatched no GPU work).
 
     tf.data runs its map functions' ops ahead of the step: on its own threads, or on the
-    runtime's threads without the step's group id when the capture groups events by step.
-    Those are input work (input_bound's evidence), not misplaced model ops.
+    runtime's threads without the step's group id when the capture groups events by step
+    (no group, or the group of the batch they prepare). Those are input work (input_bound's
+    evidence), not misplaced model ops, wherever they run.
     """
     device_ops = {op_key(o) for dev in gpus for o in dev.ops}
 
@@ -87,7 +88,10 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], grouped_ste
 
     table = name_mask(activity.names, runs_on_host)
     mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
-    return mask & (activity.group_id >= 0) if grouped_steps else mask
+    if not grouped_steps(steps):
+        return mask
+    own = steps.group_id[np.clip(activity.step, 0, None)] if len(steps) else activity.group_id
+    return mask & (activity.group_id >= 0) & ((own < 0) | (activity.group_id == own))
 
 
 @dataclass
