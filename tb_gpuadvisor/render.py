@@ -22,14 +22,24 @@ def _bound_line(bottleneck: dict) -> str:
     return (f"{bottleneck['bound_by']} in {bottleneck['share_of_steps']:.0f}% of the steps"
             + (f" (see {checks})" if checks else ""))
 
+def _architecture(version: str, amd: bool) -> str:
+    """NVIDIA's compute capability ("cc 8.0"); on AMD the same plane stats hold the gfx version's
+    major and minor digits (gfx942 is 9.4), which is no compute capability: "gfx94x"."""
+    if not amd:
+        return f"cc {version}"
+    major, _, minor = version.partition(".")
+    return f"gfx{major}{minor or 0}x"
+
+
 def _device_line(dev: dict) -> str:
     parts = [dev["name"]]
     if dev.get("model"):
         parts.append(dev["model"])
+    amd = dev.get("vendor") == "AMD"
     if dev.get("compute_capability"):
-        parts.append(f"cc {dev['compute_capability']}")
+        parts.append(_architecture(dev["compute_capability"], amd))
     if dev.get("sm_count"):
-        parts.append(f"{dev['sm_count']} SMs")
+        parts.append(f"{dev['sm_count']} {'CUs' if amd else 'SMs'}")
     if dev.get("memory_bytes"):
         parts.append(f"{dev['memory_bytes'] / 2**30:.1f} GiB")
     parts.append(f"{dev.get('events', 0)} events" if dev.get("active") else "no events")

@@ -8,6 +8,7 @@ from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
 from tb_gpuadvisor.checks.base import Check
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
+from tb_gpuadvisor.render import render_markdown, render_text
 from tb_gpuadvisor.report import rank_findings
 
 
@@ -65,3 +66,13 @@ def test_every_corpus_session_analyses_without_errors(corpus):
         session = analyze_session(ref)
         assert session["errors"] == [], (ref.run, session["errors"])
         assert len(session["findings"]) == len(REGISTRY)
+
+
+def test_amd_gpus_show_their_gfx_version_not_a_compute_capability(corpus):
+    """Issue 25 item 7: the MI355X planes of jax-mi355x-amd carry device_vendor AMD and
+    compute_cap_major 9, minor 5 (gfx950) and core_count 256 (compute units). Today's main
+    prints "cc 9.5, 256 SMs" as if it were an NVIDIA compute capability."""
+    report = {"sessions": [analyze_session(find_sessions(str(corpus / "jax-mi355x-amd"))[0])]}
+    for text in (render_text(report, width=100), render_markdown(report)):
+        assert "/device:GPU:0, gfx95x, 256 CUs," in text
+        assert "cc 9.5" not in text and "SMs" not in text
