@@ -47,9 +47,9 @@ ops run. Savings model: the host op time per step shrinks by the stated factor o
 Without a GPU every op runs on the host, so misplacement itself cannot show. What can
 show is the work that would *stay* on the host after moving to a GPU: ops TensorFlow
 has no GPU kernel for. There ``host_op_percent`` is their share of the op time on the
-threads that run the step (tf.data's own threads excluded). It is said for a move to a GPU
-that this capture cannot show, so it is information at most (info from the warning
-threshold, no saving): nothing about a GPU is claimed on a capture that has none.
+threads that run the step (tf.data's own threads excluded), with the same thresholds,
+and the saving assumes they leave the step (moved into the input pipeline, or
+replaced): savings = their ms per step, on this CPU as on a GPU.
 """
 
 from __future__ import annotations
@@ -166,20 +166,20 @@ def _host_only_ops(analysis: Analysis) -> Finding:
         if idx.size:
             evidence += _op_evidence(activity, idx, set(), steps)
     percent = 100.0 * host_only_ps / op_ps if op_ps else 0.0
-    severity = Severity.INFO if percent >= WARNING else Severity.OK
+    severity = severity_by_threshold(percent, CRITICAL, WARNING)
     ms = analysis.ms_per_step(host_only_ps)
     names = ", ".join(dict.fromkeys(e.name for e in evidence)) or "none"
     summary = ("This capture has no GPU, so every op runs on the CPU and misplacement itself cannot show. "
                f"{percent:.1f}% of the step's op time ({ms:.2f} ms per step) is in ops that have no GPU "
-               f"kernel ({names}): if the model moved to a GPU they would stay on the host and force copies "
-               "around them.")
+               f"kernel ({names}): moved into the tf.data pipeline they leave the step on this CPU, and on "
+               "a GPU they could not run at all.")
     title = (f"{percent:.1f}% of op time is in ops with no GPU kernel" if severity is not Severity.OK
              else f"Few ops without a GPU kernel ({percent:.1f}% of op time)")
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"host_op_percent": round(percent, 2), "host_op_ms_per_step": round(ms, 3),
                  "measured_on": "cpu"},
-        estimated_savings_ms_per_step=0.0, evidence=evidence[:TOP],
+        estimated_savings_ms_per_step=ms if severity is not Severity.OK else 0.0, evidence=evidence[:TOP],
         fixes=[fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS] if severity is not Severity.OK else [],
     )
 
