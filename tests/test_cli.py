@@ -184,3 +184,31 @@ def test_plugin_and_analysis_never_import_tensorflow(logdir):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_fail_on_names_the_threshold_and_the_findings_on_stderr(capsys, monkeypatch, logdir):
+    """Issue 26.4: exit 1 says on one stderr line which findings reached which threshold;
+    a low-confidence finding is not named (it does not count)."""
+    low = _finding("memcpy", "critical", confidence="low")
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("kernel_launch", "warning"), low,
+        _finding("precision", "info")))
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "warning"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tb-gpuadvisor: fail-on warning reached: input_bound (critical), kernel_launch (warning)\n"
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 1
+    assert capsys.readouterr().err == "tb-gpuadvisor: fail-on critical reached: input_bound (critical)\n"
+    assert main(["analyze", str(logdir / "good")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_markdown_folds_passed_and_not_applicable_checks_into_one_line(capsys, monkeypatch, logdir):
+    """Issue 26.4: a PR comment lists what needs doing; passing checks take one line."""
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("memcpy", "ok"), _finding("precision", "ok"),
+        _finding("collectives", "not_applicable")))
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| `input_bound` |" in out
+    assert "`memcpy` |" not in out and "`collectives` |" not in out
+    assert out.count("\n🟢 Passed: `memcpy`, `precision` · ⚪ Not applicable: `collectives`\n") == 1
