@@ -41,6 +41,7 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
 
 CHECK_ID = "host_overhead"
@@ -120,6 +121,25 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
     return out
 
 
+# Steps marked by model.fit itself (Keras 3 "Profiled batch", Keras 2 TraceContext): fit compiles
+# the step into a tf.function unless run_eagerly=True, and runs the loop over the data itself.
+_FIT_MARKERS = ("keras", "keras2")
+# A tf.function call as TensorFlow records it ("EagerLocalExecute: __inference_multi_step_on_iterator_12",
+# "FunctionRun"); an eager fit (run_eagerly=True) records none.
+_GRAPH_CALL = re.compile(r"__inference_|^FunctionRun$")
+
+
+def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
+    """The "run it as a tf.function" remedies that apply: none for a model.fit step that already
+    ran as one (its function calls are in the steps), only TF_FUNCTION (turn run_eagerly off) for
+    an eager fit, both for a custom loop."""
+    if analysis.trust.candidates.source not in _FIT_MARKERS:
+        return [fixes.TF_FUNCTION, LOOP_IN_GRAPH]
+    compiled = any((named_events(host.activity, "graph_call", _GRAPH_CALL.search) & (host.activity.step >= 0)).any()
+                   for host in analysis.model.hosts)
+    return [] if compiled else [fixes.TF_FUNCTION]
+
+
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     names = [n for host in analysis.model.hosts for n in host.activity.names]
     names += [o for dev in analysis.model.devices for o in dev.ops]
@@ -156,8 +176,7 @@ def check(analysis: Analysis) -> Finding:
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",
                                        device=primary.name, host=primary.host)
 
-    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, FEWER_CALLBACKS, fixes.TF_FUNCTION,
-                LOOP_IN_GRAPH]
+    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, FEWER_CALLBACKS, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
     if breakdown.device_kind == "cpu":
