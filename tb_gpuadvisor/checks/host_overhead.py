@@ -30,12 +30,14 @@ earlier, device work queued anyway does not.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
 )
@@ -55,20 +57,27 @@ _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKin
                  HostEventKind.MEMORY)
 _LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
 
+def _jax_host_work(syncs: bool) -> Fix:
+    """JAX's "keep host work out of the loop"; SYNCS names block_until_ready among the read-backs
+    (not when the only calls in the capture are the profiling helper's own)."""
+    readbacks = "float(loss), print, .block_until_ready()" if syncs else "float(loss), print"
+    return Fix(
+        text=f"Keep host work out of the step loop: do not read results back every step ({readbacks}); "
+             "log every N steps so dispatch can run ahead of the device.",
+        code="for step, batch in enumerate(batches):\n"
+             "    state, loss = train_step(state, batch)\n"
+             "    if step % 100 == 0:\n"
+             "        print(step, float(loss))   # the only host sync",
+        doc=fixes.JAX_GPU_TIPS)
+
+
 FEWER_CALLBACKS = fixes.Remedy(
     text="Do less per-step work in callbacks and metrics: log to TensorBoard per epoch, drop "
          "metrics you do not need during training, avoid .numpy() or print in the step.",
     code="tensorboard = keras.callbacks.TensorBoard(log_dir, update_freq='epoch')\n"
          "model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'])  # only what you read",
     doc=fixes.GPU_PERF_GUIDE,
-    jax=Fix(
-        text="Keep host work out of the step loop: do not read results back every step (float(loss), "
-             "print, .block_until_ready()); log every N steps so dispatch can run ahead of the device.",
-        code="for step, batch in enumerate(batches):\n"
-             "    state, loss = train_step(state, batch)\n"
-             "    if step % 100 == 0:\n"
-             "        print(step, float(loss))   # the only host sync",
-        doc=fixes.JAX_GPU_TIPS),
+    jax=_jax_host_work(syncs=True),
 )
 
 LOOP_IN_GRAPH = fixes.Remedy(
@@ -98,7 +107,7 @@ STATIC_LOSS_SCALE = fixes.Remedy(
 
 def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP) -> list[Evidence]:
     """Host events (by thread and name) with the most time inside the gaps."""
-    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS))
+    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS) & ~helper_overhead(activity))
     if not candidates.size or not gaps[0].size:
         return []
     start = activity.start_ps[candidates]
@@ -176,7 +185,10 @@ def check(analysis: Analysis) -> Finding:
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",
                                        device=primary.name, host=primary.host)
 
-    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, FEWER_CALLBACKS, *graph_remedies(analysis)]
+    fewer = FEWER_CALLBACKS
+    if helper_overhead(host.activity).any() and not user_syncs(host.activity):
+        fewer = dataclasses.replace(FEWER_CALLBACKS, jax=_jax_host_work(syncs=False))
+    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
     if breakdown.device_kind == "cpu":
