@@ -547,7 +547,9 @@ function inputPipelineNote(evidence) {
   if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
   return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
     text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
-      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way.'});
+      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way. In a logdir ' +
+      'with several sessions XProf 2.24 leaves that page\'s Hosts list blank: it still analyses the host ' +
+      'the link names.'});
 }
 
 function rangeNote(table) {
