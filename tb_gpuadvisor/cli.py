@@ -158,9 +158,14 @@ def _side_names(base: SessionRef, new: SessionRef) -> tuple[SessionRef, SessionR
     if None in dirs or (base.fs is None) != (new.fs is None):
         return base, new
     paths = os.path if base.fs is None else posixpath
-    common = paths.commonpath(dirs)
+    try:
+        common = paths.commonpath(dirs)
+    except ValueError:          # nothing in common (two buckets, two drives)
+        return base, new
     # One run on both sides, or one run inside the other: name it from its parent.
     anchor = paths.dirname(common) if common in dirs else common
+    if not anchor:
+        return base, new
     base_run, new_run = (paths.relpath(d, anchor).replace(os.sep, "/") for d in dirs)
     return dataclasses.replace(base, run=base_run), dataclasses.replace(new, run=new_run)
 

@@ -212,3 +212,17 @@ def test_markdown_folds_passed_and_not_applicable_checks_into_one_line(capsys, m
     assert "| `input_bound` |" in out
     assert "`memcpy` |" not in out and "`collectives` |" not in out
     assert out.count("\n🟢 Passed: `memcpy`, `precision` · ⚪ Not applicable: `collectives`\n") == 1
+
+
+@pytest.mark.parametrize("base,new,names", [
+    ("b/x/a/train", "b/x/a_fixed/train", ("a/train", "a_fixed/train")),
+    ("b/x/a/train", "b/x/a/train", ("train", "train")),
+    ("b1/a/train", "b2/a/train", ("train", "train")),     # two buckets: each keeps its own name
+])
+def test_compare_sides_are_named_below_their_shared_folder_on_a_store(base, new, names):
+    """Issue 26.5 on an fsspec store (paths without a root): the same naming as on disk."""
+    from tb_gpuadvisor.cli import _side_names
+    from tb_gpuadvisor.discovery import SessionRef
+
+    refs = [SessionRef("train", "s", f"{run}/plugins/profile/s", ("h",), fs=object()) for run in (base, new)]
+    assert tuple(ref.run for ref in _side_names(*refs)) == names
