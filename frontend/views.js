@@ -4,7 +4,7 @@
 // capture file says, so text only ever goes in through textContent and
 // attributes through setAttribute; nothing here assigns innerHTML.
 
-import {profileUrl, safeDocUrl} from './model.js';
+import {profileUrl, safeDocUrl, traceRangeUrl} from './model.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -173,6 +173,20 @@ export function statusView(text, progress) {
 export function errorView(title, message) {
   return h('div', {class: 'state state-error', role: 'alert'},
     h('strong', {text: title}), ' ', h('span', {text: message}));
+}
+
+/** Under the errors of a session nothing could be read from: why nothing else is shown. */
+export function unreadNote() {
+  return h('p', {class: 'muted', 'data-testid': 'unread-note',
+    text: 'Nothing of this capture could be analysed, so there is no step time, device list or finding to show.'});
+}
+
+/** Above a comparison whose base is a session of another run (picked by default or by hand). */
+export function otherRunNote(base, picked) {
+  return h('p', {class: 'note state state-warning', 'data-testid': 'base-note', role: 'note',
+    text: picked ?
+      `This run has no earlier session, so the base is ${base}, from another run. Pick another base above.` :
+      `The base, ${base}, is from another run.`});
 }
 
 export function emptyView() {
@@ -492,35 +506,57 @@ function metricsView(metrics) {
 const INPUT_PIPELINE_TOOL = 'input_pipeline_analyzer';
 const TRACE_VIEWER = 'trace_viewer@';
 
-function profileLink(context, host, tool, range) {
+function profileLink(context, host, tool) {
   const name = tool.replace(/@$/, '');
   return h('a', {
-    href: profileUrl({run: context.run, session: context.session, host, tool, ...range}),
+    href: profileUrl({run: context.run, session: context.session, host, tool}),
     target: '_parent', class: 'profile-link', 'data-tool': name,
-    title: `Open ${name} in the Profile tab${range.viewStart !== undefined ? ' at this time range' : ''}`,
+    title: `Open ${name} in the Profile tab` + (tool === TRACE_VIEWER ? ' (the whole trace)' : ''),
   }, `${name.replace(/_/g, ' ')} ↗`);
 }
 
-/** The trace viewer opens at the evidence's time range (ms), with a little margin either side. */
-function viewRange(item) {
-  if (typeof item.start_ms !== 'number') return {};
+/** The evidence's time range (ms on the capture's clock), with a little margin either side; null when
+ * the item or the report (an older one without time_origin_ms) does not give it. */
+function viewRange(item, origin) {
+  if (typeof item.start_ms !== 'number' || typeof origin !== 'number') return null;
   const end = typeof item.end_ms === 'number' ? item.end_ms : item.start_ms;
   const margin = Math.max(0.05 * (end - item.start_ms), 0.01);
-  return {viewStart: Math.max(0, item.start_ms - margin), viewEnd: end + margin};
+  return {viewStart: origin + Math.max(0, item.start_ms - margin), viewEnd: origin + end + margin};
+}
+
+/** XProf's trace viewer on a page of its own, at the evidence's time range (the Profile tab cannot open one). */
+function rangeLink(context, host, range) {
+  const href = range && traceRangeUrl({run: context.run, session: context.session, host, ...range});
+  if (!href) return null;
+  return h('a', {
+    href, target: '_blank', rel: 'noopener', class: 'range-link', 'data-tool': 'trace_viewer',
+    title: 'Open XProf\'s trace viewer on its own page at this time range',
+  }, 'at this time ↗');
 }
 
 function profileLinks(item, context, host) {
-  if (item.tool !== INPUT_PIPELINE_TOOL) return profileLink(context, host, item.tool, viewRange(item));
+  if (item.tool !== INPUT_PIPELINE_TOOL && item.tool !== TRACE_VIEWER) return profileLink(context, host, item.tool);
+  const range = rangeLink(context, host, viewRange(item, context.timeOriginMs));
   return h('div', {class: 'links'},
-    profileLink(context, host, TRACE_VIEWER, viewRange(item)),
-    profileLink(context, host, item.tool, {}));
+    profileLink(context, host, TRACE_VIEWER),
+    range,
+    item.tool === INPUT_PIPELINE_TOOL ? profileLink(context, host, item.tool) : null);
 }
 
 function inputPipelineNote(evidence) {
   if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
   return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
     text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
-      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way.'});
+      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way. In a logdir ' +
+      'with several sessions XProf 2.24 leaves that page\'s Hosts list blank: it still analyses the host ' +
+      'the link names.'});
+}
+
+function rangeNote(table) {
+  if (!table.querySelector('a.range-link')) return null;
+  return h('p', {class: 'muted small note', 'data-testid': 'range-note',
+    text: '"at this time" opens XProf\'s trace viewer on a page of its own at that time range; ' +
+      'the Profile tab\'s trace viewer opens the whole trace (XProf 2.24 drops a range given to it).'});
 }
 
 function evidenceView(evidence, context) {
@@ -542,12 +578,14 @@ function evidenceView(evidence, context) {
       h('td', {text: [where, timing].filter(Boolean).join(' · ')}),
       h('td', {}, link));
   });
+  const table = h('table', {},
+    h('thead', {}, h('tr', {},
+      ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
+    h('tbody', {}, rows));
   return h('div', {class: 'evidence'},
     h('h4', {text: 'Evidence'}),
-    h('div', {class: 'table-wrap'}, h('table', {},
-      h('thead', {}, h('tr', {},
-        ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
-      h('tbody', {}, rows))),
+    h('div', {class: 'table-wrap'}, table),
+    rangeNote(table),
     inputPipelineNote(evidence));
 }
 

@@ -33,7 +33,7 @@ import math
 
 from tb_gpuadvisor.checks import all_checks
 from tb_gpuadvisor.checks.base import Severity
-from tb_gpuadvisor.render import md_escape, printable
+from tb_gpuadvisor.render import md_escape, printable, session_title, unreadable
 
 NOISE_SIGMAS = 2.0          # standard errors of the difference of the means
 NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitter
@@ -219,13 +219,30 @@ def compare_sessions(base: dict, new: dict) -> dict:
     }
 
 
-def has_regression(result: dict, fail_on: str | Severity) -> bool:
-    """True when the step got slower beyond the noise band, or a check is new or worse with
-    a new severity reaching ``fail_on`` (a finding of low confidence does not count)."""
+def regressions_reaching(result: dict, fail_on: str | Severity) -> list[str]:
+    """What trips ``--fail-on``: "step time slower beyond the noise band" when it is, and
+    "input_bound new (critical)" per check that is new or worse with a new severity reaching
+    ``fail_on`` (a finding of low confidence does not count)."""
     threshold = Severity(fail_on).weight
-    return result.get("step_status") == "worse" or any(
-        c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
-        and c.get("new_confidence") != "low" for c in result["checks"])
+    causes = ["step time slower beyond the noise band"] if result.get("step_status") == "worse" else []
+    return causes + [f"{c['check']} {c['status']} ({c['new_severity']})" for c in result["checks"]
+                     if c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
+                     and c.get("new_confidence") != "low"]
+
+
+def has_regression(result: dict, fail_on: str | Severity) -> bool:
+    """True when ``regressions_reaching`` finds anything."""
+    return bool(regressions_reaching(result, fail_on))
+
+
+def refusal(base: dict, new: dict) -> str | None:
+    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
+    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+    for side, session in (("base", base), ("new", new)):
+        why = unreadable(session)
+        if why:
+            return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+    return None
 
 
 def _label(side: dict) -> str:

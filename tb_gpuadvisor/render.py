@@ -184,6 +184,20 @@ def md_escape(text: str) -> str:
             .replace(">", "&gt;"))
 
 
+# Severities a PR comment folds into one line: a reviewer reads what needs doing, not every check.
+_QUIET = ("ok", "not_applicable")
+
+
+def _quiet_line(findings: list[dict]) -> str:
+    """"🟢 Passed: a, b · ⚪ Not applicable: c", or "" when every check has something to say."""
+    parts = []
+    for severity, label in zip(_QUIET, ("Passed", "Not applicable")):
+        checks = [f"`{f['check']}`" for f in findings if f["severity"] == severity]
+        if checks:
+            parts.append(f"{_EMOJI[severity]} {label}: {', '.join(checks)}")
+    return " · ".join(parts)
+
+
 def render_markdown(report: dict) -> str:
     out: list[str] = ["# GPU Advisor report", ""]
     for session in report["sessions"]:
@@ -207,12 +221,16 @@ def render_markdown(report: dict) -> str:
         if session.get("first_fix"):
             out.append(f"- **Fix first:** {md_escape(session['first_fix']['why'])}")
         out.append("")
-        if session["findings"]:
+        shown = [f for f in session["findings"] if f["severity"] not in _QUIET]
+        if shown:
             out += ["| | check | severity | saving (ms/step) | finding |", "|---|---|---|---:|---|"]
-            for f in session["findings"]:
+            for f in shown:
                 out.append(f"| {_EMOJI[f['severity']]} | `{f['check']}` | {f['severity']} | "
                            f"{f['estimated_savings_ms_per_step']:.2f} | {md_escape(f['title'])} |")
             out.append("")
+        quiet = _quiet_line(session["findings"])
+        if quiet:
+            out += [quiet, ""]
         for f in session["findings"]:
             if f["severity"] not in ("critical", "warning", "info"):
                 continue

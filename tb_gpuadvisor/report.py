@@ -164,6 +164,12 @@ def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 
+def time_origin_ms(origin_ns: int) -> float:
+    """The capture clock's time of the report's 0 ms (its first event): every start_ms/end_ms plus
+    this is the time XProf's trace viewer shows, which links need to open at an evidence's range."""
+    return round(origin_ns / 1e6, 6)
+
+
 def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
     """The session object before ranking, the findings with their standalone savings, and the
     errors so far: what one host's analysis hands on when a session spans several hosts."""
@@ -173,6 +179,7 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
         "run": model.run, "session": model.session, "hosts": [h.name for h in model.hosts],
         "framework": model.framework, "devices": _devices_json(model),
         "steps": _steps_json(model, analysis.trust), "trust": analysis.trust.to_json(),
+        "time_origin_ms": time_origin_ms(min((h.origin_ns for h in model.hosts), default=0)),
     }
     try:
         out["breakdown"] = analysis.breakdown.to_json()

@@ -64,6 +64,11 @@ class Busy(RuntimeError):
     """Too many analyses are queued already (HTTP 503); the client retries later."""
 
 
+class NotComparable(ValueError):
+    """One of two sessions to compare could not be analysed at all (HTTP 422): a comparison
+    would list checks nobody measured."""
+
+
 class Unavailable(RuntimeError):
     """A remote log root cannot be searched (HTTP 503); the message says what to install or fix."""
 
@@ -290,7 +295,8 @@ class AdvisorService:
         base_run: str | None,
         base_session: str | None,
     ) -> dict | Pending:
-        """compare_sessions(base, new) once both analyses are done, else Pending."""
+        """compare_sessions(base, new) once both analyses are done, else Pending; NotComparable
+        when either could not be analysed."""
         new_ref = self.resolve(run, session)
         base_ref = self.resolve(base_run, base_session)
         new_job = self._job_for(new_ref, None)
@@ -301,8 +307,11 @@ class AdvisorService:
         pending = [item for item in (new, base) if isinstance(item, Pending)]
         if pending:
             return Pending(min((p.progress for p in pending), key=lambda p: p["fraction"]))
-        from tb_gpuadvisor.compare import compare_sessions
+        from tb_gpuadvisor.compare import compare_sessions, refusal
 
+        why = refusal(base, new)
+        if why:
+            raise NotComparable(why)
         return compare_sessions(base, new)
 
     def _job_for(self, ref: discovery.SessionRef, host: str | None) -> _Job:

@@ -184,3 +184,45 @@ def test_plugin_and_analysis_never_import_tensorflow(logdir):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_fail_on_names_the_threshold_and_the_findings_on_stderr(capsys, monkeypatch, logdir):
+    """Issue 26.4: exit 1 says on one stderr line which findings reached which threshold;
+    a low-confidence finding is not named (it does not count)."""
+    low = _finding("memcpy", "critical", confidence="low")
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("kernel_launch", "warning"), low,
+        _finding("precision", "info")))
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "warning"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tb-gpuadvisor: fail-on warning reached: input_bound (critical), kernel_launch (warning)\n"
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 1
+    assert capsys.readouterr().err == "tb-gpuadvisor: fail-on critical reached: input_bound (critical)\n"
+    assert main(["analyze", str(logdir / "good")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_markdown_folds_passed_and_not_applicable_checks_into_one_line(capsys, monkeypatch, logdir):
+    """Issue 26.4: a PR comment lists what needs doing; passing checks take one line."""
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("memcpy", "ok"), _finding("precision", "ok"),
+        _finding("collectives", "not_applicable")))
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| `input_bound` |" in out
+    assert "`memcpy` |" not in out and "`collectives` |" not in out
+    assert out.count("\n🟢 Passed: `memcpy`, `precision` · ⚪ Not applicable: `collectives`\n") == 1
+
+
+@pytest.mark.parametrize("base,new,names", [
+    ("b/x/a/train", "b/x/a_fixed/train", ("a/train", "a_fixed/train")),
+    ("b/x/a/train", "b/x/a/train", ("train", "train")),
+    ("b1/a/train", "b2/a/train", ("train", "train")),     # two buckets: each keeps its own name
+])
+def test_compare_sides_are_named_below_their_shared_folder_on_a_store(base, new, names):
+    """Issue 26.5 on an fsspec store (paths without a root): the same naming as on disk."""
+    from tb_gpuadvisor.cli import _side_names
+    from tb_gpuadvisor.discovery import SessionRef
+
+    refs = [SessionRef("train", "s", f"{run}/plugins/profile/s", ("h",), fs=object()) for run in (base, new)]
+    assert tuple(ref.run for ref in _side_names(*refs)) == names

@@ -76,3 +76,16 @@ def test_amd_gpus_show_their_gfx_version_not_a_compute_capability(corpus):
     for text in (render_text(report, width=100), render_markdown(report)):
         assert "/device:GPU:0, gfx95x, 256 CUs," in text
         assert "cc 9.5" not in text and "SMs" not in text
+
+
+def test_time_origin_is_the_capture_clock_at_the_reports_zero(tmp_path):
+    """Issue 26.3: links open XProf's trace viewer on the capture's own clock. The synthetic capture's
+    first event is at 1.5 ms of its clock (its lines start at 1 ms, the first step 0.5 ms later; XProf
+    shows step 0 at 1500 us), and the report's times start at 0: time_origin_ms is 1.5, and a step's
+    start_ms plus it is XProf's time of that step."""
+    capture = build_training_session(steps=4, input_wait_frac=0.3)
+    (ref,) = find_sessions(str(capture.write(tmp_path, run="train", session="s1")))
+    session = analyze_session(ref)
+    assert session["time_origin_ms"] == 1.5
+    steps = [e for f in session["findings"] for e in f["evidence"] if e["kind"] == "step"]
+    assert steps and steps[0]["start_ms"] + session["time_origin_ms"] == 1.5 + 20.0 * int(steps[0]["name"].split()[1])

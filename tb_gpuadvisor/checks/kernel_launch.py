@@ -40,6 +40,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.attribution.breakdown import DeviceBreakdown
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.host_overhead import graph_remedies
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
     Evidence, Finding, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
@@ -129,5 +130,7 @@ def check(analysis: Analysis) -> Finding:
                  "tiny_kernel_percent": round(tiny_share, 1), "launch_cost_us": round(cost_us, 2),
                  "launch_cost_measured": measured},
         estimated_savings_ms_per_step=saving, evidence=evidence,
-        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, fixes.TF_FUNCTION] if severity is not Severity.OK else [],
+        # Of the tf.function remedies only the step itself matters here: launches happen inside it.
+        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, *graph_remedies(analysis)[:1]] if severity is not Severity.OK
+        else [],
     )

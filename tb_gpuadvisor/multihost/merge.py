@@ -28,7 +28,7 @@ from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import XPLANE_SUFFIX
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
-from tb_gpuadvisor.report import finish
+from tb_gpuadvisor.report import finish, time_origin_ms
 
 
 @dataclass
@@ -332,6 +332,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     out["devices"] = [d for s in good for d in s.out["devices"]]
     out["warnings"] = [w for s in good for w in s.out["warnings"]]
     alignment = Alignment.of(good)
+    out["time_origin_ms"] = time_origin_ms(alignment.origin_ns)   # evidence is shifted onto it below
     durations = (alignment.take(primary, primary.durations)
                  if primary.host in alignment.index and primary.durations is not None else np.empty(0))
     mean_ms = float(durations.mean()) / PS_PER_MS if durations.size else 0.0
