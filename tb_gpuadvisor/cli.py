@@ -162,7 +162,8 @@ def cmd_checks(args: argparse.Namespace) -> int:
         match = [c for c in checks if c.id == args.check]
         if not match:
             raise UsageError(f"unknown check {args.check!r}; known: {', '.join(c.id for c in checks)}")
-        _print(f"{match[0].id}: {match[0].title}\n\n{terminal_doc(match[0].doc)}")
+        declaration = "\n".join(f"{name + ':':<19} {value}" for name, value in match[0].declaration())
+        _print(f"{match[0].id}: {match[0].title}\n\n{declaration}\n\n{terminal_doc(match[0].doc)}")
     else:
         _print("\n".join(f"{c.id:<22} {c.title}" for c in checks))
     return 0

@@ -112,8 +112,10 @@ class Analysis(StepScale):
         with self._lock:
             if self._what_if is None:
                 from tb_gpuadvisor.attribution.whatif import WhatIf
+                from tb_gpuadvisor.checks import replay_scenarios
 
-                self._what_if = WhatIf.build(self.model, breakdown)
+                self._what_if = WhatIf.build(self.model, breakdown,
+                                             replay_scenarios(self.model, breakdown.device_kind))
         return self._what_if
 
     @property

@@ -30,8 +30,9 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Fix, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
@@ -120,7 +121,9 @@ def _megabytes_per_step(dev: DeviceActivity, kind: DeviceEventKind, steps: int) 
     return float(dev.nbytes[(dev.kind == kind) & (dev.step >= 0)].sum()) / 1e6 / steps
 
 
-@register(CHECK_ID, "Host-device copies", __doc__)
+@register(CHECK_ID, "Host-device copies", __doc__,
+          what_if=Replayed(lambda model: Scenario(hide_copies=True), what="copies overlapped with compute"),
+          explains="copies", compared=Compared("memcpy_percent", "memcpy_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
