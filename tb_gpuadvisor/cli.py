@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json", "markdown")
 FAIL_ON = ("warning", "critical")
-# multihost.engine's names, spelt here so `checks` and --help need not import the analysis.
-ENGINES = ("local", "dask")
 
 
 class UsageError(Exception):
@@ -181,9 +179,11 @@ def _jobs(text: str) -> int:
 
 def _add_engine_flags(command: argparse.ArgumentParser) -> None:
     """--engine, --address, --workers: where a session's hosts are analysed."""
-    command.add_argument("--engine", choices=ENGINES, default="local",
-                         help="where each host of a session is analysed: local processes (default) or a running "
-                              "Dask cluster (pip install 'tb-gpuadvisor[dask]')")
+    from tb_gpuadvisor.multihost.engine import ENGINES
+
+    command.add_argument("--engine", choices=list(ENGINES), default=next(iter(ENGINES)),
+                         help="where each host of a session is analysed: " +
+                              "; ".join(f"{name}: {kind.summary}" for name, kind in ENGINES.items()))
     command.add_argument("--address", help="the Dask scheduler to attach to, e.g. tcp://10.0.0.5:8786 "
                                            "(default: $DASK_SCHEDULER_ADDRESS); only with --engine dask")
     command.add_argument("--workers", type=_jobs, help="local processes for a session's hosts (default: all cores)")
