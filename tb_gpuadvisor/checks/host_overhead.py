@@ -154,8 +154,8 @@ def check(analysis: Analysis) -> Finding:
     title = (f"Host overhead idles the device {percent:.1f}% of step time" if severity is not Severity.OK
              else f"Little host overhead ({percent:.1f}% of step time)")
 
-    evidence = culprits(host.activity, primary.other_set, analysis.steps_count)
-    evidence += analysis.gap_evidence(primary.other_set, "device idle, host busy elsewhere",
+    evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count)
+    evidence += analysis.gap_evidence(primary.sets["other_host"], "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",
                                        device=primary.name, host=primary.host)

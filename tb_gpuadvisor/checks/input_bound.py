@@ -124,7 +124,7 @@ def check(analysis: Analysis) -> Finding:
         evidence.append(Evidence(
             kind="stage", name="pipeline", value=len(pipeline.stages), unit="stages",
             detail=pipeline.describe(), host=primary.host, tool="input_pipeline_analyzer"))
-    evidence += analysis.step_evidence(primary.input, "waiting for input in this step",
+    evidence += analysis.step_evidence(primary.parts["input"], "waiting for input in this step",
                                        device=primary.name, host=primary.host)
 
     return Finding(

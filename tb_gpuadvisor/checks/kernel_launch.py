@@ -130,7 +130,7 @@ def check(analysis: Analysis) -> Finding:
         title = f"GPU waits on kernel launches {percent:.1f}% of step time"
 
     evidence = tiny_ops(dev, analysis.steps_count)
-    evidence += analysis.gap_evidence(primary.launch_set, "GPU idle while the host launches kernels",
+    evidence += analysis.gap_evidence(primary.sets["launch"], "GPU idle while the host launches kernels",
                                       device=primary.name, host=primary.host)
     evidence += _other_devices(analysis, primary)
 

@@ -144,15 +144,15 @@ def check(analysis: Analysis) -> Finding:
                f"{analysis.mean_step_ms:.2f} ms step) copying data with no kernel running alongside. "
                f"Per step it received {h2d:.2f} MB from the host and sent {d2h:.2f} MB back.")
     d2h_events = np.flatnonzero((dev.kind == DeviceEventKind.MEMCPY_D2H) & (dev.step >= 0))
-    d2h_exposed = int(iv.per_bin_total(primary.copy_set, dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
+    d2h_exposed = int(iv.per_bin_total(primary.sets["copy"], dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
     if severity is not Severity.OK and d2h_exposed > 0.2 * primary.total("copy"):
         summary += " Device-to-host copies inside a step usually mean a value is read on the host mid-step."
     summary += analysis.gain_note(severity, saving)
     title = (f"Copies stall the GPU {percent:.1f}% of step time" if severity is not Severity.OK
              else f"Copies are hidden behind compute ({percent:.1f}% of step time exposed)")
 
-    evidence = copy_evidence(dev, primary.copy_set, steps)
-    evidence += analysis.gap_evidence(primary.copy_set, "copy with no kernel running",
+    evidence = copy_evidence(dev, primary.sets["copy"], steps)
+    evidence += analysis.gap_evidence(primary.sets["copy"], "copy with no kernel running",
                                       device=primary.name, host=primary.host)
     evidence += [Evidence(kind="device", name=other.name, value=round(other.percent("copy"), 2), unit="%",
                           detail="exposed copy time on this GPU", device=other.name, host=other.host)
