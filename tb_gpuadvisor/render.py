@@ -11,6 +11,8 @@ import re
 import shutil
 import textwrap
 
+from tb_gpuadvisor.checks.base import ACTIONABLE, QUIET, Severity
+
 _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info", "ok": " ok ", "not_applicable": " n/a"}
 _EMOJI = {"critical": "🔴", "warning": "🟠", "info": "🔵", "ok": "🟢", "not_applicable": "⚪"}
 
@@ -78,7 +80,12 @@ def unreadable(session: dict) -> str | None:
 
 
 def actionable(finding: dict) -> bool:
-    return finding["severity"] in ("critical", "warning")
+    return Severity(finding["severity"]) in ACTIONABLE
+
+
+def quiet(finding: dict) -> bool:
+    """A passed or not-applicable check: one line for all of them unless asked."""
+    return Severity(finding["severity"]) in QUIET
 
 
 def _confidence(finding: dict) -> str:
@@ -140,12 +147,12 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
     findings = session["findings"]
     if findings:
         out.append("")
-    quiet = [f["check"] for f in findings if f["severity"] in ("ok", "not_applicable")]
+    passed = [f["check"] for f in findings if quiet(f)]
     for f in findings:
-        if verbose or f["check"] not in quiet:
+        if verbose or not quiet(f):
             out += _text_finding(f, width, verbose)
-    if quiet and not verbose:
-        out.append(f"  passed or not applicable: {', '.join(quiet)}")
+    if passed and not verbose:
+        out.append(f"  passed or not applicable: {', '.join(passed)}")
     return out
 
 
@@ -192,7 +199,7 @@ def render_markdown(report: dict) -> str:
                            f"{f['estimated_savings_ms_per_step']:.2f} | {md_escape(f['title'])} |")
             out.append("")
         for f in session["findings"]:
-            if f["severity"] not in ("critical", "warning", "info"):
+            if quiet(f):
                 continue
             out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{md_escape(f['title'])}</b></summary>", "",
                     md_escape(f["summary"]), ""]

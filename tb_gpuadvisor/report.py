@@ -11,13 +11,12 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from tb_gpuadvisor import cores
+from tb_gpuadvisor.checks.base import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, declared, explaining, fixes
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel
 from tb_gpuadvisor.trust import Trust, confidence
 
-# Findings a user should act on, in the order they are ranked before savings.
-ACTIONABLE = (Severity.CRITICAL, Severity.WARNING)
 
 
 def _steps_json(model: SessionModel, trust: Trust) -> dict:

@@ -42,6 +42,13 @@ class Severity(str, enum.Enum):
         return {"critical": 4, "warning": 3, "info": 2, "ok": 1, "not_applicable": 0}[self.value]
 
 
+# The findings a user should act on, everywhere: the report's ranking, fix-first and what-if,
+# the text and Markdown renderers, --fail-on and the tab (frontend/views.js ACTIONABLE mirrors it).
+ACTIONABLE = frozenset({Severity.CRITICAL, Severity.WARNING})
+# Checks with nothing to say: collapsed into one line (text) or one list (the tab).
+QUIET = frozenset({Severity.OK, Severity.NOT_APPLICABLE})
+
+
 def severity_by_threshold(value: float, critical: float | None, warning: float | None) -> Severity:
     """Severity for metrics where bigger is worse (the catalogue's ">= N" rules)."""
     if critical is not None and value >= critical:
