@@ -345,13 +345,9 @@ class AdvisorService:
         try:
             result = self._analyzer()(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
-            result = {
-                "run": ref.run,
-                "session": ref.session,
-                "hosts": list(ref.hosts),
-                "findings": [],
-                "errors": [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}],
-            }
+            from tb_gpuadvisor.multihost.merge import failed_session
+
+            result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
         elapsed = time.monotonic() - job.started
         if elapsed > 0.05 and job.size_bytes:
             with self._lock:
