@@ -48,3 +48,18 @@ def test_the_tab_keeps_the_reports_order():
     views = (FRONTEND / "views.js").read_text()
     assert "rankFindings" not in views and ".sort(" not in views.split("export function findingsView")[1].split(
         "// -- compare")[0]
+
+
+def test_one_primary_device_for_trust_breakdown_and_checks(tmp_path):
+    """GPU:0 ran nothing, so the primary GPU is GPU:1 everywhere (the first GPU that ran kernels)."""
+    from synth import build_training_session
+    from synth_whatif import analysed
+
+    session = build_training_session(steps=3, gpus=3)
+    gpu0 = next(p for p in session.space.planes if p.name == "/device:GPU:0")
+    gpu0.lines.clear()
+    analysis = analysed(session, tmp_path)
+    primary = analysis.model.primary_gpu
+    assert primary is not None and primary.device.name == "/device:GPU:1"
+    assert analysis.primary_device is primary
+    assert analysis.breakdown.primary.name == primary.device.name == analysis.breakdown.to_json()["device"]

@@ -153,7 +153,8 @@ class DeviceBreakdown:
 
 @dataclass
 class Breakdown:
-    """Step breakdown of every measured device; ``primary`` is the one the step table shows."""
+    """Step breakdown of every measured device; ``primary`` is the one the step table shows (the
+    model's primary_gpu on a GPU capture: measured_devices lists the GPUs in host order)."""
 
     steps: Steps
     devices: list[DeviceBreakdown]

@@ -120,9 +120,8 @@ class Analysis(StepScale):
 
     @property
     def primary_device(self) -> DeviceActivity | None:
-        """The GPU the per-step breakdown is measured on (the first active GPU), or None."""
-        gpus = self.model.active_gpus
-        return gpus[0] if gpus else None
+        """The GPU the per-step breakdown is measured on (SessionModel.primary_gpu), or None."""
+        return self.model.primary_gpu
 
     @property
     def comparable_gpus(self) -> list[DeviceActivity]:

@@ -231,6 +231,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     good = [s for s in summaries if s.analysed]
     if not good:
         return failed_session(ref, errors or [{"message": "no host of this session could be analysed"}])
+    # The first host whose devices ran anything: the host of SessionModel.primary_gpu on a GPU session.
     primary = next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0])
     out = dict(primary.out)
     out["hosts"] = [s.host for s in good]
