@@ -87,12 +87,21 @@ def test_precision_and_tensor_cores_count_every_hosts_gpus(tmp_path):
 
 
 def test_hosts_with_different_problems_keep_the_primary_view(tmp_path):
-    """w0 is input-bound, w1 launch-bound: the session is judged on the first host with GPUs
-    (as in one process), and its savings are what every host allows."""
+    """w0 waits for input 20% of the step, w1 has 20% host overhead: the per-host findings are
+    w0's (the first host with GPUs, as in one process: its input share, and no host overhead),
+    and their savings are what every host allows: w0 alone would gain 4 ms from the input fix,
+    but w1 does not wait for input, so the synchronous step gains nothing and the finding is info."""
     a = build_training_session(input_wait_frac=0.2, **COMMON).space
     b = build_training_session(host_overhead_frac=0.2, **COMMON).space
     one, merged = _both(_session(tmp_path, {"w0": a, "w1": b}))
     _assert_same_findings(one, merged)
+    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    found = _by_check(merged)
+    assert alone["input_bound"]["severity"] == "critical"
+    assert alone["input_bound"]["estimated_savings_ms_per_step"] == pytest.approx(4.0, abs=0.05)
+    assert found["input_bound"]["metrics"] == alone["input_bound"]["metrics"]
+    assert found["input_bound"]["severity"] == "info" and found["input_bound"]["estimated_savings_ms_per_step"] == 0
+    assert found["host_overhead"]["severity"] == "ok"
 
 
 def test_a_summary_is_small_and_holds_no_events(tmp_path):
