@@ -175,3 +175,16 @@ def test_the_map_takes_back_the_adaptive_mmap_threshold():
     mapper._tune_malloc.cache_clear()
     tuned = mapper._tune_malloc()
     assert tuned is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_memory_is_as_bad_as_the_worst_host(tmp_path):
+    """memory declares worst_host: w1's GPUs peak at 95% of their memory, w0's at 30%; the
+    session's memory finding is w1's warning although w0 is the primary host."""
+    a = build_training_session(peak_mem_frac=0.3, **COMMON).space
+    b = build_training_session(peak_mem_frac=0.95, **COMMON).space
+    ref = _session(tmp_path, {"w0": a, "w1": b})
+    merged = merge(ref, [map_host(HostJob(ref, host, 2)) for host in ref.hosts])
+    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    assert alone["memory"]["severity"] != "warning"
+    memory = _by_check(merged)["memory"]
+    assert memory["severity"] == "warning" and memory["metrics"]["peak_percent"] >= 90, memory["metrics"]

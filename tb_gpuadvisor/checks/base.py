@@ -214,6 +214,9 @@ class Check:
     explains_order: int = 0         # its place among the checks that explain that bound
     compared: Compared = Compared()
     cross_host: CrossHost | None = None
+    # A per-host check whose many-host session is as bad as its worst host (each host judges its
+    # own devices or capture), not the primary host's verdict.
+    worst_host: bool = False
 
     def run(self, analysis: "Analysis") -> Finding:
         return self.function(analysis)
@@ -233,7 +236,8 @@ class Check:
             compared += f", share: {self.compared.share}"
         return [("what-if", scenario), ("confidence aspect", self.aspect),
                 ("explains bound", self.explains or "-"), ("compare metric", compared),
-                ("cross-host join", self.cross_host.what if self.cross_host else "no: judged on the primary host")]
+                ("cross-host join", self.cross_host.what if self.cross_host
+                 else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host")]
 
 
 REGISTRY: dict[str, Check] = {}
@@ -241,7 +245,7 @@ REGISTRY: dict[str, Check] = {}
 
 def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | NoReplay, aspect: str = "idle",
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
-             cross_host: CrossHost | None = None) -> Callable[[CheckFunction], CheckFunction]:
+             cross_host: CrossHost | None = None, worst_host: bool = False) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
     if aspect not in ASPECTS:
@@ -253,7 +257,7 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
         if check_id in REGISTRY:
             raise ValueError(f"check {check_id!r} registered twice")
         REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
-                                   explains, explains_order, compared, cross_host)
+                                   explains, explains_order, compared, cross_host, worst_host)
         return function
 
     return decorate

@@ -121,7 +121,7 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
 
 @register(CHECK_ID, "GPU memory headroom", __doc__,
           what_if=NoReplay("it measures memory, not time"), aspect="memory",
-          compared=Compared("peak_percent", timed=False))
+          compared=Compared("peak_percent", timed=False), worst_host=True)
 def check(analysis: Analysis) -> Finding:
     peaks = allocator_peaks(analysis)
     if not peaks:

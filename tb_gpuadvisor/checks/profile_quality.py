@@ -267,7 +267,7 @@ def _issues(analysis: Analysis) -> list[Issue]:
 
 @register(CHECK_ID, "Profile quality", __doc__,
           what_if=NoReplay("it judges the capture, not the training step"), aspect="capture",
-          compared=Compared(timed=False))
+          compared=Compared(timed=False), worst_host=True)
 def check(analysis: Analysis) -> Finding:
     model, trust = analysis.model, analysis.trust
     kind, what = capture_kind(analysis)

@@ -19,7 +19,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import Finding, Severity, all_checks, fixes, profile_quality
+from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import XPLANE_SUFFIX
@@ -191,8 +191,6 @@ def failed_session(ref: SessionRef, errors: list[dict]) -> dict:
             "errors": errors, "warnings": []}
 
 
-# The session is as bad as its worst host for these: each host judges its own devices and capture.
-WORST_HOST = ("memory", profile_quality.CHECK_ID)
 # Counts of the capture that add up over hosts.
 SUMMED_METRICS = ("gpu_count", "active_gpu_count", "dropped_events")
 
@@ -205,7 +203,8 @@ def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed:
         return None
     mine = next(f for s, f in found if s is primary) if any(s is primary for s, _ in found) else found[0][1]
     base = mine
-    if check in WORST_HOST:
+    declaration = declared(check)
+    if declaration is not None and declaration.worst_host:
         base = max((f for _, f in found), key=lambda f: f.severity.weight)   # the first of the worst
         if base.severity.weight == mine.severity.weight:
             base = mine
