@@ -8,40 +8,41 @@ import {profileUrl, safeDocUrl, traceRangeUrl} from './model.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
-const SEVERITY_ORDER = ['critical', 'warning', 'info', 'ok', 'not_applicable'];
-/** Severities listed as findings; the others go under "Passed or not applicable". */
-const ACTIONABLE = new Set(['critical', 'warning', 'info']);
+/**
+ * Severities a user should act on: the report's own definition (tb_gpuadvisor/checks/base.py
+ * ACTIONABLE; tests/test_vocabulary.py keeps the two equal). Info findings are listed apart,
+ * passed and not-applicable checks last.
+ */
+const ACTIONABLE = new Set(['critical', 'warning']);
 const SEVERITY_LABEL = {
   critical: 'Critical', warning: 'Warning', info: 'Info', ok: 'OK', not_applicable: 'N/A',
 };
 
-/** Step-time components, in stacking order (bottom first), for reports without `breakdown.categories`. */
-const COMPONENTS = [
-  {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
-  {key: 'input_ms', label: 'Input', cls: 'c-input'},
-  {key: 'launch_ms', label: 'Kernel launch', cls: 'c-launch'},
-  {key: 'other_ms', label: 'Other host', cls: 'c-other'},
-  {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
-  {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
-];
-
-/** Colour class of each category group a report's `breakdown.categories` may name. */
-const GROUP_CLASS = {
-  compute: 'c-compute', copy: 'c-copy', collective: 'c-collective', input: 'c-input',
-  launch: 'c-launch', host: 'c-other', gap: 'c-gap', not_traced: 'c-untraced',
+/**
+ * How the step chart names each group of the report's `breakdown.categories` (their `group`
+ * field, tb_gpuadvisor/attribution/breakdown.py CATEGORIES). Each category has its own colour
+ * class `c-<key>` (style.css: one hue per group, told apart within a group by lightness, so the
+ * colours stay distinct for colour-blind readers); an unknown key falls back to its group's.
+ */
+const GROUP_LABEL = {
+  compute: 'Compute', collective: 'Collectives', copy: 'Copies', not_traced: 'Not traced',
+  input: 'Input', launch: 'Launch', host: 'Host',
 };
 
 /**
- * The stacked parts of a step: the report's own category list when it has one
- * ({key, label, group}; each step row then holds `<key>_ms`), else the fixed COMPONENTS.
+ * The stacked parts of a step: the report's categories ({key, label, group}; each step row holds
+ * `<key>_ms`) that this run has (some step spends time in them), in the report's order.
  */
 function stepComponents(breakdown) {
-  const categories = breakdown && Array.isArray(breakdown.categories) ? breakdown.categories : null;
-  if (!categories || !categories.length) return COMPONENTS;
-  return categories.map((category) => ({
-    key: `${category.key}_ms`, label: category.label || humanize(category.key),
-    cls: GROUP_CLASS[category.group] || 'c-other',
-  }));
+  const categories = breakdown && Array.isArray(breakdown.categories) ? breakdown.categories : [];
+  const steps = (breakdown && breakdown.steps) || [];
+  return categories
+    .filter((category) => steps.some((step) => Number(step[`${category.key}_ms`]) > 0))
+    .map((category) => ({
+      key: `${category.key}_ms`, label: category.label || humanize(category.key), group: category.group,
+      catchAll: /_other$/.test(category.key),
+      cls: `c-${category.key} c-group-${category.group}`,
+    }));
 }
 
 let idCounter = 0;
@@ -287,9 +288,28 @@ export function errorsView(report) {
 
 // -- charts ---------------------------------------------------------------------------
 
+/**
+ * A legend grouped as the breakdown groups its categories: a group with several parts is one
+ * entry "Group: part, part"; a lone part is named by itself (by its group when it is the group's
+ * catch-all "other ..." part, so a CPU run's compute reads "Compute").
+ */
 function legend(items) {
-  return h('ul', {class: 'legend', 'aria-hidden': 'true'}, items.map((item) =>
-    h('li', {}, h('span', {class: `swatch ${item.cls}`}), item.label)));
+  const groups = [];
+  for (const item of items) {
+    const last = groups[groups.length - 1];
+    if (last && item.group && last.group === item.group) last.items.push(item);
+    else groups.push({group: item.group, items: [item]});
+  }
+  const entry = (item, label) => h('span', {class: 'legend-item'}, h('span', {class: `swatch ${item.cls}`}), label);
+  return h('ul', {class: 'legend', 'aria-hidden': 'true'}, groups.map(({group, items: members}) => {
+    const title = GROUP_LABEL[group] || humanize(group || '');
+    if (members.length === 1) {
+      const [item] = members;
+      return h('li', {'data-group': group || ''}, entry(item, item.catchAll && group ? title : item.label));
+    }
+    return h('li', {class: 'legend-group', 'data-group': group},
+      h('span', {class: 'legend-group-name', text: `${title}:`}), members.map((item) => entry(item, item.label)));
+  }));
 }
 
 function niceMax(value) {
@@ -351,9 +371,6 @@ export function stepChart(breakdown, wide) {
       base += value;
       lines.push(`${component.label}: ${fmtMs(value)}`);
     }
-    if (Number(step.compute_low_precision_ms) > 0) {
-      lines.push(`(16-bit compute: ${fmtMs(step.compute_low_precision_ms)})`);
-    }
     group.appendChild(svg('rect', {x: pad.left + index * slot, width: slot, y: pad.top, height: plotH, class: 'hit'}));
     group.appendChild(svg('title', {}, lines.join('\n')));
     chart.appendChild(group);
@@ -379,9 +396,9 @@ export function deviceChart(breakdown, stragglerName) {
   const work = (device) => (Number(device.compute_ms) || 0) + (Number(device.copy_ms) || 0);
   const straggler = stragglerName ||
     devices.reduce((best, device) => (work(device) > work(best) ? device : best)).device;
-  // The step components a GPU runs itself (same labels and colours as the step chart), then idle time.
+  // The category groups a GPU runs itself (`<group>_ms` per device, in the step chart's group colours), then idle time.
   const parts = [
-    ...COMPONENTS.filter((c) => ['compute_ms', 'copy_ms', 'collective_ms'].includes(c.key)),
+    ...['compute', 'copy', 'collective'].map((group) => ({key: `${group}_ms`, label: GROUP_LABEL[group], cls: `c-group-${group}`})),
     {key: 'idle_ms', label: 'Idle', cls: 'c-idle'},
   ];
   const total = (device) => parts.reduce((sum, p) => sum + (Number(device[p.key]) || 0), 0);
@@ -425,21 +442,6 @@ export function deviceChart(breakdown, stragglerName) {
 }
 
 // -- findings ---------------------------------------------------------------------------
-
-/** Fix-first order: by rank, else by estimated saving, then severity (findingsView splits off passed checks). */
-function rankFindings(findings) {
-  const severity = (f) => {
-    const index = SEVERITY_ORDER.indexOf(f.severity);
-    return index < 0 ? SEVERITY_ORDER.length : index;
-  };
-  return [...(findings || [])].sort((a, b) => {
-    if (typeof a.rank === 'number' && typeof b.rank === 'number' && a.rank !== b.rank) return a.rank - b.rank;
-    const saveA = Number(a.estimated_savings_ms_per_step) || 0;
-    const saveB = Number(b.estimated_savings_ms_per_step) || 0;
-    if (saveA !== saveB) return saveB - saveA;
-    return severity(a) - severity(b);
-  });
-}
 
 function severityBadge(severity) {
   return h('span', {class: `badge sev-${severity}`, 'data-severity': severity},
@@ -634,13 +636,15 @@ function findingView(finding, context, expanded) {
 }
 
 export function findingsView(report, context) {
-  const ranked = rankFindings(report.findings);
-  const actionable = ranked.filter((f) => ACTIONABLE.has(f.severity));
-  const passed = ranked.filter((f) => !ACTIONABLE.has(f.severity));
+  // The report's order is the ranking (report.rank_findings); the tab never re-ranks.
+  const findings = report.findings || [];
+  const actionable = findings.filter((f) => ACTIONABLE.has(f.severity));
+  const info = findings.filter((f) => f.severity === 'info');
+  const passed = findings.filter((f) => !ACTIONABLE.has(f.severity) && f.severity !== 'info');
   const section = h('section', {class: 'findings', 'aria-label': 'Findings'});
   section.appendChild(h('h2', {text: actionable.length ?
     `Findings (${actionable.length}), most valuable first` : 'Findings'}));
-  if (!ranked.length) {
+  if (!findings.length) {
     section.appendChild(h('p', {class: 'muted', text: 'No checks produced findings for this session.'}));
     return section;
   }
@@ -648,10 +652,15 @@ export function findingsView(report, context) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :
-      h('p', {class: 'good', text: 'Nothing to fix: every check passed or does not apply.'}));
+      h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
   }
   section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
     actionable.map((finding, index) => findingView(finding, context, index === 0))));
+  if (info.length) {
+    section.appendChild(h('details', {class: 'info-findings', 'data-testid': 'info-findings', open: ''},
+      h('summary', {text: `For information (${info.length})`}),
+      h('ol', {class: 'finding-list'}, info.map((finding) => findingView(finding, context, false)))));
+  }
   if (passed.length) {
     section.appendChild(h('details', {class: 'passed'},
       h('summary', {text: `Passed or not applicable (${passed.length})`}),

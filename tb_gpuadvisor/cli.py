@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json", "markdown")
 FAIL_ON = ("warning", "critical")
-# multihost.engine's names, spelt here so `checks` and --help need not import the analysis.
-ENGINES = ("local", "dask")
 
 
 class UsageError(Exception):
@@ -205,7 +203,8 @@ def cmd_checks(args: argparse.Namespace) -> int:
         match = [c for c in checks if c.id == args.check]
         if not match:
             raise UsageError(f"unknown check {args.check!r}; known: {', '.join(c.id for c in checks)}")
-        _print(f"{match[0].id}: {match[0].title}\n\n{terminal_doc(match[0].doc)}")
+        declaration = "\n".join(f"{name + ':':<19} {value}" for name, value in match[0].declaration())
+        _print(f"{match[0].id}: {match[0].title}\n\n{declaration}\n\n{terminal_doc(match[0].doc)}")
     else:
         _print("\n".join(f"{c.id:<22} {c.title}" for c in checks))
     return 0
@@ -223,9 +222,11 @@ def _jobs(text: str) -> int:
 
 def _add_engine_flags(command: argparse.ArgumentParser) -> None:
     """--engine, --address, --workers: where a session's hosts are analysed."""
-    command.add_argument("--engine", choices=ENGINES, default="local",
-                         help="where each host of a session is analysed: local processes (default) or a running "
-                              "Dask cluster (pip install 'tb-gpuadvisor[dask]')")
+    from tb_gpuadvisor.multihost.engine import ENGINES
+
+    command.add_argument("--engine", choices=list(ENGINES), default=next(iter(ENGINES)),
+                         help="where each host of a session is analysed: " +
+                              "; ".join(f"{name}: {kind.summary}" for name, kind in ENGINES.items()))
     command.add_argument("--address", help="the Dask scheduler to attach to, e.g. tcp://10.0.0.5:8786 "
                                            "(default: $DASK_SCHEDULER_ADDRESS); only with --engine dask")
     command.add_argument("--workers", type=_jobs, help="local processes for a session's hosts (default: all cores)")

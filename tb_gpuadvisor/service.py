@@ -354,13 +354,9 @@ class AdvisorService:
         try:
             result = self._analyzer()(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
-            result = {
-                "run": ref.run,
-                "session": ref.session,
-                "hosts": list(ref.hosts),
-                "findings": [],
-                "errors": [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}],
-            }
+            from tb_gpuadvisor.multihost.merge import failed_session
+
+            result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
         elapsed = time.monotonic() - job.started
         if elapsed > 0.05 and job.size_bytes:
             with self._lock:
@@ -375,21 +371,17 @@ class AdvisorService:
         return self._analyze
 
     def _shared_engine(self) -> Engine:
-        """The engine every analysis shares, made on first use: a Dask cluster when
-        $DASK_SCHEDULER_ADDRESS names one (attached to, never started), else this machine's
-        processes; a scheduler that cannot be reached is logged and the tab works locally."""
-        from tb_gpuadvisor.multihost.engine import ADDRESS_ENV, EngineError, LocalEngine, make_engine
+        """The engine every analysis shares, made on first use: the one the environment names
+        (multihost.engine.from_environment: a Dask cluster when $DASK_SCHEDULER_ADDRESS is set,
+        attached to, never started), else this machine's processes; an engine that cannot be
+        built is logged and the tab works locally."""
+        from tb_gpuadvisor.multihost.engine import from_environment
 
         with self._engine_lock:
             if self._engine is None:
-                address = os.environ.get(ADDRESS_ENV)
-                if address:
-                    try:
-                        self._engine = make_engine("dask", address)
-                    except EngineError as err:
-                        log.warning("gpu_advisor: analysing on this machine instead: %s", err)
-                if self._engine is None:
-                    self._engine = LocalEngine()
+                self._engine, problem = from_environment()
+                if problem:
+                    log.warning("gpu_advisor: analysing on this machine instead: %s", problem)
             return self._engine
 
     def _outcome(self, job: _Job, wait_s: float) -> dict | Pending:

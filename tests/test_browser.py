@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 
 import synth
+from conftest import CORPUS
 
 CHROMIUM = "/usr/bin/chromium"
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+# A CPU-only run, named to sort after the others (the tab opens the first run).
+CPU_RUN = "z-cpu-only"
 MALICIOUS = "<img src=x onerror=alert(1)>&amp;"
 GOOD = "2024_01_01_00_00_00"
 BETTER = "2024_01_05_00_00_00"
@@ -63,6 +65,8 @@ def _build_logdir(root: Path) -> Path:
     synth.build_training_session(steps=4).write(logdir, "train", MALICIOUS)
     synth.write_bad_session(logdir, "train", BROKEN, "garbage")
     synth.build_training_session(steps=4, step_ms=20.0).write(logdir, "validation", VALIDATION)
+    synth.build_training_session(steps=4, gpus=0, marker="r", input_wait_frac=0.2,
+                                 host_overhead_frac=0.2).write(logdir, CPU_RUN, GOOD)
     sources = sorted((CORPUS / "keras-cnn-rtx5000").glob("download8-*/train/plugins/profile/*"))
     if sources:
         target = logdir / "rtx5000" / "plugins" / "profile" / sources[0].name
@@ -189,10 +193,10 @@ def test_report_findings_chart_and_fix(page, server):
     assert body.is_visible()
     assert body.locator(".fixes li.fix").count() >= 1
     _shot(page, server, "2-finding-expanded", findings.nth(0))
-    if body.locator(".code").count():
-        body.locator("button.copy").first.click()
-        # The label changes once the (asynchronous) clipboard write has settled.
-        sync_api.expect(body.locator("button.copy").first).to_have_text(re.compile(r"^(Copied|Select & copy)$"))
+    assert body.locator(".code").count() >= 1      # the top finding (input_bound) fixes in code
+    body.locator("button.copy").first.click()
+    # The label changes once the (asynchronous) clipboard write has settled.
+    sync_api.expect(body.locator("button.copy").first).to_have_text(re.compile(r"^(Copied|Select & copy)$"))
 
 
 def test_malicious_names_render_as_text(page, server):
@@ -441,7 +445,8 @@ def test_labels_name_checks_and_units(page, server):
     frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
     frame.click("details.passed > summary")
     passed = frame.locator("details.passed li.finding .check-id").all_inner_texts()
-    assert "launch_skew" in passed or "multi_gpu_imbalance" in passed or passed, passed
+    # BETTER's two GPUs are balanced and start together: both replica checks pass.
+    assert {"launch_skew", "multi_gpu_imbalance"} <= set(passed), passed
     assert all(passed), passed
     frame.click("#tab-compare")
     frame.select_option("[data-testid=base-select]", f"train\u0000{GOOD}")
@@ -476,3 +481,65 @@ def test_category_list_and_confidence_from_the_report(page, server):
     assert "FP32 on Tensor-Core-eligible ops" in legend and "Kernel launch" not in legend, legend
     assert frame.locator("[data-testid=step-chart] g.step-bar").first.locator("rect.seg").count() == 2
     assert "only 8 steps" in frame.locator("[data-testid=confidence]").first.inner_text()
+
+
+def _legend(frame) -> list[dict]:
+    """The step chart's legend: per entry its group, its labels and each swatch's colour."""
+    return frame.locator("[data-testid=step-chart] .legend > li").evaluate_all(
+        """items => items.map(li => ({group: li.dataset.group, text: li.innerText,
+            colours: [...li.querySelectorAll('.swatch')].map(s => getComputedStyle(s).backgroundColor)}))""")
+
+
+def test_legend_lists_the_runs_categories_grouped_each_in_its_own_colour(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=step-chart] .legend", timeout=30000)
+    _shot(page, server, "11-legend-gpu", frame.locator("[data-testid=step-chart]"))
+    entries = _legend(frame)
+    colours = [c for e in entries for c in e["colours"]]
+    assert len(colours) == len(set(colours)), entries          # no two categories alike
+    groups = [e["group"] for e in entries]
+    assert len(groups) == len(set(groups)), groups              # one entry per group, in breakdown order
+    compute = next(e for e in entries if e["group"] == "compute")
+    assert compute["text"].startswith("Compute:") and len(compute["colours"]) >= 2, compute
+    # Only categories this run has: GOOD plants no collectives wait and nothing untraced.
+    text = " ".join(e["text"] for e in entries)
+    assert "not traced" not in text and "waiting for the slowest replica" not in text, text
+    # Every bar segment uses a colour of the legend.
+    fills = set(frame.locator("[data-testid=step-chart] rect.seg").evaluate_all(
+        "rects => rects.map(r => getComputedStyle(r).fill)"))
+    assert fills <= set(colours), (fills, colours)
+
+
+def test_cpu_only_legend_has_no_gpu_categories(page, server):
+    frame = _advisor(page, server)
+    _select_session(frame, CPU_RUN, GOOD)
+    frame.wait_for_selector("[data-testid=step-chart] .legend", timeout=30000)
+    _shot(page, server, "12-legend-cpu", frame.locator("[data-testid=step-chart]"))
+    text = " ".join(e["text"] for e in _legend(frame))
+    for gpu_only in ("Tensor-Core", "16-bit", "collective", "copies", "launch"):
+        assert gpu_only.lower() not in text.lower(), text
+    assert "Compute" in text and "waiting for input" in text, text
+
+
+def test_findings_keep_the_reports_order(page, server):
+    """The tab shows the ranking the report gives, even one no sort by saving would give."""
+    reversed_ids = []
+
+    def reversed_actionable(route):
+        response = route.fetch()
+        report = response.json()
+        if response.status == 200 and report.get("findings"):
+            acting = [f for f in report["findings"] if f["severity"] in ("critical", "warning")]
+            rest = [f for f in report["findings"] if f not in acting]
+            acting.reverse()
+            reversed_ids[:] = [f["check"] for f in acting]
+            report["findings"] = acting + rest
+        route.fulfill(response=response, body=json.dumps(report))
+
+    page.route("**/data/plugin/gpu_advisor/report?*", reversed_actionable)
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings] > li.finding", timeout=30000)
+    shown = frame.locator("[data-testid=findings] > li.finding").evaluate_all("items => items.map(i => i.dataset.check)")
+    assert len(reversed_ids) >= 2 and shown == reversed_ids, (shown, reversed_ids)

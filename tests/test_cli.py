@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,10 +36,30 @@ def test_json_lists_every_session_with_errors_kept_apart(logdir, capsys):
         assert key in good
 
 
-@pytest.mark.parametrize("fmt,needle", [("text", "good / s1"), ("markdown", "# GPU Advisor report")])
-def test_text_and_markdown(logdir, capsys, fmt, needle):
-    assert main(["analyze", str(logdir / "good"), "--format", fmt]) == 0
-    assert needle in capsys.readouterr().out
+def test_text_and_markdown(logdir, capsys):
+    """The planted 30% input wait (6 of 20 ms) is the first fix in both renderings, ranked above
+    the other actionable findings, with its saving and its top fix."""
+    assert main(["analyze", str(logdir / "good"), "--format", "json"]) == 0
+    findings = json.loads(capsys.readouterr().out)["sessions"][0]["findings"]
+    assert findings[0]["check"] == "input_bound" and findings[0]["estimated_savings_ms_per_step"] == pytest.approx(6.0, abs=0.05)
+    acting = [f["check"] for f in findings if f["severity"] in ("critical", "warning")]
+    assert len(acting) >= 2
+
+    assert main(["analyze", str(logdir / "good")]) == 0
+    text = capsys.readouterr().out
+    assert "good / s1" in text and "fix first: Training waits on input 30.0% of step time" in text
+    assert re.search(r"\[CRIT\] input_bound +6\.00 ms/step", text), text
+    assert "prefetch(tf.data.AUTOTUNE)" in text              # the top fix's code
+    positions = [text.index(f"] {check} ") for check in acting]
+    assert positions == sorted(positions), acting            # the report's rank order
+
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown.startswith("# GPU Advisor report\n") and "## good / s1" in markdown
+    assert "| 🔴 | `input_bound` | critical | 6.00 | Training waits on input 30.0% of step time |" in markdown
+    rows = [markdown.index(f"| `{check}` |") for check in acting]
+    assert rows == sorted(rows), acting
+    assert "<details><summary>🔴 <b>Training waits on input 30.0% of step time</b></summary>" in markdown
 
 
 @pytest.mark.parametrize("kind", ["garbage", "empty", "truncated"])

@@ -16,12 +16,12 @@ from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
 import synth
+from conftest import CORPUS
 from tb_gpuadvisor import loader, plugin
 
 SESSION = "2024_01_01_00_00_00"
 BAD_SESSION = "2024_01_02_00_00_00"
 PLUGIN_ROOT = "/data/plugin/gpu_advisor"
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
 def make_flags(logdir: str = "", logdir_spec: str = "", path_prefix: str = "") -> argparse.Namespace:

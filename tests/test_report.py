@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
-from tb_gpuadvisor.checks.base import Check
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.render import render_markdown, render_text
@@ -40,7 +41,7 @@ def test_a_check_that_crashes_becomes_an_error_and_the_others_still_run(tmp_path
     def broken(analysis):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(REGISTRY, "memory", Check("memory", "Memory", broken, ""))
+    monkeypatch.setitem(REGISTRY, "memory", dataclasses.replace(REGISTRY["memory"], function=broken))
     (ref,) = find_sessions(str(build_training_session(steps=3).write(tmp_path)))
     session = analyze_session(ref)
     assert any(e.get("check") == "memory" and "boom" in e["message"] for e in session["errors"])

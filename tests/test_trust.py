@@ -200,7 +200,7 @@ def test_device_trace_that_stops_half_way(corpus):
     assert all(e.end_ps > middle for e in cut.trust.excluded)
     quality = REGISTRY["profile_quality"].run(cut)
     assert quality.severity is Severity.WARNING and "Partial device trace" in quality.title
-    for part in ("launch", "other"):
+    for part in ("launch", "host"):
         assert cut.breakdown.primary.percent(part) == pytest.approx(full.breakdown.primary.percent(part), abs=5)
 
 

@@ -38,9 +38,10 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
@@ -157,7 +158,10 @@ def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     return any(_LOSS_SCALE.search(n) for n in names)
 
 
-@register(CHECK_ID, "Host overhead between launches", __doc__)
+@register(CHECK_ID, "Host overhead between launches", __doc__,
+          what_if=Replayed(lambda model: Scenario(idle={"other_host": 1.0}), on_cpu=True,
+                           what="device idle time while the host ran other work removed"),
+          explains="host", explains_order=2, compared=Compared("other_idle_percent", "other_idle_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
@@ -188,9 +192,9 @@ def check(analysis: Analysis) -> Finding:
     else:
         title = f"Host overhead idles the device {percent:.1f}% of step time"
 
-    evidence = culprits(host.activity, primary.other_set, analysis.steps_count,
+    evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                         idle="no op of the step ran" if on_cpu else "the device was idle")
-    evidence += analysis.gap_evidence(primary.other_set,
+    evidence += analysis.gap_evidence(primary.sets["other_host"],
                                       "no op running, host busy elsewhere" if on_cpu else "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",

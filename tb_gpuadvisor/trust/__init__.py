@@ -130,11 +130,6 @@ class Trust:
         return out
 
 
-def _primary(model: SessionModel):
-    gpus = model.active_gpus
-    return gpus[0] if gpus else None
-
-
 def _align_to_primary(steps: Steps, model: SessionModel, misaligned: list[str]) -> Steps:
     """End each step with the work of the replicas traced with the primary, not with replicas
     whose same step ran at another time."""
@@ -195,7 +190,7 @@ def assess(model: SessionModel) -> Trust:
     steps = include_launched_work(anchor_to_host_calls(candidates, model.hosts), model.hosts)
     steps, cuts = cut_profiler_export(steps, model.hosts)
     assign_steps(steps, model.hosts)
-    primary = _primary(model)
+    primary = model.primary_gpu
     misaligned = misaligned_replicas(model, steps, primary)
     steps = _align_to_primary(steps, model, misaligned)
     devices = device_coverage(model, steps)
