@@ -27,6 +27,8 @@ from conftest import CORPUS
 CHROMIUM = "/usr/bin/chromium"
 # A CPU-only run, named to sort after the others (the tab opens the first run).
 CPU_RUN = "z-cpu-only"
+# Its session: months before the others, so it is never the closest base in time.
+CPU_SESSION = "2023_06_01_00_00_00"
 MALICIOUS = "<img src=x onerror=alert(1)>&amp;"
 GOOD = "2024_01_01_00_00_00"
 BETTER = "2024_01_05_00_00_00"
@@ -66,7 +68,7 @@ def _build_logdir(root: Path) -> Path:
     synth.write_bad_session(logdir, "train", BROKEN, "garbage")
     synth.build_training_session(steps=4, step_ms=20.0).write(logdir, "validation", VALIDATION)
     synth.build_training_session(steps=4, gpus=0, marker="r", input_wait_frac=0.2,
-                                 host_overhead_frac=0.2).write(logdir, CPU_RUN, GOOD)
+                                 host_overhead_frac=0.2).write(logdir, CPU_RUN, CPU_SESSION)
     sources = sorted((CORPUS / "keras-cnn-rtx5000").glob("download8-*/train/plugins/profile/*"))
     if sources:
         target = logdir / "rtx5000" / "plugins" / "profile" / sources[0].name
@@ -513,7 +515,7 @@ def test_legend_lists_the_runs_categories_grouped_each_in_its_own_colour(page, s
 
 def test_cpu_only_legend_has_no_gpu_categories(page, server):
     frame = _advisor(page, server)
-    _select_session(frame, CPU_RUN, GOOD)
+    _select_session(frame, CPU_RUN, CPU_SESSION)
     frame.wait_for_selector("[data-testid=step-chart] .legend", timeout=30000)
     _shot(page, server, "12-legend-cpu", frame.locator("[data-testid=step-chart]"))
     text = " ".join(e["text"] for e in _legend(frame))
