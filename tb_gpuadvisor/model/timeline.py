@@ -145,7 +145,8 @@ class DeviceActivity(_EventColumns):
     hlo_ops: list[str] = field(default_factory=list)
     hlo_modules: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
-    # Values derived from these columns by analyses, kept with the table they describe.
+    # Values analyses derive from these columns, kept with the table they describe; never from
+    # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -287,6 +288,15 @@ class SessionModel:
     @property
     def devices(self) -> list[DeviceActivity]:
         return [dev for host in self.hosts for dev in host.devices]
+
+    def with_steps(self, steps: Steps, columns: list[tuple[np.ndarray, list[np.ndarray]]]) -> "SessionModel":
+        """This session seen through other step windows (trust's view of it): STEPS, and each
+        host's (activity, per-device) ``step`` COLUMNS indexing them. Every other column, and
+        what analyses derived from them, is shared, not copied; this model is left as it is."""
+        hosts = [replace(host, activity=replace(host.activity, step=act_step),
+                         devices=[replace(dev, step=step) for dev, step in zip(host.devices, dev_steps)])
+                 for host, (act_step, dev_steps) in zip(self.hosts, columns)]
+        return replace(self, hosts=hosts, steps=steps)
 
     @property
     def gpus(self) -> list[DeviceActivity]:

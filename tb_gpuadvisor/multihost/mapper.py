@@ -22,6 +22,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.report import describe, finish, rank_findings
+from tb_gpuadvisor.stages import timed
 
 # The balance scenario is replayed across every host's replicas in the merge, not per host.
 BALANCE = multi_gpu_imbalance.CHECK_ID
@@ -96,11 +97,13 @@ def map_host(job: HostJob) -> HostSummary:
             return HostSummary(job.host, model.errors)      # unreadable: nothing to analyse
         model.session_hosts = job.hosts     # findings name devices as the whole session does
         analysis = Analysis(model)
-        out, findings, errors = describe(analysis)
-        if job.hosts == 1:
-            return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
-                                                         hosts=out["hosts"] or [job.host]))
-        return _summary(job.host, analysis, out, findings, errors)
+        with timed("checks", "breakdown, replay and every check"):
+            out, findings, errors = describe(analysis)
+        with timed("report"):
+            if job.hosts == 1:
+                return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
+                                                             hosts=out["hosts"] or [job.host]))
+            return _summary(job.host, analysis, out, findings, errors)
     except Exception as err:  # one bad host never hides the others
         return HostSummary(job.host, [{"host": job.host, "message": f"could not analyse this host: {err!r}"}])
 
