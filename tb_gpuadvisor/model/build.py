@@ -98,9 +98,11 @@ class HostCapture:
         if not delta_ps:
             return
         self.activity.start_ps += delta_ps
+        self.activity.moved()
         self.memory.time_ps += delta_ps
         for dev in self.devices:
             dev.start_ps += delta_ps
+            dev.moved()
         for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
             table.start_ps += delta_ps
             table.end_ps += delta_ps
@@ -403,7 +405,9 @@ class _DevicePlane:
         delta = 0 if self.origin_ns is None else (self.origin_ns - origin_ns) * 1000
         for table in [self.activity, *([self.steps_line] if self.steps_line else []), *self.modules]:
             table.start_ps += delta
-            if not isinstance(table, DeviceActivity):
+            if isinstance(table, DeviceActivity):
+                table.moved()
+            else:
                 table.end_ps += delta
 
 

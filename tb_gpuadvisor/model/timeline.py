@@ -91,13 +91,24 @@ class _EventColumns:
     start_ps: np.ndarray
     dur_ps: np.ndarray
     kind: np.ndarray
+    derived: dict
 
     def __len__(self) -> int:
         return int(self.start_ps.size)
 
     @property
     def end_ps(self) -> np.ndarray:
-        return self.start_ps + self.dur_ps
+        """start + duration, computed once per table (read-only: the checks ask for it hundreds
+        of times); a builder that moves ``start_ps`` calls ``moved``."""
+        end = self.derived.get("end_ps")
+        if end is None:
+            end = self.derived["end_ps"] = self.start_ps + self.dur_ps
+            end.flags.writeable = False
+        return end
+
+    def moved(self) -> None:
+        """Forget what was derived from the times (``start_ps`` was shifted in place)."""
+        self.derived.pop("end_ps", None)
 
     def mask(self, *kinds: int) -> np.ndarray:
         """Events whose kind is one of KINDS."""
