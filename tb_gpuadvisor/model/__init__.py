@@ -12,7 +12,7 @@ from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.stages import timed
 from tb_gpuadvisor.metadata import XPLANE_SUFFIX
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture, read_host
-from tb_gpuadvisor.model.steps import assign_steps, find_steps, framework
+from tb_gpuadvisor.model.steps import find_steps, framework
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel,
     MemoryRecords, SessionModel, Steps, PS_PER_MS, PS_PER_US,
@@ -131,7 +131,6 @@ def load_session(ref: SessionRef) -> SessionModel:
     host_captures = [c for c, _ in captures]
     with timed("model"):
         steps = find_steps(host_captures)
-        assign_steps(steps, host_captures)
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events)
              for c, path in captures]
     model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)

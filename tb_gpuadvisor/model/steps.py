@@ -257,14 +257,6 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
     return out
 
 
-def assign_steps(steps: Steps, hosts: list[HostCapture]) -> None:
-    """Fill the ``step`` column of the tables a model is being built from (see step_columns)."""
-    for hc, (act_step, dev_steps) in zip(hosts, step_columns(steps, hosts)):
-        hc.activity.step = act_step
-        for dev, step in zip(hc.devices, dev_steps):
-            dev.step = step
-
-
 def framework(hosts: list[HostCapture]) -> str:
     names: list[str] = []
     threads: list[str] = []

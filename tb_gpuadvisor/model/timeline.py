@@ -129,7 +129,8 @@ class DeviceActivity(_EventColumns):
       group_id           int64, -1 if absent (TensorFlow's step group)
       nbytes             int64, bytes moved by copies/memsets, 0 otherwise
       details            int32, index into ``details`` (kernel_details string), -1 if absent
-      step               int32, index into the session's Steps arrays, -1 outside any step
+      step               int32, index into the session's Steps arrays, -1 outside any step; empty
+                         in the model as built: trust's view of it (``with_steps``) fills it
       hlo_op, hlo_module, source  int32, indices into ``hlo_ops``/``hlo_modules``/``sources``
                          (XLA instruction, XLA module, JAX source op), -1 if absent (see model/hlo.py)
     """
@@ -174,7 +175,8 @@ class HostActivity(_EventColumns):
       is_root            bool, ``_r`` == 1 (custom-loop step annotations)
       group_id           int64, -1 if absent
       correlation_id     int64, -1 if absent (launch events)
-      step               int32, index into the session's Steps arrays, -1 outside any step
+      step               int32, index into the session's Steps arrays, -1 outside any step; empty
+                         in the model as built: trust's view of it (``with_steps``) fills it
     """
 
     host: str

@@ -178,10 +178,13 @@ def assess(model: SessionModel) -> Trust:
     candidates = replace(model.steps, per_marker=steps_per_marker(model.steps))
     steps = include_launched_work(anchor_to_host_calls(candidates, model.hosts), model.hosts)
     steps, cuts = cut_profiler_export(steps, model.hosts)
-    windows = model.with_steps(steps, step_columns(steps, model.hosts))
-    primary = _primary(windows)
-    misaligned = misaligned_replicas(windows, steps, primary)
-    steps = _align_to_primary(steps, windows, misaligned)
+    primary = _primary(model)
+    misaligned: list[str] = []
+    if primary is not None and len(steps) and len(model.active_gpus) >= 2:
+        # Replicas are compared step by step: their events are placed in these windows first.
+        windows = model.with_steps(steps, step_columns(steps, model.hosts))
+        misaligned = misaligned_replicas(windows, steps, _primary(windows))
+        steps = _align_to_primary(steps, windows, misaligned)
     devices = device_coverage(model, steps)
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
