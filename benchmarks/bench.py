@@ -67,8 +67,8 @@ class Measurement:
     wall_s: float
     peak_rss_mb: float
     detail: str = ""
-    cpu_s: float = 0.0    # user + system time of the child (and the children it reaped)
     inner: dict = dataclasses.field(default_factory=dict)  # what the child reported
+    cpu_s: float = 0.0    # user + system time of the child (and the children it reaped)
 
     @property
     def ok(self) -> bool:
