@@ -68,6 +68,7 @@ class Measurement:
     peak_rss_mb: float
     detail: str = ""
     inner: dict = dataclasses.field(default_factory=dict)  # what the child reported
+    cpu_s: float = 0.0    # user + system time of the child (and the children it reaped)
 
     @property
     def ok(self) -> bool:
@@ -90,7 +91,7 @@ POLL_S = 0.005
 
 def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = None,
             result_file: Path | None = None, cpus: set[int] | None = None,
-            rss_mb: Callable[[int], float] = _rss_mb) -> Measurement:
+            rss_mb: Callable[[int], float] = _rss_mb, env: dict | None = None) -> Measurement:
     """Run CMD in its own process; wall time and its own peak RSS via wait4.
 
     The child is killed past ``timeout_s`` or when its RSS passes
@@ -105,7 +106,7 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
     with tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, preexec_fn=preexec)
+                                stderr=err, preexec_fn=preexec, env=env)
         killed = ""
         seen_mb = 0.0
         while True:
@@ -128,17 +129,18 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
         err.seek(0)
         stderr = err.read().decode(errors="replace")
     peak = max(usage.ru_maxrss / KB, seen_mb)
+    cpu = usage.ru_utime + usage.ru_stime
     inner = {}
     if result_file is not None and result_file.exists():
         inner = json.loads(result_file.read_text())
     if killed:
-        return Measurement(killed.split(":")[0], wall, peak, killed, inner)
+        return Measurement(killed.split(":")[0], wall, peak, killed, inner, cpu)
     if proc.returncode != 0:
         how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
                else f"exit {proc.returncode}")
         tail = stderr.strip().splitlines()[-1:] or [""]
-        return Measurement("failed", wall, peak, f"{how}: {tail[0][:200]}", inner)
-    return Measurement("ok", wall, peak, "", inner)
+        return Measurement("failed", wall, peak, f"{how}: {tail[0][:200]}", inner, cpu)
+    return Measurement("ok", wall, peak, "", inner, cpu)
 
 
 # --- the child processes --------------------------------------------------------------------
@@ -471,6 +473,62 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
 
 # --- main -------------------------------------------------------------------------------------
 
+# --- side by side: this checkout against another commit (and XProf), run in turn ---------------
+
+def side_by_side(xplane: Path, against: Path, workdir: Path, *, repeat: int, with_xprof: bool,
+                 timeout_s: float) -> dict:
+    """Medians of REPEAT cold runs of this checkout, of the checkout at AGAINST (same venv, its
+    tree first on PYTHONPATH) and of XProf's overview page, taken in turn so that load from
+    other jobs falls on all of them; CPU time (user + system) is disturbed less than wall time."""
+    tools = {"ours": (REPO, _ours_cmd), "against": (against, _ours_cmd)}
+    runs: dict[str, list[Measurement]] = {name: [] for name in tools}
+    if with_xprof:
+        runs["xprof"] = []
+    scratch, result_file = workdir / "scratch", workdir / "child.json"
+    for _ in range(repeat):
+        for name in runs:
+            copy = fresh_copy(xplane, scratch)
+            if name == "xprof":
+                runs[name].append(measure(_child_cmd("xprof", str(copy), str(result_file)),
+                                          timeout_s=timeout_s, result_file=result_file))
+                continue
+            tree, cmd = tools[name]
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            runs[name].append(measure([sys.executable, "-m", "tb_gpuadvisor.cli", *cmd(copy.parent)[-4:]],
+                                      timeout_s=timeout_s, env=env))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    out = {}
+    for name, measured in runs.items():
+        ok = [m for m in measured if m.ok]
+        out[name] = {"runs": len(measured), "ok": len(ok), "wall_s": median([m.wall_s for m in ok]) if ok else None,
+                     "cpu_s": median([m.cpu_s for m in ok]) if ok else None,
+                     "peak_rss_mb": median([m.peak_rss_mb for m in ok]) if ok else None,
+                     "walls": [round(m.wall_s, 2) for m in measured]}
+    return out
+
+
+def side_by_side_text(xplane: Path, against: Path, result: dict) -> str:
+    size = xplane.stat().st_size / MB
+    lines = [f"{size:.1f} MB capture; ours = {REPO}, against = {against}; medians of cold runs in turn",
+             f"{'tool':<8} {'wall s':>8} {'cpu s':>8} {'RSS MB':>8}   walls"]
+    for name, r in result.items():
+        cells = [f"{r[k]:8.2f}" if r[k] is not None else f"{'-':>8}" for k in ("wall_s", "cpu_s", "peak_rss_mb")]
+        lines.append(f"{name:<8} {' '.join(cells)}   {r['walls']}")
+    ours = result["ours"]
+    for other in [n for n in result if n != "ours"]:
+        for key in ("wall_s", "cpu_s", "peak_rss_mb"):
+            if ours[key] and result[other][key]:
+                lines.append(f"ratio ours/{other} {key}: {ours[key] / result[other][key]:.3f}")
+    lines.append(f"RSS / file size: {ours['peak_rss_mb'] * KB * KB / MB / size:.2f}" if ours["peak_rss_mb"] else "")
+    return "\n".join(lines)
+
+
 def _numbers(text: str, kind=float) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
 
@@ -495,7 +553,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append", action="store_true",
                    help="keep rows of results/latest.json for captures not measured now")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--against", type=Path,
+                   help="a checkout of another commit: measure ours, it and XProf side by side on --capture")
+    p.add_argument("--capture", type=Path, help="the .xplane.pb file for --against")
     args = p.parse_args(argv)
+    if args.against:
+        if not args.capture:
+            p.error("--against needs --capture FILE.xplane.pb")
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tbga-side-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            result = side_by_side(args.capture, args.against, workdir, repeat=max(args.repeat, 3),
+                                  with_xprof=not args.no_xprof, timeout_s=args.timeout)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        print(side_by_side_text(args.capture, args.against, result))
+        return 0
 
     # pip byte-compiles an installed package (XProf here); an editable checkout is compiled on
     # import unless PYTHONDONTWRITEBYTECODE forbids it. Compile ours up front so both sides

@@ -433,7 +433,7 @@ def _input_waits(host: HostModel) -> Intervals:
 
 
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
-                   covered: Intervals | None) -> DeviceBreakdown:
+                   covered: Intervals | None, host_ops: np.ndarray) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
     # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
@@ -448,7 +448,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
-        host_ops=_set(activity.start_ps, activity.end_ps, host_ops_mask(host, steps)),
+        host_ops=_set(activity.start_ps, activity.end_ps, host_ops),
         launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))))
 
 
@@ -459,12 +459,10 @@ def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:
 
 def host_ops_mask(host: HostModel, steps: Steps) -> np.ndarray:
     """Framework ops that ran on the host's threads and launched no GPU work: while the GPU
-    idles behind them it waits for host compute (op placement), not for launches."""
-    mask = host.activity.derived.get("host_ops")
-    if mask is None:
-        gpus = [d for d in host.devices if d.device.kind == "gpu"]
-        mask = host.activity.derived["host_ops"] = host_op_mask(host.activity, gpus, steps)
-    return mask
+    idles behind them it waits for host compute (op placement), not for launches. It depends
+    on the steps, so it is not kept on the table (views with other steps share that)."""
+    gpus = [d for d in host.devices if d.device.kind == "gpu"]
+    return host_op_mask(host.activity, gpus, steps)
 
 
 def host_device(host: HostModel) -> Device:
@@ -509,19 +507,21 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     steps = model.steps
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
+    # Per-host parts, before the device threads share them.
+    hosts = {id(h): h for dev, h in pairs if dev is not None}
+    host_ops = {key: host_ops_mask(host, steps) for key, host in hosts.items()}
 
     def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
         dev, host = pair
         if dev is None:
             return _cpu_breakdown(host, windows, steps)
         covered = trust.covered_by(dev.device.name) if trust is not None else None
-        return _gpu_breakdown(dev, host, windows, steps, covered)
+        return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
 
     if len(pairs) > 1:
-        for host in {id(h): h for _, h in pairs}.values():   # per-host parts, before the threads share them
+        for host in hosts.values():
             _input_waits(host)
             launch_targets(host)
-            host_ops_mask(host, steps)
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
             devices = list(pool.map(measure, pairs))

@@ -17,6 +17,7 @@ import numpy as np
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
+from tb_gpuadvisor.stages import timed
 from tb_gpuadvisor.trust import Trust, assess
 
 if TYPE_CHECKING:
@@ -80,9 +81,11 @@ def judged(measured: "M | Finding", judge: "Callable[[M], Finding]") -> Finding:
 
 @dataclass
 class Analysis(StepScale):
-    """The analysed session handed to every check."""
+    """The analysed session handed to every check: the model as built, and trust's view of it.
 
-    model: SessionModel
+    Building an analysis never changes SOURCE, so two analyses of one model are equal."""
+
+    source: SessionModel     # the model as built: every candidate step and its step columns
     trust: Trust = None  # type: ignore[assignment]  # assessed in __post_init__ when not given
 
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
@@ -93,7 +96,13 @@ class Analysis(StepScale):
 
     def __post_init__(self) -> None:
         if self.trust is None:
-            self.trust = assess(self.model)
+            with timed("trust"):
+                self.trust = assess(self.source)
+
+    @property
+    def model(self) -> SessionModel:
+        """The session on the steps that count (``Trust.view``): what attribution and checks read."""
+        return self.trust.view
 
     @property
     def breakdown(self) -> "Breakdown":
@@ -102,7 +111,8 @@ class Analysis(StepScale):
             if self._breakdown is None:
                 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 
-                self._breakdown = compute_breakdown(self.model, self.trust)
+                with timed("attribution"):
+                    self._breakdown = compute_breakdown(self.model, self.trust)
         return self._breakdown
 
     @property
@@ -114,8 +124,9 @@ class Analysis(StepScale):
                 from tb_gpuadvisor.attribution.whatif import WhatIf
                 from tb_gpuadvisor.checks import replay_scenarios
 
-                self._what_if = WhatIf.build(self.model, breakdown,
-                                             replay_scenarios(self.model, breakdown.device_kind))
+                with timed("replay"):
+                    self._what_if = WhatIf.build(self.model, breakdown,
+                                                 replay_scenarios(self.model, breakdown.device_kind))
         return self._what_if
 
     @property

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 
 from tb_gpuadvisor.discovery import SessionRef
+from tb_gpuadvisor.stages import timed
 from tb_gpuadvisor.metadata import XPLANE_SUFFIX
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture, read_host
-from tb_gpuadvisor.model.steps import assign_steps, find_steps, framework
+from tb_gpuadvisor.model.steps import find_steps, framework
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel,
     MemoryRecords, SessionModel, Steps, PS_PER_MS, PS_PER_US,
@@ -71,7 +72,8 @@ def _host_budgets(sizes: list[int], budget: int | None) -> list[int | None]:
 def _read(path: str, host: str, opener, budget: int | None) -> HostCapture | CaptureError:
     """One host's capture, or why it cannot be read."""
     try:
-        return read_host(path, host, opener, budget)
+        with timed("decode", host):
+            return read_host(path, host, opener, budget)
     except CaptureError as err:
         return err
     except Exception as err:    # one host's bad bytes must never hide the other hosts
@@ -127,8 +129,8 @@ def load_session(ref: SessionRef) -> SessionModel:
         for capture, _ in captures:
             capture.shift((capture.origin_ns - origin) * 1000)
     host_captures = [c for c, _ in captures]
-    steps = find_steps(host_captures)
-    assign_steps(steps, host_captures)
+    with timed("model"):
+        steps = find_steps(host_captures)
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events)
              for c, path in captures]
     model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)

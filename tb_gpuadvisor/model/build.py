@@ -98,9 +98,11 @@ class HostCapture:
         if not delta_ps:
             return
         self.activity.start_ps += delta_ps
+        self.activity.moved()
         self.memory.time_ps += delta_ps
         for dev in self.devices:
             dev.start_ps += delta_ps
+            dev.moved()
         for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
             table.start_ps += delta_ps
             table.end_ps += delta_ps
@@ -145,10 +147,13 @@ def _starts(dp: DecodedPlane, origin_ns: int) -> np.ndarray:
         if abs(base) >= MAX_PS:
             raise CaptureError(f"plane {dp.shell.name!r}, line {line.name!r}: its timestamp ({line.timestamp_ns} ns) "
                                "is too far from the capture's other times; the capture is corrupt")
-    if dp.n_events and (np.abs(dp.offset_ps).max() >= MAX_PS or np.abs(dp.duration_ps).max() >= MAX_PS):
+    # max and min, not abs: no temporary copy of a column (a fresh array costs its page faults).
+    if dp.n_events and any(col.max() >= MAX_PS or col.min() <= -MAX_PS for col in (dp.offset_ps, dp.duration_ps)):
         raise CaptureError(f"plane {dp.shell.name!r}: an event offset or duration is out of range; "
                            "the capture is corrupt")
-    return dp.offset_ps + np.repeat(np.asarray(bases, np.int64), [line.count for line in dp.lines])
+    starts = np.repeat(np.asarray(bases, np.int64), [line.count for line in dp.lines])
+    starts += dp.offset_ps
+    return starts
 
 
 def _name_indices(ids: np.ndarray, md_name: dict[int, int], names: "_Interner") -> np.ndarray:
@@ -234,7 +239,6 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
         group_id=dp.stats["group_id"].ints(n, dp.strings)[order],
         nbytes=nbytes[order].astype(np.int64), details=det[order], names=names.strings,
         ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
-        step=np.full(order.size, -1, np.int32),
         **{key: column[order] for key, column in xla[0].items()}, **xla[1])
     return activity, steps_line, modules
 
@@ -362,7 +366,7 @@ class _HostBuilder:
             host=self.host, start_ps=start[order], dur_ps=col["dur_ps"], thread=col["thread"],
             name=col["name"], kind=kind.astype(np.int8), step_num=col["step_num"], is_root=col["is_root"],
             group_id=col["group"], correlation_id=col["corr"], names=self.names.strings,
-            threads=self.threads.strings, step=np.full(order.size, -1, np.int32), datasets=self.datasets)
+            threads=self.threads.strings, datasets=self.datasets)
         mem = self.memory_parts
         time_ps = cat(mem, "time_ps", np.int64)
         morder = np.argsort(time_ps, kind="stable")
@@ -403,7 +407,9 @@ class _DevicePlane:
         delta = 0 if self.origin_ns is None else (self.origin_ns - origin_ns) * 1000
         for table in [self.activity, *([self.steps_line] if self.steps_line else []), *self.modules]:
             table.start_ps += delta
-            if not isinstance(table, DeviceActivity):
+            if isinstance(table, DeviceActivity):
+                table.moved()
+            else:
                 table.end_ps += delta
 
 

@@ -10,13 +10,14 @@ function runs (tf.function or XLA executables).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.build import HostCapture
-from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, Steps
+from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -262,25 +263,37 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
     steps.end_ps = np.maximum(steps.end_ps, steps.start_ps)
 
 
-def assign_steps(steps: Steps, hosts: list[HostCapture]) -> None:
-    """Fill the ``step`` column of every host and device table.
+# Each host's step columns: its activity's, then one per device, in the host's order.
+StepColumns = list[tuple[np.ndarray, list[np.ndarray]]]
 
-    A device event belongs to the step of its TensorFlow group when it has one, else
-    to the step in which its launch call ran, else to the step its start falls in.
+
+def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within: bool = False) -> StepColumns:
+    """Every host and device event's index into STEPS, -1 outside them (nothing is written).
+
+    A device event belongs to the step of its TensorFlow group when it has one, else to the
+    step in which its launch call ran, else to the step its start falls in. WITHIN keeps only
+    events that start inside a step's window, even when their group or launch names one.
     """
     with_group = steps.group_id >= 0
     by_group = SortedKeys(steps.group_id[with_group], np.flatnonzero(with_group))
+    out: StepColumns = []
     for hc in hosts:
         act = hc.activity
-        act.step = steps.locate(act.start_ps)
+        act_step = steps.locate(act.start_ps)
         launch = act.correlation_id >= 0
-        by_launch = SortedKeys(act.correlation_id[launch], act.step[launch])
+        by_launch = SortedKeys(act.correlation_id[launch], act_step[launch])
+        dev_steps = []
         for dev in hc.devices:
-            step = steps.locate(dev.start_ps)
+            located = steps.locate(dev.start_ps)
             via_launch = by_launch.get(dev.correlation_id, -2)
-            step = np.where(via_launch != -2, via_launch, step)
+            step = np.where(via_launch != -2, via_launch, located)
             via_group = by_group.get(dev.group_id, -2)
-            dev.step = np.where(via_group != -2, via_group, step).astype(np.int32)
+            step = np.where(via_group != -2, via_group, step)
+            if within:
+                step = np.where(located < 0, -1, step)
+            dev_steps.append(step.astype(np.int32, copy=False))
+        out.append((act_step, dev_steps))
+    return out
 
 
 def framework(hosts: list[HostCapture]) -> str:

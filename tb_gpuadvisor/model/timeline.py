@@ -91,13 +91,24 @@ class _EventColumns:
     start_ps: np.ndarray
     dur_ps: np.ndarray
     kind: np.ndarray
+    derived: dict
 
     def __len__(self) -> int:
         return int(self.start_ps.size)
 
     @property
     def end_ps(self) -> np.ndarray:
-        return self.start_ps + self.dur_ps
+        """start + duration, computed once per table (read-only: the checks ask for it hundreds
+        of times); a builder that moves ``start_ps`` calls ``moved``."""
+        end = self.derived.get("end_ps")
+        if end is None:
+            end = self.derived["end_ps"] = self.start_ps + self.dur_ps
+            end.flags.writeable = False
+        return end
+
+    def moved(self) -> None:
+        """Forget what was derived from the times (``start_ps`` was shifted in place)."""
+        self.derived.pop("end_ps", None)
 
     def mask(self, *kinds: int) -> np.ndarray:
         """Events whose kind is one of KINDS."""
@@ -118,7 +129,8 @@ class DeviceActivity(_EventColumns):
       group_id           int64, -1 if absent (TensorFlow's step group)
       nbytes             int64, bytes moved by copies/memsets, 0 otherwise
       details            int32, index into ``details`` (kernel_details string), -1 if absent
-      step               int32, index into the session's Steps arrays, -1 outside any step
+      step               int32, index into the session's Steps arrays, -1 outside any step; empty
+                         in the model as built: trust's view of it (``with_steps``) fills it
       hlo_op, hlo_module, source  int32, indices into ``hlo_ops``/``hlo_modules``/``sources``
                          (XLA instruction, XLA module, JAX source op), -1 if absent (see model/hlo.py)
     """
@@ -145,7 +157,8 @@ class DeviceActivity(_EventColumns):
     hlo_ops: list[str] = field(default_factory=list)
     hlo_modules: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
-    # Values derived from these columns by analyses, kept with the table they describe.
+    # Values analyses derive from these columns, kept with the table they describe; never from
+    # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -162,7 +175,8 @@ class HostActivity(_EventColumns):
       is_root            bool, ``_r`` == 1 (custom-loop step annotations)
       group_id           int64, -1 if absent
       correlation_id     int64, -1 if absent (launch events)
-      step               int32, index into the session's Steps arrays, -1 outside any step
+      step               int32, index into the session's Steps arrays, -1 outside any step; empty
+                         in the model as built: trust's view of it (``with_steps``) fills it
     """
 
     host: str
@@ -287,6 +301,15 @@ class SessionModel:
     @property
     def devices(self) -> list[DeviceActivity]:
         return [dev for host in self.hosts for dev in host.devices]
+
+    def with_steps(self, steps: Steps, columns: list[tuple[np.ndarray, list[np.ndarray]]]) -> "SessionModel":
+        """This session seen through other step windows (trust's view of it): STEPS, and each
+        host's (activity, per-device) ``step`` COLUMNS indexing them. Every other column, and
+        what analyses derived from them, is shared, not copied; this model is left as it is."""
+        hosts = [replace(host, activity=replace(host.activity, step=act_step),
+                         devices=[replace(dev, step=step) for dev, step in zip(host.devices, dev_steps)])
+                 for host, (act_step, dev_steps) in zip(self.hosts, columns)]
+        return replace(self, hosts=hosts, steps=steps)
 
     @property
     def gpus(self) -> list[DeviceActivity]:

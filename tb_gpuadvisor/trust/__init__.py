@@ -12,8 +12,10 @@ The model holds every step candidate the markers gave. This stage decides, in or
 4. where the model ran (``placement``);
 5. for a one-step capture, whether that step looks typical.
 
-``assess`` returns a :class:`Trust` and re-bases the model's ``steps`` (and every event's
-``step`` column) on the steps that count, so every later stage measures only those.
+``assess`` returns a :class:`Trust` holding a view of the session on the steps that count
+(``Trust.view``: the same tables, each event's ``step`` indexing the trusted steps), so every
+later stage measures only those. The model itself is never changed: assessing it twice gives
+the same trust.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from functools import cached_property
 import numpy as np
 
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.steps import assign_steps
+from tb_gpuadvisor.model.steps import step_columns
 from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
 from tb_gpuadvisor.trust.coverage import (
     DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work,
@@ -58,7 +60,7 @@ class Trust:
     """What the capture covers and which of its steps count."""
 
     candidates: Steps                       # every step the markers gave
-    steps: Steps                            # the steps that count (the model's steps after assess)
+    view: SessionModel                      # the session on the steps that count (what later stages read)
     devices: list[DeviceCoverage] = field(default_factory=list)
     excluded: list[ExcludedStep] = field(default_factory=list)
     export_cuts: list[ExportCut] = field(default_factory=list)
@@ -67,6 +69,11 @@ class Trust:
     single_step_atypical: list[str] = field(default_factory=list)
     expected_devices: int = 0
     missing_work: str | None = None        # why the device trace holds only part of the steps' work
+
+    @property
+    def steps(self) -> Steps:
+        """The steps that count."""
+        return self.view.steps
 
     @cached_property
     def covered(self) -> dict[str, Intervals]:
@@ -175,24 +182,18 @@ def _emptied(steps: Steps, cuts: list[ExportCut], already: set[int]) -> list[Exc
             for c in empty]
 
 
-def _release_outside(model: SessionModel, steps: Steps) -> None:
-    """Events outside every trusted window (the export, left-out steps) belong to no step, even
-    when they carry a trusted step's group id."""
-    for host in model.hosts:
-        for table in (host.activity, *host.devices):
-            table.step[steps.locate(table.start_ps) < 0] = -1
-
-
 def assess(model: SessionModel) -> Trust:
     """Decide the step windows, the coverage and which steps count (see the module docstring)."""
-    candidates = model.steps
-    candidates.per_marker = steps_per_marker(candidates)
+    candidates = replace(model.steps, per_marker=steps_per_marker(model.steps))
     steps = include_launched_work(anchor_to_host_calls(candidates, model.hosts), model.hosts)
     steps, cuts = cut_profiler_export(steps, model.hosts)
-    assign_steps(steps, model.hosts)
     primary = model.primary_gpu
-    misaligned = misaligned_replicas(model, steps, primary)
-    steps = _align_to_primary(steps, model, misaligned)
+    misaligned: list[str] = []
+    if primary is not None and len(steps) and len(model.active_gpus) >= 2:
+        # Replicas are compared step by step: their events are placed in these windows first.
+        windows = model.with_steps(steps, step_columns(steps, model.hosts))
+        misaligned = misaligned_replicas(windows, steps, windows.primary_gpu)
+        steps = _align_to_primary(steps, windows, misaligned)
     devices = device_coverage(model, steps)
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
@@ -207,13 +208,13 @@ def assess(model: SessionModel) -> Trust:
         excluded.append(ExcludedStep(int(steps.number[o.index]), int(steps.start_ps[o.index]),
                                      int(steps.end_ps[o.index]), o.reason))
     trusted = steps.take(keep)
-    model.steps = trusted
-    assign_steps(trusted, model.hosts)
-    _release_outside(model, trusted)
-    return Trust(candidates=candidates, steps=trusted, devices=devices,
+    # Events outside every trusted window (the export, left-out steps) belong to no step, even
+    # when they carry a trusted step's group id.
+    view = model.with_steps(trusted, step_columns(trusted, model.hosts, within=True))
+    return Trust(candidates=candidates, view=view, devices=devices,
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
-                 placement=where_it_ran(model, trusted), single_step_atypical=single_step_evidence(model, trusted),
-                 expected_devices=expected_device_count(model), missing_work=missing_heavy_work(model))
+                 placement=where_it_ran(view, trusted), single_step_atypical=single_step_evidence(view, trusted),
+                 expected_devices=expected_device_count(view), missing_work=missing_heavy_work(view))
 
 
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,
