@@ -180,7 +180,7 @@ def _drop_device_events_after(model, cut_ps: int) -> None:
     for dev in model.devices:
         keep = dev.start_ps < cut_ps
         for column in ("start_ps", "dur_ps", "kind", "stream", "name", "op", "correlation_id",
-                       "group_id", "nbytes", "details", "step"):
+                       "group_id", "nbytes", "details"):
             setattr(dev, column, getattr(dev, column)[keep])
         dev.derived.clear()
 
