@@ -10,17 +10,19 @@ from __future__ import annotations
 import copy
 
 import pytest
-from synth import build_training_session
+from synth import build_training_session, write_session
 
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks, explaining, replay_scenarios
-from tb_gpuadvisor.checks.base import ASPECTS, Compared, NoReplay, Replayed, register
+from tb_gpuadvisor.checks.base import ASPECTS, Compared, CrossHost, NoReplay, Replayed, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.cli import main
 from tb_gpuadvisor.compare import compare_sessions
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.multihost import analyze_session
+from tb_gpuadvisor.multihost.mapper import HostJob, map_host
+from tb_gpuadvisor.multihost.merge import merge
 
 TOY = "toy_host_gaps"
 
@@ -117,3 +119,33 @@ def test_a_bad_declaration_is_refused_at_import():
         register("bad", "Bad", "", what_if=NoReplay("no"), explains="gpu")
     with pytest.raises(ValueError, match="twice"):
         register("memory", "Again", "", what_if=NoReplay("no"))(_toy)
+
+
+TOY_HOSTS = "toy_gpu_count"
+
+
+def _count_gpus(analysis: Analysis) -> int:
+    return len(analysis.model.active_gpus)
+
+
+def _judge_count(total: int, scale) -> Finding:
+    return Finding(TOY_HOSTS, Severity.INFO, f"{total} GPUs ran kernels", "A toy cross-host finding.", {"gpus": total})
+
+
+def test_a_toy_cross_host_check_is_joined_over_every_host(tmp_path):
+    """Declaring a CrossHost (measure, join, judge) is all the many-host merge needs: each host
+    counts its own 2 GPUs, the merge joins the hosts' counts into the session's 4."""
+    all_checks()
+    register(TOY_HOSTS, "Toy GPU count", "A cross-host check registered by a test.", what_if=NoReplay("a toy count"),
+             cross_host=CrossHost(_count_gpus, lambda alignment, primary, parts, steps: sum(p for _, p in parts) or None,
+                                  _judge_count, "GPU counts summed"))(lambda analysis: _judge_count(_count_gpus(analysis), analysis))
+    try:
+        space = build_training_session(steps=4, gpus=2).space
+        write_session(tmp_path, "run", "s", {"w0": space, "w1": space})
+        (ref,) = find_sessions(str(tmp_path))
+        summaries = [map_host(HostJob(ref, host, 2)) for host in ref.hosts]
+        assert [s.parts[TOY_HOSTS] for s in summaries] == [2, 2]
+        merged = next(f for f in merge(ref, summaries)["findings"] if f["check"] == TOY_HOSTS)
+        assert merged["metrics"] == {"gpus": 4}
+    finally:
+        del REGISTRY[TOY_HOSTS]

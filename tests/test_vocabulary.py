@@ -7,8 +7,11 @@ frontend's source and compare it with the Python one: changing one side alone fa
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
+
+import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import CATEGORIES
 from tb_gpuadvisor.checks.base import ACTIONABLE, QUIET, Severity
@@ -41,6 +44,43 @@ def test_the_tab_names_every_breakdown_group_and_colours_every_category():
         assert rule, f"no colour for category {category.key}"
         colours[category.key] = rule.group(1)
     assert len(set(colours.values())) == len(colours), colours     # no two categories alike
+
+
+# Colour-vision deficiency simulation matrices on linear RGB (Machado, Oliveira and Fernandes 2009,
+# severity 1.0: full protanopia, deuteranopia, tritanopia), and the smallest CIELAB distance two
+# categories must keep under each: about 10 reads as clearly different at a glance.
+VISION = {
+    "normal": np.eye(3),
+    "protanopia": np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                            [-0.003882, -0.048116, 1.051998]]),
+    "deuteranopia": np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                              [-0.011820, 0.042940, 0.968881]]),
+    "tritanopia": np.array([[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
+                            [0.004733, 0.691367, 0.303900]]),
+}
+MIN_DELTA_E = 10.0
+
+
+def _linear(hex_colour: str) -> np.ndarray:
+    c = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)], float) / 255
+    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+
+def _lab(rgb: np.ndarray) -> np.ndarray:
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ rgb
+    f = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(f > 0.008856, np.cbrt(f), 7.787 * f + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_category_colours_stay_apart_for_colour_blind_readers():
+    style = (FRONTEND / "style.css").read_text()
+    colours = {c.key: _linear(re.search(rf"\.c-{c.key}\b[^{{]*\{{ fill: (#[0-9a-f]{{6}})", style).group(1))
+               for c in CATEGORIES}
+    for vision, matrix in VISION.items():
+        seen = {key: _lab(np.clip(matrix @ rgb, 0, 1)) for key, rgb in colours.items()}
+        for a, b in itertools.combinations(seen, 2):
+            assert np.linalg.norm(seen[a] - seen[b]) >= MIN_DELTA_E, (vision, a, b)
 
 
 def test_the_tab_keeps_the_reports_order():
