@@ -36,9 +36,11 @@ setup(
         "tb_gpuadvisor.checks",
         "tb_gpuadvisor.multihost",
         "tb_gpuadvisor.frontend",
+        "tb_gpuadvisor.schema",
     ],
     package_dir={"tb_gpuadvisor.frontend": "frontend"},
-    package_data={"tb_gpuadvisor.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSE*"]},
+    package_data={"tb_gpuadvisor.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSE*"],
+                  "tb_gpuadvisor.schema": ["*.json"]},
     # The C event decoder is optional: without a compiler the pure-Python decoder is used.
     ext_modules=[Extension("tb_gpuadvisor.xspace._wire", ["tb_gpuadvisor/xspace/_wire.c"],
                            optional=True)],

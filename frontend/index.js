@@ -201,9 +201,14 @@ class AdvisorApp {
       this.show(views.statusView(`${run} / ${session}:`, progress));
     }, signal);
     if (signal.aborted) return;
+    if (model.unreadable(report)) {
+      // Nothing was read: a header, chart or findings would describe an empty capture.
+      this.show(views.errorsView(report), views.unreadNote());
+      return;
+    }
     const steps = report.steps || {};
     const context = {
-      run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms,
+      run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms, timeOriginMs: report.time_origin_ms,
     };
     const imbalance = (report.findings || []).find((f) => f.check === 'multi_gpu_imbalance');
     const straggler = imbalance && imbalance.metrics ? imbalance.metrics.straggler_device : null;
@@ -230,7 +235,8 @@ class AdvisorApp {
       return;
     }
     const others = pairs.map((pair) => pair.join('\u0000'));
-    if (!others.includes(this.selection.base)) {
+    const picked = !others.includes(this.selection.base);
+    if (picked) {
       this.selection.base = model.defaultBase(run, session, pairs).join('\u0000');
       this.saveSelection();
     }
@@ -243,18 +249,21 @@ class AdvisorApp {
     const bar = h('div', {class: 'compare-bar'}, picker,
       h('span', {class: 'muted', text: `→ this session: ${run} / ${session}`}));
     const [baseRun, baseSession] = this.selection.base.split('\u0000');
-    this.show(bar, views.statusView('Comparing…'));
+    const note = baseRun === run ? null : views.otherRunNote(`${baseRun} / ${baseSession}`, picked);
+    this.show(bar, note, views.statusView('Comparing…'));
     let result;
     try {
       result = await model.fetchCompare({run, session, baseRun, baseSession}, (progress) => {
-        this.show(bar, views.statusView('Analyzing both sessions…', progress));
+        this.show(bar, note, views.statusView('Analyzing both sessions…', progress));
       }, signal);
     } catch (error) {
-      if (error.name !== 'AbortError') this.show(bar, views.errorView('Comparison failed:', error.message));
+      // 422: one side could not be analysed, and the server refuses to tabulate it.
+      const title = error.status === 422 ? 'Cannot compare:' : 'Comparison failed:';
+      if (error.name !== 'AbortError') this.show(bar, note, views.errorView(title, error.message));
       return;
     }
     if (signal.aborted) return;
-    this.show(bar, views.compareView(result, {
+    this.show(bar, note, views.compareView(result, {
       base: `${baseRun} / ${baseSession}`, current: `${run} / ${session}`,
     }));
   }

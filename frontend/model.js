@@ -94,22 +94,45 @@ function msParam(value) {
   return String(Math.round(value * 1000) / 1000);
 }
 
+/** XProf's name of a session: "<run>/<session>", or just "<session>" for a capture in the logdir root. */
+function profileRun(run, session) {
+  return run && run !== '.' ? `${run}/${session}` : session;
+}
+
 /**
- * Link into TensorBoard's Profile tab for one session and tool. XProf names
- * a session "<run>/<session>" and a capture in the logdir root just
- * "<session>". The trace viewer opens at [viewStart, viewEnd] (ms) when given.
+ * Link into TensorBoard's Profile tab for one session and tool. It carries no time range:
+ * XProf 2.24 rewrites the Profile tab's URL to run, tag and host(s) and opens the whole
+ * trace, whatever range the link gives (see traceRangeUrl).
  */
-export function profileUrl({run, session, host, tool, viewStart, viewEnd}) {
-  const profileRun = run && run !== '.' ? `${run}/${session}` : session;
+export function profileUrl({run, session, host, tool}) {
   const query = [
-    `run=${encodeURIComponent(profileRun)}`,
+    `run=${encodeURIComponent(profileRun(run, session))}`,
     `tool=${encodeURIComponent(tool || 'trace_viewer@')}`,
   ];
   if (host) query.push(`host=${encodeURIComponent(host)}`);
-  if (typeof viewStart === 'number' && typeof viewEnd === 'number' && viewEnd > viewStart) {
-    query.push(`view_start=${msParam(viewStart)}`, `view_end=${msParam(viewEnd)}`);
-  }
   return `${tensorboardRoot().href}?${query.join('&')}#profile`;
+}
+
+/**
+ * XProf's trace viewer on its own page, opened at [viewStart, viewEnd]: the page the Profile tab
+ * embeds (trace_viewer_index.html) reads view_start/view_end (ms, on the capture's clock) from
+ * its own URL, and trace_data_url (a path from the server root) for the data. The times are
+ * the report's plus its time_origin_ms. Null without a usable range.
+ */
+export function traceRangeUrl({run, session, host, viewStart, viewEnd}) {
+  if (!(typeof viewStart === 'number' && typeof viewEnd === 'number' && viewEnd > viewStart)) return null;
+  const root = tensorboardRoot();
+  const data = new URLSearchParams({run: profileRun(run, session), tag: 'trace_viewer@'});
+  if (host) {
+    data.set('host', host);
+    data.set('hosts', host);
+  }
+  const page = new URL('data/plugin/profile/trace_viewer_index.html', root);
+  page.search = new URLSearchParams({
+    is_streaming: 'true', is_oss: 'true', view_start: msParam(viewStart), view_end: msParam(viewEnd),
+    trace_data_url: `${root.pathname}data/plugin/profile/data?${data}`,
+  }).toString();
+  return page.href;
 }
 
 // The Advisor's selection lives in the top page's query (advisor_run=...), next to
@@ -184,6 +207,21 @@ export function defaultBase(run, session, others) {
     }
   }
   return sameRun[0] || others[0];
+}
+
+/**
+ * Why nothing of a session could be analysed (every host file failed, or a session-level error
+ * left no steps), or null when something was: the same rule as the CLI's, so the tab shows the
+ * error alone instead of an empty capture's header, chart and findings.
+ */
+export function unreadable(report) {
+  const errors = report.errors || [];
+  const failedHosts = new Set(errors.filter((e) => e.host).map((e) => e.host));
+  const whole = errors.filter((e) => !e.host && !e.check);
+  const hosts = report.hosts || [];
+  const allFailed = hosts.length > 0 && hosts.every((host) => failedHosts.has(host));
+  if (!allFailed && !(whole.length && !((report.steps || {}).count))) return null;
+  return errors.filter((e) => !e.check).map((e) => (e.host ? `${e.host}: ${e.message}` : e.message)).join('; ');
 }
 
 /** Runs -> their sessions (newest first) -> hosts, from a /runs listing. */

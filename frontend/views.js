@@ -4,44 +4,45 @@
 // capture file says, so text only ever goes in through textContent and
 // attributes through setAttribute; nothing here assigns innerHTML.
 
-import {profileUrl, safeDocUrl} from './model.js';
+import {profileUrl, safeDocUrl, traceRangeUrl} from './model.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
-const SEVERITY_ORDER = ['critical', 'warning', 'info', 'ok', 'not_applicable'];
-/** Severities listed as findings; the others go under "Passed or not applicable". */
-const ACTIONABLE = new Set(['critical', 'warning', 'info']);
+/**
+ * Severities a user should act on: the report's own definition (tb_gpuadvisor/checks/base.py
+ * ACTIONABLE; tests/test_vocabulary.py keeps the two equal). Info findings are listed apart,
+ * passed and not-applicable checks last.
+ */
+const ACTIONABLE = new Set(['critical', 'warning']);
 const SEVERITY_LABEL = {
   critical: 'Critical', warning: 'Warning', info: 'Info', ok: 'OK', not_applicable: 'N/A',
 };
 
-/** Step-time components, in stacking order (bottom first), for reports without `breakdown.categories`. */
-const COMPONENTS = [
-  {key: 'compute_ms', label: 'Compute', cls: 'c-compute'},
-  {key: 'input_ms', label: 'Input', cls: 'c-input'},
-  {key: 'launch_ms', label: 'Kernel launch', cls: 'c-launch'},
-  {key: 'other_ms', label: 'Other host', cls: 'c-other'},
-  {key: 'copy_ms', label: 'Copies', cls: 'c-copy'},
-  {key: 'collective_ms', label: 'Collectives', cls: 'c-collective'},
-];
-
-/** Colour class of each category group a report's `breakdown.categories` may name. */
-const GROUP_CLASS = {
-  compute: 'c-compute', copy: 'c-copy', collective: 'c-collective', input: 'c-input',
-  launch: 'c-launch', host: 'c-other', gap: 'c-gap', not_traced: 'c-untraced',
+/**
+ * How the step chart names each group of the report's `breakdown.categories` (their `group`
+ * field, tb_gpuadvisor/attribution/breakdown.py CATEGORIES). Each category has its own colour
+ * class `c-<key>` (style.css: one hue per group, told apart within a group by lightness, so the
+ * colours stay distinct for colour-blind readers); an unknown key falls back to its group's.
+ */
+const GROUP_LABEL = {
+  compute: 'Compute', collective: 'Collectives', copy: 'Copies', not_traced: 'Not traced',
+  input: 'Input', launch: 'Launch', host: 'Host',
 };
 
 /**
- * The stacked parts of a step: the report's own category list when it has one
- * ({key, label, group}; each step row then holds `<key>_ms`), else the fixed COMPONENTS.
+ * The stacked parts of a step: the report's categories ({key, label, group}; each step row holds
+ * `<key>_ms`) that this run has (some step spends time in them), in the report's order.
  */
 function stepComponents(breakdown) {
-  const categories = breakdown && Array.isArray(breakdown.categories) ? breakdown.categories : null;
-  if (!categories || !categories.length) return COMPONENTS;
-  return categories.map((category) => ({
-    key: `${category.key}_ms`, label: category.label || humanize(category.key),
-    cls: GROUP_CLASS[category.group] || 'c-other',
-  }));
+  const categories = breakdown && Array.isArray(breakdown.categories) ? breakdown.categories : [];
+  const steps = (breakdown && breakdown.steps) || [];
+  return categories
+    .filter((category) => steps.some((step) => Number(step[`${category.key}_ms`]) > 0))
+    .map((category) => ({
+      key: `${category.key}_ms`, label: category.label || humanize(category.key), group: category.group,
+      catchAll: /_other$/.test(category.key),
+      cls: `c-${category.key} c-group-${category.group}`,
+    }));
 }
 
 let idCounter = 0;
@@ -175,6 +176,20 @@ export function errorView(title, message) {
     h('strong', {text: title}), ' ', h('span', {text: message}));
 }
 
+/** Under the errors of a session nothing could be read from: why nothing else is shown. */
+export function unreadNote() {
+  return h('p', {class: 'muted', 'data-testid': 'unread-note',
+    text: 'Nothing of this capture could be analysed, so there is no step time, device list or finding to show.'});
+}
+
+/** Above a comparison whose base is a session of another run (picked by default or by hand). */
+export function otherRunNote(base, picked) {
+  return h('p', {class: 'note state state-warning', 'data-testid': 'base-note', role: 'note',
+    text: picked ?
+      `This run has no earlier session, so the base is ${base}, from another run. Pick another base above.` :
+      `The base, ${base}, is from another run.`});
+}
+
 export function emptyView() {
   return h('div', {class: 'state state-empty'},
     h('strong', {text: 'No profile captures found.'}),
@@ -273,9 +288,28 @@ export function errorsView(report) {
 
 // -- charts ---------------------------------------------------------------------------
 
+/**
+ * A legend grouped as the breakdown groups its categories: a group with several parts is one
+ * entry "Group: part, part"; a lone part is named by itself (by its group when it is the group's
+ * catch-all "other ..." part, so a CPU run's compute reads "Compute").
+ */
 function legend(items) {
-  return h('ul', {class: 'legend', 'aria-hidden': 'true'}, items.map((item) =>
-    h('li', {}, h('span', {class: `swatch ${item.cls}`}), item.label)));
+  const groups = [];
+  for (const item of items) {
+    const last = groups[groups.length - 1];
+    if (last && item.group && last.group === item.group) last.items.push(item);
+    else groups.push({group: item.group, items: [item]});
+  }
+  const entry = (item, label) => h('span', {class: 'legend-item'}, h('span', {class: `swatch ${item.cls}`}), label);
+  return h('ul', {class: 'legend', 'aria-hidden': 'true'}, groups.map(({group, items: members}) => {
+    const title = GROUP_LABEL[group] || humanize(group || '');
+    if (members.length === 1) {
+      const [item] = members;
+      return h('li', {'data-group': group || ''}, entry(item, item.catchAll && group ? title : item.label));
+    }
+    return h('li', {class: 'legend-group', 'data-group': group},
+      h('span', {class: 'legend-group-name', text: `${title}:`}), members.map((item) => entry(item, item.label)));
+  }));
 }
 
 function niceMax(value) {
@@ -337,9 +371,6 @@ export function stepChart(breakdown, wide) {
       base += value;
       lines.push(`${component.label}: ${fmtMs(value)}`);
     }
-    if (Number(step.compute_low_precision_ms) > 0) {
-      lines.push(`(16-bit compute: ${fmtMs(step.compute_low_precision_ms)})`);
-    }
     group.appendChild(svg('rect', {x: pad.left + index * slot, width: slot, y: pad.top, height: plotH, class: 'hit'}));
     group.appendChild(svg('title', {}, lines.join('\n')));
     chart.appendChild(group);
@@ -365,9 +396,9 @@ export function deviceChart(breakdown, stragglerName) {
   const work = (device) => (Number(device.compute_ms) || 0) + (Number(device.copy_ms) || 0);
   const straggler = stragglerName ||
     devices.reduce((best, device) => (work(device) > work(best) ? device : best)).device;
-  // The step components a GPU runs itself (same labels and colours as the step chart), then idle time.
+  // The category groups a GPU runs itself (`<group>_ms` per device, in the step chart's group colours), then idle time.
   const parts = [
-    ...COMPONENTS.filter((c) => ['compute_ms', 'copy_ms', 'collective_ms'].includes(c.key)),
+    ...['compute', 'copy', 'collective'].map((group) => ({key: `${group}_ms`, label: GROUP_LABEL[group], cls: `c-group-${group}`})),
     {key: 'idle_ms', label: 'Idle', cls: 'c-idle'},
   ];
   const total = (device) => parts.reduce((sum, p) => sum + (Number(device[p.key]) || 0), 0);
@@ -411,21 +442,6 @@ export function deviceChart(breakdown, stragglerName) {
 }
 
 // -- findings ---------------------------------------------------------------------------
-
-/** Fix-first order: by rank, else by estimated saving, then severity (findingsView splits off passed checks). */
-function rankFindings(findings) {
-  const severity = (f) => {
-    const index = SEVERITY_ORDER.indexOf(f.severity);
-    return index < 0 ? SEVERITY_ORDER.length : index;
-  };
-  return [...(findings || [])].sort((a, b) => {
-    if (typeof a.rank === 'number' && typeof b.rank === 'number' && a.rank !== b.rank) return a.rank - b.rank;
-    const saveA = Number(a.estimated_savings_ms_per_step) || 0;
-    const saveB = Number(b.estimated_savings_ms_per_step) || 0;
-    if (saveA !== saveB) return saveB - saveA;
-    return severity(a) - severity(b);
-  });
-}
 
 function severityBadge(severity) {
   return h('span', {class: `badge sev-${severity}`, 'data-severity': severity},
@@ -492,35 +508,57 @@ function metricsView(metrics) {
 const INPUT_PIPELINE_TOOL = 'input_pipeline_analyzer';
 const TRACE_VIEWER = 'trace_viewer@';
 
-function profileLink(context, host, tool, range) {
+function profileLink(context, host, tool) {
   const name = tool.replace(/@$/, '');
   return h('a', {
-    href: profileUrl({run: context.run, session: context.session, host, tool, ...range}),
+    href: profileUrl({run: context.run, session: context.session, host, tool}),
     target: '_parent', class: 'profile-link', 'data-tool': name,
-    title: `Open ${name} in the Profile tab${range.viewStart !== undefined ? ' at this time range' : ''}`,
+    title: `Open ${name} in the Profile tab` + (tool === TRACE_VIEWER ? ' (the whole trace)' : ''),
   }, `${name.replace(/_/g, ' ')} ↗`);
 }
 
-/** The trace viewer opens at the evidence's time range (ms), with a little margin either side. */
-function viewRange(item) {
-  if (typeof item.start_ms !== 'number') return {};
+/** The evidence's time range (ms on the capture's clock), with a little margin either side; null when
+ * the item or the report (an older one without time_origin_ms) does not give it. */
+function viewRange(item, origin) {
+  if (typeof item.start_ms !== 'number' || typeof origin !== 'number') return null;
   const end = typeof item.end_ms === 'number' ? item.end_ms : item.start_ms;
   const margin = Math.max(0.05 * (end - item.start_ms), 0.01);
-  return {viewStart: Math.max(0, item.start_ms - margin), viewEnd: end + margin};
+  return {viewStart: origin + Math.max(0, item.start_ms - margin), viewEnd: origin + end + margin};
+}
+
+/** XProf's trace viewer on a page of its own, at the evidence's time range (the Profile tab cannot open one). */
+function rangeLink(context, host, range) {
+  const href = range && traceRangeUrl({run: context.run, session: context.session, host, ...range});
+  if (!href) return null;
+  return h('a', {
+    href, target: '_blank', rel: 'noopener', class: 'range-link', 'data-tool': 'trace_viewer',
+    title: 'Open XProf\'s trace viewer on its own page at this time range',
+  }, 'at this time ↗');
 }
 
 function profileLinks(item, context, host) {
-  if (item.tool !== INPUT_PIPELINE_TOOL) return profileLink(context, host, item.tool, viewRange(item));
+  if (item.tool !== INPUT_PIPELINE_TOOL && item.tool !== TRACE_VIEWER) return profileLink(context, host, item.tool);
+  const range = rangeLink(context, host, viewRange(item, context.timeOriginMs));
   return h('div', {class: 'links'},
-    profileLink(context, host, TRACE_VIEWER, viewRange(item)),
-    profileLink(context, host, item.tool, {}));
+    profileLink(context, host, TRACE_VIEWER),
+    range,
+    item.tool === INPUT_PIPELINE_TOOL ? profileLink(context, host, item.tool) : null);
 }
 
 function inputPipelineNote(evidence) {
   if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
   return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
     text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
-      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way.'});
+      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way. In a logdir ' +
+      'with several sessions XProf 2.24 leaves that page\'s Hosts list blank: it still analyses the host ' +
+      'the link names.'});
+}
+
+function rangeNote(table) {
+  if (!table.querySelector('a.range-link')) return null;
+  return h('p', {class: 'muted small note', 'data-testid': 'range-note',
+    text: '"at this time" opens XProf\'s trace viewer on a page of its own at that time range; ' +
+      'the Profile tab\'s trace viewer opens the whole trace (XProf 2.24 drops a range given to it).'});
 }
 
 function evidenceView(evidence, context) {
@@ -542,12 +580,14 @@ function evidenceView(evidence, context) {
       h('td', {text: [where, timing].filter(Boolean).join(' · ')}),
       h('td', {}, link));
   });
+  const table = h('table', {},
+    h('thead', {}, h('tr', {},
+      ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
+    h('tbody', {}, rows));
   return h('div', {class: 'evidence'},
     h('h4', {text: 'Evidence'}),
-    h('div', {class: 'table-wrap'}, h('table', {},
-      h('thead', {}, h('tr', {},
-        ['Kind', 'Name', 'Value', 'Where / when', 'Profile'].map((title) => h('th', {scope: 'col', text: title})))),
-      h('tbody', {}, rows))),
+    h('div', {class: 'table-wrap'}, table),
+    rangeNote(table),
     inputPipelineNote(evidence));
 }
 
@@ -596,13 +636,15 @@ function findingView(finding, context, expanded) {
 }
 
 export function findingsView(report, context) {
-  const ranked = rankFindings(report.findings);
-  const actionable = ranked.filter((f) => ACTIONABLE.has(f.severity));
-  const passed = ranked.filter((f) => !ACTIONABLE.has(f.severity));
+  // The report's order is the ranking (report.rank_findings); the tab never re-ranks.
+  const findings = report.findings || [];
+  const actionable = findings.filter((f) => ACTIONABLE.has(f.severity));
+  const info = findings.filter((f) => f.severity === 'info');
+  const passed = findings.filter((f) => !ACTIONABLE.has(f.severity) && f.severity !== 'info');
   const section = h('section', {class: 'findings', 'aria-label': 'Findings'});
   section.appendChild(h('h2', {text: actionable.length ?
     `Findings (${actionable.length}), most valuable first` : 'Findings'}));
-  if (!ranked.length) {
+  if (!findings.length) {
     section.appendChild(h('p', {class: 'muted', text: 'No checks produced findings for this session.'}));
     return section;
   }
@@ -610,10 +652,15 @@ export function findingsView(report, context) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :
-      h('p', {class: 'good', text: 'Nothing to fix: every check passed or does not apply.'}));
+      h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
   }
   section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
     actionable.map((finding, index) => findingView(finding, context, index === 0))));
+  if (info.length) {
+    section.appendChild(h('details', {class: 'info-findings', 'data-testid': 'info-findings', open: ''},
+      h('summary', {text: `For information (${info.length})`}),
+      h('ol', {class: 'finding-list'}, info.map((finding) => findingView(finding, context, false)))));
+  }
   if (passed.length) {
     section.appendChild(h('details', {class: 'passed'},
       h('summary', {text: `Passed or not applicable (${passed.length})`}),

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json", "markdown")
 FAIL_ON = ("warning", "critical")
-# multihost.engine's names, spelt here so `checks` and --help need not import the analysis.
-ENGINES = ("local", "dask")
 
 
 class UsageError(Exception):
@@ -81,9 +79,22 @@ def failing(findings: list[dict], fail_on: str | None) -> list[dict]:
     return [f for f in findings if Severity(f["severity"]).weight >= limit and f.get("confidence") != "low"]
 
 
-def reached(findings: list[dict], fail_on: str | None) -> bool:
-    """True when --fail-on FAIL_ON trips on FINDINGS."""
-    return bool(failing(findings, fail_on))
+def _say_reached(fail_on: str, causes: list[str]) -> int:
+    """Exit 1 with one stderr line naming the threshold and what reached it: a CI log that
+    only says "exit 1" sends the reader hunting through the report."""
+    from tb_gpuadvisor.render import printable
+
+    _print(printable(f"tb-gpuadvisor: fail-on {fail_on} reached: {', '.join(causes)}"), sys.stderr)
+    return 1
+
+
+def _analyze_causes(sessions: list[dict], fail_on: str | None) -> list[str]:
+    """"input_bound (critical)" per finding reaching FAIL_ON, prefixed by its session when
+    the report holds several."""
+    from tb_gpuadvisor.render import session_title
+
+    prefix = (lambda s: f"{session_title(s)}: ") if len(sessions) > 1 else (lambda s: "")
+    return [f"{prefix(s)}{f['check']} ({f['severity']})" for s in sessions for f in failing(s["findings"], fail_on)]
 
 
 def _unanalysed(sessions: list[dict]) -> int:
@@ -108,7 +119,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
     if _unanalysed(report["sessions"]):
         return 2
-    return 1 if reached([f for s in report["sessions"] for f in s["findings"]], args.fail_on) else 0
+    causes = _analyze_causes(report["sessions"], args.fail_on)
+    return _say_reached(args.fail_on, causes) if causes else 0
 
 
 def _engine(args: argparse.Namespace) -> "Engine":
@@ -129,20 +141,49 @@ def _one_session(path: str) -> SessionRef:
     return refs[0]
 
 
+def _run_dir(ref: SessionRef) -> str | None:
+    """The run folder holding REF (<run>/plugins/profile/<session>), or None for a loose capture."""
+    paths = os.path if ref.fs is None else posixpath
+    run_dir = paths.dirname(paths.dirname(paths.dirname(ref.path)))
+    return run_dir if paths.join(run_dir, "plugins", "profile", ref.session) == ref.path else None
+
+
+def _side_names(base: SessionRef, new: SessionRef) -> tuple[SessionRef, SessionRef]:
+    """BASE and NEW with their runs named by their folders' paths below the folder both share:
+    "launch_bound/train" and "launch_bound_fixed/train", where each run's own folder name
+    alone ("train", as Keras names it) would not tell the two sides apart."""
+    dirs = [_run_dir(base), _run_dir(new)]
+    if None in dirs or (base.fs is None) != (new.fs is None):
+        return base, new
+    paths = os.path if base.fs is None else posixpath
+    try:
+        common = paths.commonpath(dirs)
+    except ValueError:          # nothing in common (two buckets, two drives)
+        return base, new
+    # One run on both sides, or one run inside the other: name it from its parent.
+    anchor = paths.dirname(common) if common in dirs else common
+    if not anchor:
+        return base, new
+    base_run, new_run = (paths.relpath(d, anchor).replace(os.sep, "/") for d in dirs)
+    return dataclasses.replace(base, run=base_run), dataclasses.replace(new, run=new_run)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.compare import (
-        compare_sessions, has_regression, render_comparison_markdown, render_comparison_text,
+        compare_sessions, refusal, regressions_reaching, render_comparison_markdown, render_comparison_text,
     )
     from tb_gpuadvisor.multihost import analyze_session
 
-    refs = [_one_session(args.base), _one_session(args.new)]
+    refs = _side_names(_one_session(args.base), _one_session(args.new))
     with _engine(args) as engine:
-        sessions = [analyze_session(ref, engine=engine) for ref in refs]
-    result = compare_sessions(*sessions)
+        base, new = [analyze_session(ref, engine=engine) for ref in refs]
+    why = refusal(base, new)
+    if why:
+        raise UsageError(why)
+    result = compare_sessions(base, new)
     _emit(args.format, result, render_comparison_text, render_comparison_markdown)
-    if _unanalysed(sessions):
-        return 2
-    return 1 if args.fail_on and has_regression(result, args.fail_on) else 0
+    causes = regressions_reaching(result, args.fail_on) if args.fail_on else []
+    return _say_reached(args.fail_on, causes) if causes else 0
 
 
 _HEADING = re.compile(r"^#+\s*(.*)$", re.MULTILINE)
@@ -162,7 +203,8 @@ def cmd_checks(args: argparse.Namespace) -> int:
         match = [c for c in checks if c.id == args.check]
         if not match:
             raise UsageError(f"unknown check {args.check!r}; known: {', '.join(c.id for c in checks)}")
-        _print(f"{match[0].id}: {match[0].title}\n\n{terminal_doc(match[0].doc)}")
+        declaration = "\n".join(f"{name + ':':<19} {value}" for name, value in match[0].declaration())
+        _print(f"{match[0].id}: {match[0].title}\n\n{declaration}\n\n{terminal_doc(match[0].doc)}")
     else:
         _print("\n".join(f"{c.id:<22} {c.title}" for c in checks))
     return 0
@@ -180,9 +222,11 @@ def _jobs(text: str) -> int:
 
 def _add_engine_flags(command: argparse.ArgumentParser) -> None:
     """--engine, --address, --workers: where a session's hosts are analysed."""
-    command.add_argument("--engine", choices=ENGINES, default="local",
-                         help="where each host of a session is analysed: local processes (default) or a running "
-                              "Dask cluster (pip install 'tb-gpuadvisor[dask]')")
+    from tb_gpuadvisor.multihost.engine import ENGINES
+
+    command.add_argument("--engine", choices=list(ENGINES), default=next(iter(ENGINES)),
+                         help="where each host of a session is analysed: " +
+                              "; ".join(f"{name}: {kind.summary}" for name, kind in ENGINES.items()))
     command.add_argument("--address", help="the Dask scheduler to attach to, e.g. tcp://10.0.0.5:8786 "
                                            "(default: $DASK_SCHEDULER_ADDRESS); only with --engine dask")
     command.add_argument("--workers", type=_jobs, help="local processes for a session's hosts (default: all cores)")
@@ -228,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as err:
-        _print(f"tb-gpuadvisor: error: {err}", sys.stderr)
+        from tb_gpuadvisor.render import printable
+
+        _print(printable(f"tb-gpuadvisor: error: {err}"), sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -8,8 +8,8 @@ Everything is judged on **absolute time per step**, never on shares of the step:
 makes the step 9x shorter, the host work left over becomes a larger *share* of a much
 shorter step although it takes less time than before; that is not a regression.
 
-Each check's time is its main ``*_ms_per_step`` metric (``MAIN_MS``), else its
-``estimated_savings_ms_per_step``. When both sessions give a different ``steps.batch_size``,
+Each check's time is the ``*_ms_per_step`` metric its declaration names (``Compared`` in
+checks/base.py), else its ``estimated_savings_ms_per_step``. When both sessions give a different ``steps.batch_size``,
 times are divided by it (ms per example). A change counts only beyond the **noise band**:
 ``NOISE_SIGMAS`` standard errors of the difference of the two mean step times (from each
 side's ``std_ms`` and step count), and at least ``NOISE_FLOOR_PERCENT`` of the longer step for a
@@ -31,43 +31,15 @@ from __future__ import annotations
 
 import math
 
-from tb_gpuadvisor.checks import all_checks
-from tb_gpuadvisor.checks.base import Severity
-from tb_gpuadvisor.render import md_escape, printable
+from tb_gpuadvisor.checks import declared
+from tb_gpuadvisor.checks.base import Compared, Severity
+from tb_gpuadvisor.render import md_escape, printable, session_title, unreadable
 
 NOISE_SIGMAS = 2.0          # standard errors of the difference of the means
 NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitter
 # The step as a whole: two runs of the same job differ by several percent (scheduling, clocks,
 # other processes) however steady each capture is, so a smaller change of the step is no evidence.
 STEP_NOISE_FLOOR_PERCENT = 10.0
-
-# check id -> the share it reports (for display), and the metric holding its time per step;
-# None: the check measures no time (memory peak, capture quality).
-MAIN_METRIC: dict[str, str] = {
-    "input_bound": "input_percent",
-    "kernel_launch": "launch_percent",
-    "host_overhead": "other_idle_percent",
-    "op_placement": "host_op_percent",
-    "memcpy": "memcpy_percent",
-    "precision": "low_precision_percent",
-    "tensor_core": "eligible_not_using_percent",
-    "multi_gpu_imbalance": "imbalance_percent",
-    "collectives": "collective_percent",
-    "launch_skew": "skew_percent",
-    "memory": "peak_percent",
-}
-MAIN_MS: dict[str, str | None] = {
-    "input_bound": "input_ms_per_step",
-    "kernel_launch": "launch_ms_per_step",
-    "host_overhead": "other_idle_ms_per_step",
-    "op_placement": "host_op_ms_per_step",
-    "memcpy": "memcpy_ms_per_step",
-    "precision": "fp32_eligible_ms_per_step",
-    "collectives": "collective_ms_per_step",
-    "launch_skew": "skew_ms",
-    "memory": None,
-    "profile_quality": None,
-}
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
 
@@ -86,16 +58,24 @@ def _number(value) -> bool:
 
 def _check_title(check: str) -> str:
     """The registered check's name ("Multi-GPU imbalance"), or the id for an unknown one."""
-    return next((c.title for c in all_checks() if c.id == check), check)
+    declaration = declared(check)
+    return declaration.title if declaration else check
+
+
+def _compared(check: str) -> Compared:
+    """What the check is compared by (a check this version does not know: its saving)."""
+    declaration = declared(check)
+    return declaration.compared if declaration else Compared()
 
 
 def _time_ms(check: str, finding: dict | None) -> float | None:
     """The check's time per step in FINDING (0 when the check is absent); None: no time."""
-    if check in MAIN_MS and MAIN_MS[check] is None:
+    compared = _compared(check)
+    if not compared.timed:
         return None
     if finding is None:
         return 0.0
-    value = finding["metrics"].get(MAIN_MS.get(check) or "")
+    value = finding["metrics"].get(compared.time or "")
     if not _number(value):
         value = finding.get("estimated_savings_ms_per_step")
     return float(value) if _number(value) else 0.0
@@ -175,7 +155,7 @@ def compare_sessions(base: dict, new: dict) -> dict:
     for check in order:
         b, n = base_by_check.get(check), new_by_check.get(check)
         base_sev, new_sev = (b["severity"] if b else None), (n["severity"] if n else None)
-        metric = MAIN_METRIC.get(check)
+        metric = _compared(check).share
         base_ms, new_ms = _time_ms(check, b), _time_ms(check, n)
         timed = base_ms is not None and new_ms is not None
         if timed:
@@ -219,13 +199,30 @@ def compare_sessions(base: dict, new: dict) -> dict:
     }
 
 
-def has_regression(result: dict, fail_on: str | Severity) -> bool:
-    """True when the step got slower beyond the noise band, or a check is new or worse with
-    a new severity reaching ``fail_on`` (a finding of low confidence does not count)."""
+def regressions_reaching(result: dict, fail_on: str | Severity) -> list[str]:
+    """What trips ``--fail-on``: "step time slower beyond the noise band" when it is, and
+    "input_bound new (critical)" per check that is new or worse with a new severity reaching
+    ``fail_on`` (a finding of low confidence does not count)."""
     threshold = Severity(fail_on).weight
-    return result.get("step_status") == "worse" or any(
-        c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
-        and c.get("new_confidence") != "low" for c in result["checks"])
+    causes = ["step time slower beyond the noise band"] if result.get("step_status") == "worse" else []
+    return causes + [f"{c['check']} {c['status']} ({c['new_severity']})" for c in result["checks"]
+                     if c["status"] in ("new", "worse") and _weight(c["new_severity"]) >= threshold
+                     and c.get("new_confidence") != "low"]
+
+
+def has_regression(result: dict, fail_on: str | Severity) -> bool:
+    """True when ``regressions_reaching`` finds anything."""
+    return bool(regressions_reaching(result, fail_on))
+
+
+def refusal(base: dict, new: dict) -> str | None:
+    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
+    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+    for side, session in (("base", base), ("new", new)):
+        why = unreadable(session)
+        if why:
+            return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+    return None
 
 
 def _label(side: dict) -> str:

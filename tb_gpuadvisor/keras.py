@@ -52,13 +52,19 @@ def _task(model: Any) -> tuple[str | None, int | None, dict | None]:
     return task_type, resolver.task_id, resolver.cluster_spec().as_dict()
 
 
+# Keras 3's own TensorBoard callback marks each profiled batch of model.fit with this name (and
+# no _r=1, which marks a custom loop's step): the analysis then knows the steps are fit's, whose
+# step already runs as a tf.function and whose loop over the data it does not own.
+FIT_STEP_MARKER = "Profiled batch"
+
+
 def _tf_tracer() -> Tracer:
-    """TensorFlow's profiler, with each step marked the way a custom training loop marks it.
+    """TensorFlow's profiler, with each step marked the way model.fit marks it.
 
     TensorFlow is loaded here, on first use, never when this module is imported."""
     profiler = importlib.import_module("tensorflow").profiler.experimental
     return Tracer(start=lambda log_dir: profiler.start(log_dir), stop=profiler.stop,
-                  step_marker=lambda step: profiler.Trace("train", step_num=step, _r=1))
+                  step_marker=lambda step: profiler.Trace(FIT_STEP_MARKER, step_num=step))
 
 
 class _AdvisorHooks:

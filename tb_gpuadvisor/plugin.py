@@ -138,14 +138,16 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, self._static[name], _STATIC_TYPES[os.path.splitext(name)[1]])
 
     def _answer(self, request: wrappers.Request, compute) -> wrappers.Response:
-        """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names, 503 when the queue
-        is full or a remote logdir cannot be searched."""
+        """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names, 422 when a session
+        to compare could not be analysed, 503 when the queue is full or a remote logdir cannot be searched."""
         try:
             result = compute()
         except service.BadRequest as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=400)
         except service.NotFound as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=404)
+        except service.NotComparable as exc:
+            return http_util.Respond(request, {"error": str(exc)}, "application/json", code=422)
         except (service.Busy, service.Unavailable) as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=503)
         if isinstance(result, service.Pending):

@@ -11,6 +11,8 @@ import re
 import shutil
 import textwrap
 
+from tb_gpuadvisor.checks.base import ACTIONABLE, QUIET, Severity
+
 _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info", "ok": " ok ", "not_applicable": " n/a"}
 _EMOJI = {"critical": "🔴", "warning": "🟠", "info": "🔵", "ok": "🟢", "not_applicable": "⚪"}
 
@@ -96,7 +98,12 @@ def unreadable(session: dict) -> str | None:
 
 
 def actionable(finding: dict) -> bool:
-    return finding["severity"] in ("critical", "warning")
+    return Severity(finding["severity"]) in ACTIONABLE
+
+
+def quiet(finding: dict) -> bool:
+    """A passed or not-applicable check: one line for all of them unless asked."""
+    return Severity(finding["severity"]) in QUIET
 
 
 def _confidence(finding: dict) -> str:
@@ -160,12 +167,12 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
     findings = session["findings"]
     if findings:
         out.append("")
-    quiet = [f["check"] for f in findings if f["severity"] in ("ok", "not_applicable")]
+    passed = [f["check"] for f in findings if quiet(f)]
     for f in findings:
-        if verbose or f["check"] not in quiet:
+        if verbose or not quiet(f):
             out += _text_finding(f, width, verbose)
-    if quiet and not verbose:
-        out.append(f"  passed or not applicable: {', '.join(quiet)}")
+    if passed and not verbose:
+        out.append(f"  passed or not applicable: {', '.join(passed)}")
     return out
 
 
@@ -182,6 +189,16 @@ def render_text(report: dict, width: int | None = None, verbose: bool = False) -
 def md_escape(text: str) -> str:
     return (printable(text).replace("&", "&amp;").replace("|", "\\|").replace("<", "&lt;")
             .replace(">", "&gt;"))
+
+
+def _quiet_line(findings: list[dict]) -> str:
+    """"🟢 Passed: a, b · ⚪ Not applicable: c", or "" when every check has something to say."""
+    parts = []
+    for severity, label in (("ok", "Passed"), ("not_applicable", "Not applicable")):
+        checks = [f"`{f['check']}`" for f in findings if f["severity"] == severity]
+        if checks:
+            parts.append(f"{_EMOJI[severity]} {label}: {', '.join(checks)}")
+    return " · ".join(parts)
 
 
 def render_markdown(report: dict) -> str:
@@ -207,14 +224,18 @@ def render_markdown(report: dict) -> str:
         if session.get("first_fix"):
             out.append(f"- **Fix first:** {md_escape(session['first_fix']['why'])}")
         out.append("")
-        if session["findings"]:
+        shown = [f for f in session["findings"] if not quiet(f)]
+        if shown:
             out += ["| | check | severity | saving (ms/step) | finding |", "|---|---|---|---:|---|"]
-            for f in session["findings"]:
+            for f in shown:
                 out.append(f"| {_EMOJI[f['severity']]} | `{f['check']}` | {f['severity']} | "
                            f"{f['estimated_savings_ms_per_step']:.2f} | {md_escape(f['title'])} |")
             out.append("")
+        folded = _quiet_line(session["findings"])
+        if folded:
+            out += [folded, ""]
         for f in session["findings"]:
-            if f["severity"] not in ("critical", "warning", "info"):
+            if quiet(f):
                 continue
             out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{md_escape(f['title'])}</b></summary>", "",
                     md_escape(f["summary"]), ""]

@@ -11,13 +11,12 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from tb_gpuadvisor import cores
+from tb_gpuadvisor.checks.base import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, fixes
+from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, declared, explaining, fixes
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel
 from tb_gpuadvisor.trust import Trust, confidence
 
-# Findings a user should act on, in the order they are ranked before savings.
-ACTIONABLE = (Severity.CRITICAL, Severity.WARNING)
 
 
 def _steps_json(model: SessionModel, trust: Trust) -> dict:
@@ -48,18 +47,11 @@ def _devices_json(model: SessionModel) -> list[dict]:
     return out
 
 
-# The checks that describe each kind of step bound (attribution.breakdown.BOUND_GROUPS' kinds).
-BOUND_CHECKS = {
-    "device compute": ("xla_ops", "precision", "tensor_core"), "host": ("op_placement", "kernel_launch", "host_overhead"),
-    "input": ("input_bound",), "copies": ("memcpy",), "communication": ("multi_gpu_imbalance", "collectives"),
-}
-
-
 def rank_findings(findings: list[Finding], bound: str | None = None) -> list[Finding]:
     """Actionable findings the capture supports first, biggest estimated saving first; then
     low-confidence actionable ones; then by severity, the findings about what bounds the steps
     (BOUND) first among equals, so a compute-bound step leads with the kernels that bound it."""
-    describes_bound = BOUND_CHECKS.get(bound or "", ())
+    describes_bound = explaining(bound)
 
     def key(f: Finding) -> tuple:
         actionable = f.severity in ACTIONABLE
@@ -75,15 +67,13 @@ def bottleneck(analysis: Analysis) -> dict | None:
         return None
     kind, share = max(shares.items(), key=lambda kv: kv[1])
     return {"bound_by": kind, "share_of_steps": share,
-            "checks": list(BOUND_CHECKS.get(kind, ()))}
+            "checks": explaining(kind)}
 
 
-# What each check's numbers rest on (see trust.confidence); checks not listed rest on the
-# per-step idle attribution of the primary device.
-CHECK_ASPECT = {
-    "precision": "kernels", "tensor_core": "kernels", "multi_gpu_imbalance": "replicas",
-    "launch_skew": "replicas", "collectives": "replicas", "memory": "memory", "profile_quality": "capture",
-}
+def _aspect(check_id: str) -> str:
+    """What the check's numbers rest on (its declaration); a check not registered, the idle split."""
+    check = declared(check_id)
+    return check.aspect if check else "idle"
 
 
 def attach_confidence(findings: list[Finding], analysis: Analysis) -> None:
@@ -93,7 +83,7 @@ def attach_confidence(findings: list[Finding], analysis: Analysis) -> None:
     for finding in findings:
         if finding.severity is Severity.NOT_APPLICABLE:
             continue
-        level, reasons = confidence(analysis.trust, analysis.model, CHECK_ASPECT.get(finding.check, "idle"))
+        level, reasons = confidence(analysis.trust, analysis.model, _aspect(finding.check))
         if order[level] > order.get(finding.confidence, 0):
             finding.confidence = level
         finding.confidence_reasons = reasons + [r for r in finding.confidence_reasons if r not in reasons]
@@ -164,6 +154,12 @@ def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 
+def time_origin_ms(origin_ns: int) -> float:
+    """The capture clock's time of the report's 0 ms (its first event): every start_ms/end_ms plus
+    this is the time XProf's trace viewer shows, which links need to open at an evidence's range."""
+    return round(origin_ns / 1e6, 6)
+
+
 def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
     """The session object before ranking, the findings with their standalone savings, and the
     errors so far: what one host's analysis hands on when a session spans several hosts."""
@@ -173,6 +169,7 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
         "run": model.run, "session": model.session, "hosts": [h.name for h in model.hosts],
         "framework": model.framework, "devices": _devices_json(model),
         "steps": _steps_json(model, analysis.trust), "trust": analysis.trust.to_json(),
+        "time_origin_ms": time_origin_ms(min((h.origin_ns for h in model.hosts), default=0)),
     }
     try:
         out["breakdown"] = analysis.breakdown.to_json()

@@ -64,6 +64,11 @@ class Busy(RuntimeError):
     """Too many analyses are queued already (HTTP 503); the client retries later."""
 
 
+class NotComparable(ValueError):
+    """One of two sessions to compare could not be analysed at all (HTTP 422): a comparison
+    would list checks nobody measured."""
+
+
 class Unavailable(RuntimeError):
     """A remote log root cannot be searched (HTTP 503); the message says what to install or fix."""
 
@@ -290,7 +295,8 @@ class AdvisorService:
         base_run: str | None,
         base_session: str | None,
     ) -> dict | Pending:
-        """compare_sessions(base, new) once both analyses are done, else Pending."""
+        """compare_sessions(base, new) once both analyses are done, else Pending; NotComparable
+        when either could not be analysed."""
         new_ref = self.resolve(run, session)
         base_ref = self.resolve(base_run, base_session)
         new_job = self._job_for(new_ref, None)
@@ -301,8 +307,11 @@ class AdvisorService:
         pending = [item for item in (new, base) if isinstance(item, Pending)]
         if pending:
             return Pending(min((p.progress for p in pending), key=lambda p: p["fraction"]))
-        from tb_gpuadvisor.compare import compare_sessions
+        from tb_gpuadvisor.compare import compare_sessions, refusal
 
+        why = refusal(base, new)
+        if why:
+            raise NotComparable(why)
         return compare_sessions(base, new)
 
     def _job_for(self, ref: discovery.SessionRef, host: str | None) -> _Job:
@@ -345,13 +354,9 @@ class AdvisorService:
         try:
             result = self._analyzer()(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
-            result = {
-                "run": ref.run,
-                "session": ref.session,
-                "hosts": list(ref.hosts),
-                "findings": [],
-                "errors": [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}],
-            }
+            from tb_gpuadvisor.multihost.merge import failed_session
+
+            result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
         elapsed = time.monotonic() - job.started
         if elapsed > 0.05 and job.size_bytes:
             with self._lock:
@@ -366,21 +371,17 @@ class AdvisorService:
         return self._analyze
 
     def _shared_engine(self) -> Engine:
-        """The engine every analysis shares, made on first use: a Dask cluster when
-        $DASK_SCHEDULER_ADDRESS names one (attached to, never started), else this machine's
-        processes; a scheduler that cannot be reached is logged and the tab works locally."""
-        from tb_gpuadvisor.multihost.engine import ADDRESS_ENV, EngineError, LocalEngine, make_engine
+        """The engine every analysis shares, made on first use: the one the environment names
+        (multihost.engine.from_environment: a Dask cluster when $DASK_SCHEDULER_ADDRESS is set,
+        attached to, never started), else this machine's processes; an engine that cannot be
+        built is logged and the tab works locally."""
+        from tb_gpuadvisor.multihost.engine import from_environment
 
         with self._engine_lock:
             if self._engine is None:
-                address = os.environ.get(ADDRESS_ENV)
-                if address:
-                    try:
-                        self._engine = make_engine("dask", address)
-                    except EngineError as err:
-                        log.warning("gpu_advisor: analysing on this machine instead: %s", err)
-                if self._engine is None:
-                    self._engine = LocalEngine()
+                self._engine, problem = from_environment()
+                if problem:
+                    log.warning("gpu_advisor: analysing on this machine instead: %s", problem)
             return self._engine
 
     def _outcome(self, job: _Job, wait_s: float) -> dict | Pending:

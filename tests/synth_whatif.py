@@ -63,7 +63,7 @@ def launch_bound(folder: Path, kernels: int = 400, launch_us: float = 12.0) -> P
     With launches batched, each kernel still costs the replay's 1 us: the fix saves
     ``kernels x (launch_us - 1)`` per step.
     """
-    from tb_gpuadvisor.attribution.whatif import BATCHED_LAUNCH_US
+    from tb_gpuadvisor.checks.kernel_launch import BATCHED_LAUNCH_US
 
     step_ms = 20.0
     # The launch gaps are spread over every device op (kernels plus the one H2D copy).

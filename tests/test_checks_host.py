@@ -253,29 +253,52 @@ def test_empty_gpu_trace_capture(corpus) -> None:
 
 
 def test_tpu_capture(corpus) -> None:
+    """Hand check (the raw XSpace read with tb_gpuadvisor.xspace.schema, nothing else): /device:TPU:0's
+    "XLA Modules" line runs jit_f 100 times, 784.154 ms each on average, back to back (the runs
+    sum to 78415.441 ms over a 78415.552 ms span); there is no GPU plane and no tf.data thread."""
     analysis = load(corpus / "jax-tpu-v6e")
     quality = run(analysis, "profile_quality")
     assert quality.metrics["capture_kind"] == "tpu"
     assert "TPU" in quality.summary
     for check in GPU_ONLY:
         assert run(analysis, check).severity is Severity.NOT_APPLICABLE
-    for check in ("input_bound", "host_overhead"):
-        finding = run(analysis, check)
-        value = next(iter(finding.metrics.values()))
-        assert 0 <= value <= 100
+    assert analysis.steps_count == 100
+    primary = analysis.breakdown.primary
+    assert primary.name == "/device:TPU:0"
+    assert analysis.ms_per_step(primary.total("compute")) == pytest.approx(784.154, abs=0.01)
+    assert run(analysis, "input_bound").metrics["input_percent"] == 0.0
+    host = run(analysis, "host_overhead")
+    assert host.severity is Severity.OK and host.metrics["other_idle_percent"] < 0.05
+
+
+# The checks whose share is their time over the mean step (their declared compare metrics).
+SHARE_OF_STEP = ("input_bound", "kernel_launch", "host_overhead", "memcpy")
 
 
 @pytest.mark.parametrize("folder", ["keras-cpu-macbook", "bert-8xv100", "keras-t4", "jax-mi300x-amd"])
 def test_real_captures_give_sane_findings(corpus, folder) -> None:
+    """Beyond ranges: each share of step time is its time per step over the mean step; the
+    savings of a session add up to at most its mean step; on keras-cpu-macbook (hand check: its
+    one file has a single plane, /host:CPU) the GPU-only checks do not apply, elsewhere they do."""
     for ref in find_sessions(str(corpus / folder)):
         analysis = Analysis(load_session(ref))
-        for check in MINE:
-            finding = run(analysis, check)
+        mean = analysis.mean_step_ms
+        findings = {check: run(analysis, check) for check in MINE}
+        for check, finding in findings.items():
             for name, value in finding.metrics.items():
                 if name.endswith("percent") and value is not None:
                     assert 0 <= value <= 100, (check, name, value)
             assert finding.estimated_savings_ms_per_step >= 0
             assert finding.title and finding.summary
+        for check in SHARE_OF_STEP:
+            finding, declared = findings[check], REGISTRY[check].compared
+            if finding.severity is not Severity.NOT_APPLICABLE:
+                share = 100.0 * finding.metrics[declared.time] / mean
+                assert finding.metrics[declared.share] == pytest.approx(share, abs=0.02), (check, finding.metrics)
+        assert sum(f.estimated_savings_ms_per_step for f in findings.values()) <= mean
+        cpu_only = folder == "keras-cpu-macbook"
+        for check in GPU_ONLY:
+            assert (findings[check].severity is Severity.NOT_APPLICABLE) == cpu_only, (check, findings[check].title)
 
 
 # --- op_placement on CPU-only captures ---------------------------------------------------------

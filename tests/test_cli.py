@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,10 +36,30 @@ def test_json_lists_every_session_with_errors_kept_apart(logdir, capsys):
         assert key in good
 
 
-@pytest.mark.parametrize("fmt,needle", [("text", "good / s1"), ("markdown", "# GPU Advisor report")])
-def test_text_and_markdown(logdir, capsys, fmt, needle):
-    assert main(["analyze", str(logdir / "good"), "--format", fmt]) == 0
-    assert needle in capsys.readouterr().out
+def test_text_and_markdown(logdir, capsys):
+    """The planted 30% input wait (6 of 20 ms) is the first fix in both renderings, ranked above
+    the other actionable findings, with its saving and its top fix."""
+    assert main(["analyze", str(logdir / "good"), "--format", "json"]) == 0
+    findings = json.loads(capsys.readouterr().out)["sessions"][0]["findings"]
+    assert findings[0]["check"] == "input_bound" and findings[0]["estimated_savings_ms_per_step"] == pytest.approx(6.0, abs=0.05)
+    acting = [f["check"] for f in findings if f["severity"] in ("critical", "warning")]
+    assert len(acting) >= 2
+
+    assert main(["analyze", str(logdir / "good")]) == 0
+    text = capsys.readouterr().out
+    assert "good / s1" in text and "fix first: Training waits on input 30.0% of step time" in text
+    assert re.search(r"\[CRIT\] input_bound +6\.00 ms/step", text), text
+    assert "prefetch(tf.data.AUTOTUNE)" in text              # the top fix's code
+    positions = [text.index(f"] {check} ") for check in acting]
+    assert positions == sorted(positions), acting            # the report's rank order
+
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown.startswith("# GPU Advisor report\n") and "## good / s1" in markdown
+    assert "| 🔴 | `input_bound` | critical | 6.00 | Training waits on input 30.0% of step time |" in markdown
+    rows = [markdown.index(f"| `{check}` |") for check in acting]
+    assert rows == sorted(rows), acting
+    assert "<details><summary>🔴 <b>Training waits on input 30.0% of step time</b></summary>" in markdown
 
 
 @pytest.mark.parametrize("kind", ["garbage", "empty", "truncated"])
@@ -184,3 +205,45 @@ def test_plugin_and_analysis_never_import_tensorflow(logdir):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_fail_on_names_the_threshold_and_the_findings_on_stderr(capsys, monkeypatch, logdir):
+    """Issue 26.4: exit 1 says on one stderr line which findings reached which threshold;
+    a low-confidence finding is not named (it does not count)."""
+    low = _finding("memcpy", "critical", confidence="low")
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("kernel_launch", "warning"), low,
+        _finding("precision", "info")))
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "warning"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tb-gpuadvisor: fail-on warning reached: input_bound (critical), kernel_launch (warning)\n"
+    assert main(["analyze", str(logdir / "good"), "--fail-on", "critical"]) == 1
+    assert capsys.readouterr().err == "tb-gpuadvisor: fail-on critical reached: input_bound (critical)\n"
+    assert main(["analyze", str(logdir / "good")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_markdown_folds_passed_and_not_applicable_checks_into_one_line(capsys, monkeypatch, logdir):
+    """Issue 26.4: a PR comment lists what needs doing; passing checks take one line."""
+    monkeypatch.setattr(report_module, "build_report", lambda refs, jobs, engine=None: _report(
+        _finding("input_bound", "critical"), _finding("memcpy", "ok"), _finding("precision", "ok"),
+        _finding("collectives", "not_applicable")))
+    assert main(["analyze", str(logdir / "good"), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| `input_bound` |" in out
+    assert "`memcpy` |" not in out and "`collectives` |" not in out
+    assert out.count("\n🟢 Passed: `memcpy`, `precision` · ⚪ Not applicable: `collectives`\n") == 1
+
+
+@pytest.mark.parametrize("base,new,names", [
+    ("b/x/a/train", "b/x/a_fixed/train", ("a/train", "a_fixed/train")),
+    ("b/x/a/train", "b/x/a/train", ("train", "train")),
+    ("b1/a/train", "b2/a/train", ("train", "train")),     # two buckets: each keeps its own name
+])
+def test_compare_sides_are_named_below_their_shared_folder_on_a_store(base, new, names):
+    """Issue 26.5 on an fsspec store (paths without a root): the same naming as on disk."""
+    from tb_gpuadvisor.cli import _side_names
+    from tb_gpuadvisor.discovery import SessionRef
+
+    refs = [SessionRef("train", "s", f"{run}/plugins/profile/s", ("h",), fs=object()) for run in (base, new)]
+    assert tuple(ref.run for ref in _side_names(*refs)) == names

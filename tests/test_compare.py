@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import synth
 from tb_gpuadvisor.cli import main
 from tb_gpuadvisor.compare import (
     NOISE_FLOOR_PERCENT, compare_sessions, has_regression, noise_band, render_comparison_markdown,
-    render_comparison_text,
+    refusal, render_comparison_text,
 )
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
@@ -231,3 +233,44 @@ def test_one_step_captures_of_one_run_report_no_change(corpus):
                                                              f["metrics"]["other_idle_ms_per_step"] + 1.5))
                                         if f["check"] == "host_overhead" else f for f in reports[0]["findings"]])
     assert by_check(compare_sessions(reports[0], slower))["host_overhead"]["status"] == "worse"
+
+
+def test_cli_names_both_sides_by_run_and_session_and_says_what_failed(tmp_path, capsys):
+    """Issue 26.5/26.4: two Keras runs each write "<scenario>/train/plugins/profile/<session>";
+    the header names the scenario folders, and a failed --fail-on says why on one stderr line."""
+    fast = synth.build_training_session(steps=6, step_ms=17.4, input_wait_frac=0.0)
+    slow = synth.build_training_session(steps=6, step_ms=60.0, input_wait_frac=0.7)
+    base = str(fast.write(tmp_path / "launch_bound", run="train", session="2026_01_01_00_00_00"))
+    new = str(slow.write(tmp_path / "launch_bound_fixed", run="train", session="2026_01_02_00_00_00"))
+    assert main(["compare", base, new, "--fail-on", "critical"]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("launch_bound/train/2026_01_01_00_00_00 -> launch_bound_fixed/train/2026_01_02_00_00_00\n")
+    assert err.startswith("tb-gpuadvisor: fail-on critical reached: step time slower beyond the noise band, "
+                          "input_bound new (critical)"), err
+    assert err.count("\n") == 1
+    # Two sessions of one run keep the run's own folder name.
+    again = str(slow.write(tmp_path / "launch_bound", run="train", session="2026_01_03_00_00_00"))
+    assert main(["compare", base, again]) == 0
+    assert capsys.readouterr().out.startswith("train/2026_01_01_00_00_00 -> train/2026_01_03_00_00_00\n")
+
+
+@pytest.mark.parametrize("corrupt_side", [0, 1])
+def test_cli_refuses_to_compare_a_session_that_could_not_be_analysed(tmp_path, capsys, corrupt_side):
+    """Issue 26.5: a corrupt capture against a good one is no comparison: exit 2, one line, no table."""
+    good = str(synth.build_training_session(steps=4).write(tmp_path, run="good", session="s1"))
+    bad = os.path.dirname(synth.write_bad_session(tmp_path, "bad", "s2", "garbage"))
+    sides = [good, good]
+    sides[corrupt_side] = bad
+    assert main(["compare", *sides]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    side = ("base", "new")[corrupt_side]
+    assert err.startswith(f"tb-gpuadvisor: error: cannot compare: the {side} session bad / s2 could not be analysed: ")
+    assert err.count("\n") == 1
+
+
+def test_refusal_is_none_for_two_analysed_sessions():
+    assert refusal(BASE, NEW) is None
+    broken = dict(session("b", None), run="r", session="s", hosts=["h"],
+                  errors=[{"host": "h", "message": "not an XSpace"}])
+    assert refusal(BASE, broken) == "cannot compare: the new session r / s could not be analysed: h: not an XSpace"

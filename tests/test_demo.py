@@ -94,6 +94,16 @@ def _finding(session: dict, check: str) -> dict:
     return matches[0]
 
 
+def test_every_demo_report_follows_the_schema(reports: dict[str, dict]):
+    from schema_check import validate
+
+    from tb_gpuadvisor.schema import report_schema
+
+    schema = report_schema()
+    for name, session in reports.items():
+        assert validate(session, schema, "session") == [], name
+
+
 def test_every_scenario_wrote_one_readable_capture(reports: dict[str, dict], demo_logdir: Path):
     assert sorted(reports) == sorted(SCENARIOS)
     for name, session in reports.items():

@@ -105,7 +105,10 @@ def test_in_process_retries_a_failing_job_once(local, tmp_path):
 
 def test_make_engine_validates_its_arguments(monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
-    assert ENGINES == cli.ENGINES
+    for name in ENGINES:        # the CLI's --engine takes exactly the registered names
+        assert cli.parser().parse_args(["analyze", "logs", "--engine", name]).engine == name
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["analyze", "logs", "--engine", "spark"])
     engine = make_engine("local", workers=3)
     assert (engine.name, engine.workers) == ("local", 3)
     assert make_engine().workers == os.cpu_count()

@@ -121,6 +121,32 @@ def test_printed_report_names_the_slow_loader(runs: dict):
     assert f"capture: {session_dir}" in printed
 
 
+def test_the_helpers_own_frames_and_sync_are_no_evidence_or_advice(runs: dict):
+    """Issue 26.9: with the step hook, JAX's Python tracer records the helper's frames
+    ("$jax.py:<line> step", "$inloop.py:<line> begin", ...) and the block_until_ready it inserts;
+    the user's loop calls neither. They are not evidence, and the advice does not tell the user to
+    stop calling block_until_ready; the user's own loader still is the top evidence."""
+    from tb_gpuadvisor.checks.helper_frames import helper_frame_names
+
+    frames, hooks = helper_frame_names()
+    session = runs["hook"]["report"]["sessions"][0]
+    evidence = [ev["name"] for f in session["findings"] for ev in f["evidence"]]
+    assert not [name for name in evidence if name in frames or name.endswith(" block_until_ready")], evidence
+    host = next(f for f in session["findings"] if f["check"] == "host_overhead")
+    assert host["evidence"][0]["name"].endswith(" next_batch")
+    texts = " ".join(fix["text"] for f in session["findings"] for fix in f["fixes"])
+    assert "block_until_ready" not in texts
+    # The names are the tracer's own: the hook's frame is in the capture under exactly this name.
+    from tb_gpuadvisor.discovery import find_sessions
+    from tb_gpuadvisor.model import load_session
+
+    (ref,) = find_sessions(runs["hook"]["session_dir"])
+    names = set(load_session(ref).hosts[0].activity.names)
+    (hook,) = hooks
+    assert hook.startswith("$jax.py:") and hook.endswith(" step") and hook in names
+    assert len(frames & names) >= 3, sorted(frames & names)
+
+
 def test_training_outside_the_capture_is_not_slower(runs: dict):
     assert_not_slower(runs, "hook", OVERHEAD_LIMIT)
 

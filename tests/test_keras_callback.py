@@ -156,9 +156,20 @@ def test_capture_skips_warmup_and_holds_the_requested_steps(runs: dict):
     # One unmarked lead-in step after warm-up, then the profiled ones.
     assert slow["numbers"] == list(range(SLOW_WARMUP + 1, SLOW_WARMUP + 1 + PROFILED))
     steps = slow["report"]["sessions"][0]["steps"]
-    assert steps["source"] == "custom_loop"
+    # Issue 26.8: fit's steps, marked as fit marks them, not "custom_loop markers".
+    assert (steps["source"], steps["marker"]) == ("keras", "Profiled batch")
+    assert "5 steps (keras markers)" in slow["printed"]
     assert steps["count"] == PROFILED
     assert steps["numbers"] == slow["numbers"]
+
+
+def test_no_advice_to_wrap_a_fit_step_in_tf_function(runs: dict):
+    """Issue 26.8: fit already runs its step as a tf.function (the capture holds its
+    __inference_train_function calls) and owns the loop: neither is advised."""
+    for name in ("slow", "fixed", "spe"):
+        session = runs[name]["report"]["sessions"][0]
+        texts = [fix["text"] for f in session["findings"] for fix in f["fixes"]]
+        assert not [t for t in texts if "as one tf.function" in t or "custom training loop" in t], (name, texts)
 
 
 def test_capture_is_in_the_tensorboard_layout(runs: dict):
@@ -208,6 +219,28 @@ def test_training_outside_the_capture_is_not_slower(runs: dict):
     """Median batch time outside the capture against runs without the callback; the analysis of
     the capture runs meanwhile."""
     assert_not_slower(runs, "slow", OVERHEAD_LIMIT)
+
+
+@pytest.mark.parametrize("marker,advised", [
+    ("keras3", []),                         # fit, step compiled (its __inference_ calls are in the capture)
+    ("r", ["as one tf.function", "custom training loop"]),
+])
+def test_tf_function_advice_only_where_the_step_is_not_one(tmp_path, marker: str, advised: list[str]):
+    """Issue 26.8, without TensorFlow: 20% planted host overhead and 30% launch time; fit's own markers
+    with its compiled step get neither "run the step as one tf.function" nor the custom-loop advice,
+    a custom loop's markers get both."""
+    import synth
+
+    from tb_gpuadvisor.multihost import analyze_session
+
+    capture = synth.build_training_session(steps=5, marker=marker, host_overhead_frac=0.2, launch_frac=0.3,
+                                           kernel_us=15)
+    (ref,) = find_sessions(str(capture.write(tmp_path, run="train", session="s1")))
+    session = analyze_session(ref)
+    acted = [f for f in session["findings"] if f["check"] in ("host_overhead", "kernel_launch") and f["fixes"]]
+    assert len(acted) == 2, [(f["check"], f["severity"]) for f in session["findings"]]
+    texts = " ".join(fix["text"] for f in acted for fix in f["fixes"])
+    assert [words for words in ("as one tf.function", "custom training loop") if words in texts] == advised
 
 
 @pytest.mark.parametrize("task,chief", [

@@ -105,12 +105,21 @@ def test_precision_and_tensor_cores_count_every_hosts_gpus(tmp_path):
 
 
 def test_hosts_with_different_problems_keep_the_primary_view(tmp_path):
-    """w0 is input-bound, w1 launch-bound: the session is judged on the first host with GPUs
-    (as in one process), and its savings are what every host allows."""
+    """w0 waits for input 20% of the step, w1 has 20% host overhead: the per-host findings are
+    w0's (the first host with GPUs, as in one process: its input share, and no host overhead),
+    and their savings are what every host allows: w0 alone would gain 4 ms from the input fix,
+    but w1 does not wait for input, so the synchronous step gains nothing and the finding is info."""
     a = build_training_session(input_wait_frac=0.2, **COMMON).space
     b = build_training_session(host_overhead_frac=0.2, **COMMON).space
     one, merged = _both(_session(tmp_path, {"w0": a, "w1": b}))
     _assert_same_findings(one, merged)
+    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    found = _by_check(merged)
+    assert alone["input_bound"]["severity"] == "critical"
+    assert alone["input_bound"]["estimated_savings_ms_per_step"] == pytest.approx(4.0, abs=0.05)
+    assert found["input_bound"]["metrics"] == alone["input_bound"]["metrics"]
+    assert found["input_bound"]["severity"] == "info" and found["input_bound"]["estimated_savings_ms_per_step"] == 0
+    assert found["host_overhead"]["severity"] == "ok"
 
 
 def test_a_summary_is_small_and_holds_no_events(tmp_path):
@@ -184,3 +193,16 @@ def test_the_map_takes_back_the_adaptive_mmap_threshold():
     mapper._tune_malloc.cache_clear()
     tuned = mapper._tune_malloc()
     assert tuned is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_memory_is_as_bad_as_the_worst_host(tmp_path):
+    """memory declares worst_host: w1's GPUs peak at 95% of their memory, w0's at 30%; the
+    session's memory finding is w1's warning although w0 is the primary host."""
+    a = build_training_session(peak_mem_frac=0.3, **COMMON).space
+    b = build_training_session(peak_mem_frac=0.95, **COMMON).space
+    ref = _session(tmp_path, {"w0": a, "w1": b})
+    merged = merge(ref, [map_host(HostJob(ref, host, 2)) for host in ref.hosts])
+    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    assert alone["memory"]["severity"] != "warning"
+    memory = _by_check(merged)["memory"]
+    assert memory["severity"] == "warning" and memory["metrics"]["peak_percent"] >= 90, memory["metrics"]

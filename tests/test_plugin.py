@@ -16,12 +16,12 @@ from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
 import synth
+from conftest import CORPUS
 from tb_gpuadvisor import loader, plugin
 
 SESSION = "2024_01_01_00_00_00"
 BAD_SESSION = "2024_01_02_00_00_00"
 PLUGIN_ROOT = "/data/plugin/gpu_advisor"
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
 def make_flags(logdir: str = "", logdir_spec: str = "", path_prefix: str = "") -> argparse.Namespace:
@@ -233,12 +233,22 @@ def test_new_capture_shows_up_without_restart(tmp_path):
     assert (first["steps"]["count"], second["steps"]["count"]) == (3, 6)
 
 
-def test_compare_route(client):
-    url = f"{PLUGIN_ROOT}/compare?run=train&session={SESSION}&base_run=train&base_session={BAD_SESSION}"
+def test_compare_route(tmp_path):
+    synth.build_training_session(steps=5, input_wait_frac=0.3).write(tmp_path, "train", SESSION)
+    synth.write_bad_session(tmp_path, "train", BAD_SESSION, "garbage")
+    synth.build_training_session(steps=4, input_wait_frac=0.1).write(tmp_path, "other", SESSION)
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    url = f"{PLUGIN_ROOT}/compare?run=train&session={SESSION}&base_run=other&base_session={SESSION}"
     response = wait_for_report(client, url)
     assert response.status_code == 200
     body = json.loads(response.get_data())
     assert {"base", "new", "checks"} <= set(body)
+    # Issue 26.5: a session that could not be analysed is refused, not tabled as "fixed"/"unchanged".
+    url = f"{PLUGIN_ROOT}/compare?run=train&session={SESSION}&base_run=train&base_session={BAD_SESSION}"
+    refused = wait_for_report(client, url)
+    assert refused.status_code == 422
+    assert json.loads(refused.get_data())["error"].startswith(
+        f"cannot compare: the base session train / {BAD_SESSION} could not be analysed: ")
     bad = client.get(f"{PLUGIN_ROOT}/compare?run=train&session={SESSION}&base_run=..&base_session=x")
     assert bad.status_code == 400
     missing = client.get(f"{PLUGIN_ROOT}/compare?run=train&session={SESSION}&base_run=train&base_session=nope")

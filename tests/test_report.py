@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
-from tb_gpuadvisor.checks.base import Check
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.render import render_markdown, render_text
@@ -40,7 +41,7 @@ def test_a_check_that_crashes_becomes_an_error_and_the_others_still_run(tmp_path
     def broken(analysis):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(REGISTRY, "memory", Check("memory", "Memory", broken, ""))
+    monkeypatch.setitem(REGISTRY, "memory", dataclasses.replace(REGISTRY["memory"], function=broken))
     (ref,) = find_sessions(str(build_training_session(steps=3).write(tmp_path)))
     session = analyze_session(ref)
     assert any(e.get("check") == "memory" and "boom" in e["message"] for e in session["errors"])
@@ -76,3 +77,16 @@ def test_amd_gpus_show_their_gfx_version_not_a_compute_capability(corpus):
     for text in (render_text(report, width=100), render_markdown(report)):
         assert "/device:GPU:0, gfx95x, 256 CUs," in text
         assert "cc 9.5" not in text and "SMs" not in text
+
+
+def test_time_origin_is_the_capture_clock_at_the_reports_zero(tmp_path):
+    """Issue 26.3: links open XProf's trace viewer on the capture's own clock. The synthetic capture's
+    first event is at 1.5 ms of its clock (its lines start at 1 ms, the first step 0.5 ms later; XProf
+    shows step 0 at 1500 us), and the report's times start at 0: time_origin_ms is 1.5, and a step's
+    start_ms plus it is XProf's time of that step."""
+    capture = build_training_session(steps=4, input_wait_frac=0.3)
+    (ref,) = find_sessions(str(capture.write(tmp_path, run="train", session="s1")))
+    session = analyze_session(ref)
+    assert session["time_origin_ms"] == 1.5
+    steps = [e for f in session["findings"] for e in f["evidence"] if e["kind"] == "step"]
+    assert steps and steps[0]["start_ms"] + session["time_origin_ms"] == 1.5 + 20.0 * int(steps[0]["name"].split()[1])

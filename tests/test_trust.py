@@ -200,7 +200,7 @@ def test_device_trace_that_stops_half_way(corpus):
     assert all(e.end_ps > middle for e in cut.trust.excluded)
     quality = REGISTRY["profile_quality"].run(cut)
     assert quality.severity is Severity.WARNING and "Partial device trace" in quality.title
-    for part in ("launch", "other"):
+    for part in ("launch", "host"):
         assert cut.breakdown.primary.percent(part) == pytest.approx(full.breakdown.primary.percent(part), abs=5)
 
 
@@ -384,3 +384,35 @@ def test_export_never_takes_the_step_s_own_device_work(corpus):
     analysis = Analysis(model)
     assert analysis.trust.export_cuts
     assert analysis.mean_step_ms == pytest.approx(8.02, abs=0.05)
+
+
+def test_a_step_the_export_cut_empties_is_left_out_with_the_reason(tmp_path):
+    """Issue 26.1: the demo's launch_bound run (Keras 3 fit, run_eagerly, CPU only) has eager
+    Identity ops inside its last profiled batch and the callback's WriteSummary after it; the export
+    cut left that step 0 ms, which counted. Planted here: 5 CPU steps of 20 ms, an eager Identity 1 ms
+    into the last one, WriteSummary and FlushSummaryWriter 2 ms after it. By hand: the last step is
+    the only one the cut reaches (the summary writer lies past it), and nothing of it has device or
+    launch work to keep, so it is left out; the other 4 steps keep their 20 ms."""
+    from synth import build_training_session
+
+    session = build_training_session(steps=5, step_ms=20.0, gpus=0, marker="keras3")
+    host = next(p for p in session.space.planes if p.name == "/host:CPU")
+    batches = _metadata_id(host, "event_metadata", "Profiled batch")
+    line = next(line for line in host.lines if any(e.metadata_id == batches for e in line.events))
+    last = max((e for e in line.events if e.metadata_id == batches), key=lambda e: e.offset_ps)
+    start = line.timestamp_ns * 1000 + last.offset_ps
+    end = start + last.duration_ps
+    ms = 1_000_000_000
+    _add_event(host, line, "EagerLocalExecute: Identity", start + ms, ms // 100)
+    _add_event(host, line, "EagerLocalExecute: WriteSummary", end + 2 * ms, ms // 10)
+    _add_event(host, line, "EagerLocalExecute: FlushSummaryWriter", end + 3 * ms, ms // 10)
+    line.events.sort(key=lambda e: e.offset_ps)
+    report = report_of(session.write(tmp_path, run="train", session="s1"))
+    steps, trust = report["steps"], report["trust"]
+    assert (steps["count"], trust["candidate_steps"], trust["trusted_steps"]) == (4, 5, 4)
+    assert steps["min_ms"] == pytest.approx(20.0, rel=0.05) and steps["mean_ms"] == pytest.approx(20.0, rel=0.05)
+    (left_out,) = trust["excluded_steps"]
+    assert left_out["duration_ms"] == pytest.approx(20.0, rel=0.05)
+    assert left_out["reason"].startswith("cutting the profiler's trace export (from ")
+    assert left_out["reason"].endswith(" ms) left nothing of it")
+    assert all(row["duration_ms"] > 0 for row in report["breakdown"]["steps"])

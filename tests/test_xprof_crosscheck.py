@@ -122,7 +122,7 @@ def test_input_percent_matches_xprof(tmp_path: Path, sleep_ms: float) -> None:
     assert abs(metrics["input_percent"] - theirs) <= 3.0, (metrics["input_percent"], theirs)
     # Each step waits for its batch at least as long as the map sleeps.
     primary = analysis.breakdown.primary
-    assert np.all(primary.input >= sleep_ms * PS_PER_MS), primary.input.tolist()
+    assert np.all(primary.parts["input"] >= sleep_ms * PS_PER_MS), primary.parts["input"].tolist()
     assert metrics["input_ms_per_step"] >= sleep_ms
 
 

@@ -81,23 +81,9 @@ CATEGORIES = (
     Category("other_host", "other host work", "host"),
 )
 CATEGORY_KEYS = tuple(c.key for c in CATEGORIES)
-# The breakdown's original parts, kept in the JSON as sums of the categories above.
-LEGACY_PARTS = {
-    "compute": ("compute_fp32_eligible", "compute_16bit", "compute_other"),
-    "compute_low": ("compute_16bit",),
-    "collective": ("collective_transfer", "collective_wait"),
-    "copy": ("copy_h2d", "copy_d2h", "copy_other"),
-    "input": ("input",),
-    "launch": ("launch",),
-    "other": ("host_ops", "other_host", "not_traced"),
-}
 # What bounded a step: its largest group of categories (the critical path's kind).
 BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
                 "input": "input", "launch": "host", "host": "host"}
-
-
-# The interval sets checks read under the breakdown's original names.
-LEGACY_SETS = {"launch_set": "launch", "other_set": "other_host", "copy_set": "copy"}
 
 
 @dataclass
@@ -125,19 +111,13 @@ class DeviceBreakdown:
         return self.device.host
 
     def part(self, name: str) -> np.ndarray:
-        """Per-step ps of a category key or of one of the original parts ("compute", "other"...)."""
+        """Per-step ps of a category key, or of a group of categories ("compute", "copy"...)."""
         if name in self.parts:
             return self.parts[name]
-        keys = LEGACY_PARTS[name]
+        keys = [c.key for c in CATEGORIES if c.group == name]
+        if not keys:
+            raise KeyError(f"no breakdown category or group {name!r}")
         return np.sum([self.parts[k] for k in keys], axis=0).astype(np.int64)
-
-    def __getattr__(self, name: str) -> np.ndarray | Intervals:
-        """The original parts as attributes (``.input``) and their interval sets (``.copy_set``)."""
-        if name in LEGACY_PARTS:
-            return self.part(name)
-        if name in LEGACY_SETS:
-            return self.sets[LEGACY_SETS[name]]
-        raise AttributeError(name)
 
     @property
     def idle(self) -> np.ndarray:
@@ -174,7 +154,8 @@ class DeviceBreakdown:
 
 @dataclass
 class Breakdown:
-    """Step breakdown of every measured device; ``primary`` is the one the step table shows."""
+    """Step breakdown of every measured device; ``primary`` is the one the step table shows (the
+    model's primary_gpu on a GPU capture: measured_devices lists the GPUs in host order)."""
 
     steps: Steps
     devices: list[DeviceBreakdown]
@@ -225,14 +206,7 @@ class Breakdown:
         primary = self.primary
         steps = []
         if primary is not None:
-            columns = {
-                "duration_ms": primary.duration, "compute_ms": primary.part("compute"),
-                "compute_low_precision_ms": primary.part("compute_low"),
-                "collective_ms": primary.part("collective"), "copy_ms": primary.part("copy"),
-                "input_ms": primary.part("input"), "launch_ms": primary.part("launch"),
-                "other_ms": primary.part("other"),
-                **{f"{key}_ms": primary.parts[key] for key in CATEGORY_KEYS if key not in ("input", "launch")},
-            }
+            columns = {"duration_ms": primary.duration, **{f"{key}_ms": primary.parts[key] for key in CATEGORY_KEYS}}
             rounded = {key: np.round(values / PS_PER_MS, 3).tolist() for key, values in columns.items()}
             starts = np.round(self.steps.start_ps / PS_PER_MS, 3).tolist()
             numbers = self.steps.number.tolist()

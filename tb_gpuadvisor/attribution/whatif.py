@@ -1,7 +1,8 @@
 """One what-if per cause, and the savings of a session's findings made to add up.
 
-Each check with a time model names its cause here (``scenario``); its
-``estimated_savings_ms_per_step`` is the replayed gain of that scenario (see replay.py).
+Each check with a time model declares its fix as a replay scenario (``Replayed`` in
+checks/base.py); its ``estimated_savings_ms_per_step`` is the replayed gain of that
+scenario (see replay.py).
 ``reconcile`` then turns standalone gains into shares of one combined prediction:
 taken in rank order, each finding keeps only what it adds to the fixes ranked above
 it, so two findings never claim the same time (precision and tensor_core describe one
@@ -19,14 +20,9 @@ from tb_gpuadvisor.attribution.breakdown import Breakdown
 from tb_gpuadvisor.attribution.replay import Replay, Scenario
 from tb_gpuadvisor.model.timeline import PS_PER_US, HostEventKind, SessionModel
 
-# Host cost per kernel left when launches are batched (a CUDA graph replays many kernels for
-# one call; an XLA fusion launches one kernel for many ops): about 1 us.
-BATCHED_LAUNCH_US = 1.0
 # Launch call cost assumed when the capture records no launch calls: the median the corpus
 # captures measure (7-14 us), not the 20-40 us often quoted.
 DEFAULT_LAUNCH_US = 10.0
-# Host ops moved to the GPU run about this much faster there (a conservative factor).
-HOST_OP_GPU_SPEEDUP = 10.0
 
 
 def launch_cost_us(model: SessionModel) -> tuple[float, bool]:
@@ -36,28 +32,6 @@ def launch_cost_us(model: SessionModel) -> tuple[float, bool]:
     if not durations.size:
         return DEFAULT_LAUNCH_US, False
     return float(np.median(durations)) / PS_PER_US, True
-
-
-# On a CPU-only capture only these causes are time on the host's own timeline; the other
-# checks measure something else there (op_placement: ops with no GPU kernel) or do not apply.
-_HOST_AS_DEVICE = ("input_bound", "host_overhead")
-
-
-def scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenario]:
-    """The fix each check stands for, as a replay scenario, keyed by check id."""
-    cost, _ = launch_cost_us(model)
-    out = {
-        "input_bound": Scenario(idle={"input": 1.0}),
-        "op_placement": Scenario(idle={"host_ops": 1.0 - 1.0 / HOST_OP_GPU_SPEEDUP}),
-        "kernel_launch": Scenario(idle={"launch": max(0.0, 1.0 - BATCHED_LAUNCH_US / cost)}),
-        "host_overhead": Scenario(idle={"other_host": 1.0}),
-        "memcpy": Scenario(hide_copies=True),
-        # Speed-up 0: each device's own Tensor Core speed-up (model.kernels.tensor_core_speedup).
-        "precision": Scenario(faster={"fp32_eligible": 0.0}),
-        "tensor_core": Scenario(faster={"off_tensor_core": 0.0}),
-        "multi_gpu_imbalance": Scenario(balance=True),
-    }
-    return {key: value for key, value in out.items() if device_kind != "cpu" or key in _HOST_AS_DEVICE}
 
 
 class Savings(ABC):
@@ -108,10 +82,11 @@ class WhatIf(Savings):
     mean_step_ms: float
 
     @classmethod
-    def build(cls, model: SessionModel, breakdown: Breakdown) -> "WhatIf":
+    def build(cls, model: SessionModel, breakdown: Breakdown, scenarios: dict[str, Scenario]) -> "WhatIf":
+        """SCENARIOS: the checks' declared scenarios for this capture, by check id."""
         steps = breakdown.steps
         mean = float(np.mean(steps.duration_ps)) / 1e9 if len(steps) else 0.0
-        return cls(Replay(model, breakdown), scenarios(model, breakdown.device_kind), mean)
+        return cls(Replay(model, breakdown), scenarios, mean)
 
     @property
     def checks(self) -> frozenset[str]:     # type: ignore[override]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tb_gpuadvisor.checks.base import REGISTRY, Check, Evidence, Finding, Fix, Severity
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.base import REGISTRY, Check, Evidence, Finding, Fix, Replayed, Severity
+from tb_gpuadvisor.model.timeline import SessionModel
 
 _NOT_CHECKS = {"base", "context", "fixes"}
 
@@ -18,4 +20,24 @@ def all_checks() -> list[Check]:
     return list(REGISTRY.values())
 
 
-__all__ = ["REGISTRY", "Check", "Evidence", "Finding", "Fix", "Severity", "all_checks"]
+def declared(check_id: str) -> Check | None:
+    """The registered check of that id (None: a check this version does not know, e.g. from a
+    saved report)."""
+    all_checks()
+    return REGISTRY.get(check_id)
+
+
+def replay_scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenario]:
+    """The what-if scenario of every replayed check for this capture, keyed by check id; on a
+    CPU-only capture (DEVICE_KIND "cpu") only the causes that are time on the host's timeline."""
+    return {c.id: c.what_if.scenario(model) for c in all_checks()
+            if isinstance(c.what_if, Replayed) and (device_kind != "cpu" or c.what_if.on_cpu)}
+
+
+def explaining(bound: str | None) -> list[str]:
+    """The checks that explain a step bound (BOUND_GROUPS' kinds), most direct first."""
+    return [c.id for c in sorted(all_checks(), key=lambda c: c.explains_order) if bound and c.explains == bound]
+
+
+__all__ = ["REGISTRY", "Check", "Evidence", "Finding", "Fix", "Severity", "all_checks", "declared",
+           "explaining", "replay_scenarios"]

@@ -4,16 +4,29 @@ A check is a small registered unit, like a linter rule: a stable id, a title,
 and a function from the analysed session to one :class:`Finding`.  Each check
 lives in its own module whose docstring explains what it measures, why it
 matters and how to fix it; the registry reads that docstring for ``--explain``.
+
+Everything else the pipeline needs to know about a check is declared once, in its
+``register`` call: the fix as a what-if replay scenario (or why it has none), the
+capture aspect its confidence rests on, the step bound it explains, the metrics
+``compare`` judges it by, and for a check judged across hosts how per-host
+measurements are joined. The what-if, the report, compare, the multihost merge and
+``tb-gpuadvisor checks`` read these declarations; no other table names a check.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import numpy as np
+
+from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.model.timeline import SessionModel
 
 if TYPE_CHECKING:
-    from tb_gpuadvisor.checks.context import Analysis
+    from tb_gpuadvisor.checks.context import Analysis, StepScale
 
 
 class Severity(str, enum.Enum):
@@ -27,6 +40,13 @@ class Severity(str, enum.Enum):
     def weight(self) -> int:
         """Ordering for ranking and --fail-on: larger is worse."""
         return {"critical": 4, "warning": 3, "info": 2, "ok": 1, "not_applicable": 0}[self.value]
+
+
+# The findings a user should act on, everywhere: the report's ranking, fix-first and what-if,
+# the text and Markdown renderers, --fail-on and the tab (frontend/views.js ACTIONABLE mirrors it).
+ACTIONABLE = frozenset({Severity.CRITICAL, Severity.WARNING})
+# Checks with nothing to say: collapsed into one line (text) or one list (the tab).
+QUIET = frozenset({Severity.OK, Severity.NOT_APPLICABLE})
 
 
 def severity_by_threshold(value: float, critical: float | None, warning: float | None) -> Severity:
@@ -109,6 +129,78 @@ def needs_gpu(check_id: str, subject: str) -> Finding:
 
 CheckFunction = Callable[["Analysis"], Finding]
 
+# What a finding's confidence can rest on (trust.confidence): the per-step idle attribution of
+# the primary device, kernel classes, the comparison of replicas, memory records, or the capture.
+ASPECTS = ("idle", "kernels", "replicas", "memory", "capture")
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The check's fix as a what-if scenario of the step replay (attribution/replay.py)."""
+
+    scenario: Callable[[SessionModel], Scenario]
+    # On a CPU-only capture the cause is time on the host's own timeline (the host is the device).
+    on_cpu: bool = False
+    what: str = ""      # the scenario in words, for `tb-gpuadvisor checks ID`
+
+
+@dataclass(frozen=True)
+class NoReplay:
+    """A check whose saving is not replayed, and why (its own estimate, or no time at all)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What ``compare`` judges the check by: SHARE, a metric shown beside the time (None: none);
+    TIME, the metric holding its ms per step (None: its estimated saving); TIMED False: the
+    check measures no time and is judged on its severity."""
+
+    share: str | None = None
+    time: str | None = None
+    timed: bool = True
+
+
+class HostAlignment(Protocol):
+    """What a cross-host join needs of the merge (multihost.merge.Alignment): the session's
+    steps on every host, and one clock."""
+
+    def take(self, host: Any, table: np.ndarray) -> np.ndarray: ...
+    def on_session_clock(self, host: Any, times: np.ndarray) -> np.ndarray: ...
+    def windows(self, host: Any, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def collective_parts_ms(self, steps: int) -> tuple[float, float] | None: ...
+
+
+@dataclass(frozen=True)
+class CrossHost:
+    """A check judged over every host's devices in a many-host session.
+
+    MEASURE is the per-host part each host's summary keeps (a measurement, or the
+    not-applicable Finding); JOIN(alignment, primary, parts, steps) makes one measurement of the
+    hosts' measured parts, given as (host summary, part) pairs in host order (None: nothing to
+    judge); JUDGE(joined, scale) gives the session's finding, or None when the join is too small
+    to compare (the primary host's own finding stands)."""
+
+    measure: Callable[["Analysis"], Any]
+    join: Callable[[HostAlignment, Any, list[tuple[Any, Any]], int], Any]
+    judge: Callable[[Any, "StepScale"], "Finding | None"]
+    what: str = ""      # the join in words
+
+
+def measured_parts(parts: list[tuple[Any, Any]], kind: type) -> list[tuple[Any, Any]]:
+    """The (host, part) pairs whose host measured a part of KIND (not a not-applicable Finding)."""
+    return [(host, part) for host, part in parts if isinstance(part, kind)]
+
+
+def per_primary_windows(primary: Any, parts: list[tuple[Any, Any]], kind: type) -> tuple[int, list[tuple[float, Any, Any]]]:
+    """The primary host's number of step windows, and the measured parts of KIND (each with a
+    ``windows`` count) with the factor that brings each host's totals to it: hosts may have
+    captured different numbers of steps."""
+    measured = measured_parts(parts, kind)
+    windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows if measured else 1)
+    return windows, [(windows / p.windows, h, p) for h, p in measured]
+
 
 @dataclass(frozen=True)
 class Check:
@@ -116,21 +208,56 @@ class Check:
     title: str
     function: CheckFunction
     doc: str
+    what_if: Replayed | NoReplay
+    aspect: str = "idle"
+    explains: str | None = None     # the step bound it explains (attribution.breakdown.BOUND_GROUPS' kinds)
+    explains_order: int = 0         # its place among the checks that explain that bound
+    compared: Compared = Compared()
+    cross_host: CrossHost | None = None
+    # A per-host check whose many-host session is as bad as its worst host (each host judges its
+    # own devices or capture), not the primary host's verdict.
+    worst_host: bool = False
 
     def run(self, analysis: "Analysis") -> Finding:
         return self.function(analysis)
+
+    def declaration(self) -> list[tuple[str, str]]:
+        """The declaration in words, as (field, value) rows for `tb-gpuadvisor checks ID`."""
+        if isinstance(self.what_if, Replayed):
+            scenario = "replayed: " + (self.what_if.what or "its own scenario")
+            scenario += "" if self.what_if.on_cpu else " (GPU captures only)"
+        else:
+            scenario = "no replay: " + self.what_if.why
+        if not self.compared.timed:
+            compared = "no time per step; judged on its severity"
+        else:
+            compared = f"time: {self.compared.time or 'estimated_savings_ms_per_step'}"
+        if self.compared.share:
+            compared += f", share: {self.compared.share}"
+        return [("what-if", scenario), ("confidence aspect", self.aspect),
+                ("explains bound", self.explains or "-"), ("compare metric", compared),
+                ("cross-host join", self.cross_host.what if self.cross_host
+                 else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host")]
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def register(check_id: str, title: str, doc: str | None) -> Callable[[CheckFunction], CheckFunction]:
-    """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__)``."""
+def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | NoReplay, aspect: str = "idle",
+             explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
+             cross_host: CrossHost | None = None, worst_host: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+    """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
+    the keywords are the declaration (see :class:`Check`)."""
+    if aspect not in ASPECTS:
+        raise ValueError(f"check {check_id!r}: unknown confidence aspect {aspect!r}; known: {', '.join(ASPECTS)}")
+    if explains is not None and explains not in BOUND_GROUPS.values():
+        raise ValueError(f"check {check_id!r}: unknown step bound {explains!r}")
 
     def decorate(function: CheckFunction) -> CheckFunction:
         if check_id in REGISTRY:
             raise ValueError(f"check {check_id!r} registered twice")
-        REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip())
+        REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
+                                   explains, explains_order, compared, cross_host, worst_host)
         return function
 
     return decorate

@@ -30,7 +30,7 @@ transfer time above 5% of the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,7 +38,9 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
+from tb_gpuadvisor.checks.base import (
+    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
+)
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
@@ -164,7 +166,30 @@ def measure(analysis: Analysis) -> Collectives | Finding:
                        float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model))
 
 
-@register(CHECK_ID, "Collective communication (AllReduce)", __doc__)
+def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Collectives | None:
+    """Every host's GPUs as rows (their longest call on the session clock); transfer and waiting
+    over every host's replicas when each host kept them, else the rows' mean."""
+    measured = measured_parts(parts, Collectives)
+    if not measured:
+        return None
+    shifted = [row if row.longest is None else replace(row, longest=(
+                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))))
+               for h, c in measured for row in c.rows]
+    ones = [c for _, c in measured]
+    transfer_ms, waiting_ms = alignment.collective_parts_ms(steps) or (
+        sum(c.transfer_ms * len(c.rows) for c in ones) / len(shifted),
+        sum(c.waiting_ms * len(c.rows) for c in ones) / len(shifted))
+    return Collectives(shifted, ones[0].windows, ones[0].step_ps, transfer_ms, waiting_ms,
+                       next((c.param_bytes for c in ones if c.param_bytes), None))
+
+
+@register(CHECK_ID, "Collective communication (AllReduce)", __doc__,
+          what_if=NoReplay("the replay balances replicas (multi_gpu_imbalance) but has no faster interconnect; "
+                           "the saving is the transfer time beyond the expected bandwidth"),
+          aspect="replicas", explains="communication", explains_order=1,
+          compared=Compared("collective_percent", "collective_ms_per_step"),
+          cross_host=CrossHost(measure, join, lambda c, scale: judge(c, scale) if len(c.rows) >= 2 else None,
+                               "every host's GPUs as rows; transfer and waiting over all replicas"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), lambda m: judge(m, analysis))
 

@@ -112,15 +112,16 @@ class Analysis(StepScale):
         with self._lock:
             if self._what_if is None:
                 from tb_gpuadvisor.attribution.whatif import WhatIf
+                from tb_gpuadvisor.checks import replay_scenarios
 
-                self._what_if = WhatIf.build(self.model, breakdown)
+                self._what_if = WhatIf.build(self.model, breakdown,
+                                             replay_scenarios(self.model, breakdown.device_kind))
         return self._what_if
 
     @property
     def primary_device(self) -> DeviceActivity | None:
-        """The GPU the per-step breakdown is measured on (the first active GPU), or None."""
-        gpus = self.model.active_gpus
-        return gpus[0] if gpus else None
+        """The GPU the per-step breakdown is measured on (SessionModel.primary_gpu), or None."""
+        return self.model.primary_gpu
 
     @property
     def comparable_gpus(self) -> list[DeviceActivity]:

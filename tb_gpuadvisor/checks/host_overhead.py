@@ -31,17 +31,21 @@ earlier, device work queued anyway does not.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
 
 CHECK_ID = "host_overhead"
@@ -55,20 +59,27 @@ _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKin
                  HostEventKind.MEMORY)
 _LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
 
+def _jax_host_work(syncs: bool) -> Fix:
+    """JAX's "keep host work out of the loop"; SYNCS names block_until_ready among the read-backs
+    (not when the only calls in the capture are the profiling helper's own)."""
+    readbacks = "float(loss), print, .block_until_ready()" if syncs else "float(loss), print"
+    return Fix(
+        text=f"Keep host work out of the step loop: do not read results back every step ({readbacks}); "
+             "log every N steps so dispatch can run ahead of the device.",
+        code="for step, batch in enumerate(batches):\n"
+             "    state, loss = train_step(state, batch)\n"
+             "    if step % 100 == 0:\n"
+             "        print(step, float(loss))   # the only host sync",
+        doc=fixes.JAX_GPU_TIPS)
+
+
 FEWER_CALLBACKS = fixes.Remedy(
     text="Do less per-step work in callbacks and metrics: log to TensorBoard per epoch, drop "
          "metrics you do not need during training, avoid .numpy() or print in the step.",
     code="tensorboard = keras.callbacks.TensorBoard(log_dir, update_freq='epoch')\n"
          "model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'])  # only what you read",
     doc=fixes.GPU_PERF_GUIDE,
-    jax=Fix(
-        text="Keep host work out of the step loop: do not read results back every step (float(loss), "
-             "print, .block_until_ready()); log every N steps so dispatch can run ahead of the device.",
-        code="for step, batch in enumerate(batches):\n"
-             "    state, loss = train_step(state, batch)\n"
-             "    if step % 100 == 0:\n"
-             "        print(step, float(loss))   # the only host sync",
-        doc=fixes.JAX_GPU_TIPS),
+    jax=_jax_host_work(syncs=True),
 )
 
 LOOP_IN_GRAPH = fixes.Remedy(
@@ -99,7 +110,7 @@ STATIC_LOSS_SCALE = fixes.Remedy(
 def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP,
              idle: str = "the device was idle") -> list[Evidence]:
     """Host events (by thread and name) with the most time inside the gaps (while IDLE)."""
-    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS))
+    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS) & ~helper_overhead(activity))
     if not candidates.size or not gaps[0].size:
         return []
     start = activity.start_ps[candidates]
@@ -122,13 +133,35 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
     return out
 
 
+# Steps marked by model.fit itself (Keras 3 "Profiled batch", Keras 2 TraceContext): fit compiles
+# the step into a tf.function unless run_eagerly=True, and runs the loop over the data itself.
+_FIT_MARKERS = ("keras", "keras2")
+# A tf.function call as TensorFlow records it ("EagerLocalExecute: __inference_multi_step_on_iterator_12",
+# "FunctionRun"); an eager fit (run_eagerly=True) records none.
+_GRAPH_CALL = re.compile(r"__inference_|^FunctionRun$")
+
+
+def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
+    """The "run it as a tf.function" remedies that apply: none for a model.fit step that already
+    ran as one (its function calls are in the steps), only TF_FUNCTION (turn run_eagerly off) for
+    an eager fit, both for a custom loop."""
+    if analysis.trust.candidates.source not in _FIT_MARKERS:
+        return [fixes.TF_FUNCTION, LOOP_IN_GRAPH]
+    compiled = any((named_events(host.activity, "graph_call", _GRAPH_CALL.search) & (host.activity.step >= 0)).any()
+                   for host in analysis.model.hosts)
+    return [] if compiled else [fixes.TF_FUNCTION]
+
+
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     names = [n for host in analysis.model.hosts for n in host.activity.names]
     names += [o for dev in analysis.model.devices for o in dev.ops]
     return any(_LOSS_SCALE.search(n) for n in names)
 
 
-@register(CHECK_ID, "Host overhead between launches", __doc__)
+@register(CHECK_ID, "Host overhead between launches", __doc__,
+          what_if=Replayed(lambda model: Scenario(idle={"other_host": 1.0}), on_cpu=True,
+                           what="device idle time while the host ran other work removed"),
+          explains="host", explains_order=2, compared=Compared("other_idle_percent", "other_idle_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
@@ -159,16 +192,18 @@ def check(analysis: Analysis) -> Finding:
     else:
         title = f"Host overhead idles the device {percent:.1f}% of step time"
 
-    evidence = culprits(host.activity, primary.other_set, analysis.steps_count,
+    evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                         idle="no op of the step ran" if on_cpu else "the device was idle")
-    evidence += analysis.gap_evidence(primary.other_set,
+    evidence += analysis.gap_evidence(primary.sets["other_host"],
                                       "no op running, host busy elsewhere" if on_cpu else "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
     evidence += analysis.step_evidence(primary.part("other_host"), "host overhead in this step",
                                        device=primary.name, host=primary.host)
 
-    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, FEWER_CALLBACKS, fixes.TF_FUNCTION,
-                LOOP_IN_GRAPH]
+    fewer = FEWER_CALLBACKS
+    if helper_overhead(host.activity).any() and not user_syncs(host.activity):
+        fewer = dataclasses.replace(FEWER_CALLBACKS, jax=_jax_host_work(syncs=False))
+    fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
     if on_cpu:

@@ -37,8 +37,9 @@ from __future__ import annotations
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.pipeline import BUFFER_STAGES, PYTHON_OPS, Pipeline, pipeline_stages, stage_kind
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Severity, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import PS_PER_MS
@@ -79,7 +80,10 @@ def _fixes(pipeline: Pipeline) -> list:
     return ordered
 
 
-@register(CHECK_ID, "Input pipeline bottleneck", __doc__)
+@register(CHECK_ID, "Input pipeline bottleneck", __doc__,
+          what_if=Replayed(lambda model: Scenario(idle={"input": 1.0}), on_cpu=True,
+                           what="device idle time spent waiting for input removed"),
+          explains="input", compared=Compared("input_percent", "input_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
@@ -120,7 +124,7 @@ def check(analysis: Analysis) -> Finding:
         evidence.append(Evidence(
             kind="stage", name="pipeline", value=len(pipeline.stages), unit="stages",
             detail=pipeline.describe(), host=primary.host, tool="input_pipeline_analyzer"))
-    evidence += analysis.step_evidence(primary.input, "waiting for input in this step",
+    evidence += analysis.step_evidence(primary.parts["input"], "waiting for input in this step",
                                        device=primary.name, host=primary.host)
 
     return Finding(

@@ -38,15 +38,20 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.attribution.breakdown import DeviceBreakdown
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.checks.host_overhead import graph_remedies
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
-from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, SessionModel
 
 CHECK_ID = "kernel_launch"
+# Host cost per kernel left when launches are batched (a CUDA graph replays many kernels for
+# one call; an XLA fusion launches one kernel for many ops): about 1 us.
+BATCHED_LAUNCH_US = 1.0
 CRITICAL, WARNING = 15.0, 3.0
 TOP = 5
 TINY_KERNEL_PS = 20 * PS_PER_US     # a kernel this short finishes before most launches of the next return
@@ -86,7 +91,15 @@ def _other_devices(analysis: Analysis, primary: DeviceBreakdown) -> list[Evidenc
             for dev in analysis.breakdown.devices if dev is not primary]
 
 
-@register(CHECK_ID, "Kernel launch overhead", __doc__)
+def batched_launches(model: SessionModel) -> Scenario:
+    """The fix as a replay: each launch's device-idle time shrinks to what a batched launch costs."""
+    cost, _ = launch_cost_us(model)
+    return Scenario(idle={"launch": max(0.0, 1.0 - BATCHED_LAUNCH_US / cost)})
+
+
+@register(CHECK_ID, "Kernel launch overhead", __doc__,
+          what_if=Replayed(batched_launches, what="device idle time of launches cut to 1 us per kernel (batched)"),
+          explains="host", explains_order=1, compared=Compared("launch_percent", "launch_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
@@ -118,7 +131,7 @@ def check(analysis: Analysis) -> Finding:
         title = f"GPU waits on kernel launches {percent:.1f}% of step time"
 
     evidence = tiny_ops(dev, analysis.steps_count)
-    evidence += analysis.gap_evidence(primary.launch_set, "GPU idle while the host launches kernels",
+    evidence += analysis.gap_evidence(primary.sets["launch"], "GPU idle while the host launches kernels",
                                       device=primary.name, host=primary.host)
     evidence += _other_devices(analysis, primary)
 
@@ -129,5 +142,7 @@ def check(analysis: Analysis) -> Finding:
                  "tiny_kernel_percent": round(tiny_share, 1), "launch_cost_us": round(cost_us, 2),
                  "launch_cost_measured": measured},
         estimated_savings_ms_per_step=saving, evidence=evidence,
-        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, fixes.TF_FUNCTION] if severity is not Severity.OK else [],
+        # Of the tf.function remedies only the step itself matters here: launches happen inside it.
+        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, *graph_remedies(analysis)[:1]] if severity is not Severity.OK
+        else [],
     )

@@ -36,7 +36,9 @@ from tb_gpuadvisor.attribution.breakdown import launch_targets
 from tb_gpuadvisor.checks.context import Analysis, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import (
+    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, register,
+)
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
 
 CHECK_ID = "launch_skew"
@@ -116,7 +118,25 @@ def measure(analysis: Analysis) -> StepStarts | Finding:
                       _launch_threads(model, active, labels))
 
 
-@register(CHECK_ID, "GPU launch skew", __doc__)
+def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> StepStarts | None:
+    """Every host's first kernel per step on the session clock, and the slowest launch threads."""
+    measured = measured_parts(parts, StepStarts)
+    if not measured:
+        return None
+    first_host, first = measured[0]
+    firsts = [np.where(s.firsts != NO_KERNEL, alignment.on_session_clock(h, alignment.take(h, s.firsts)), NO_KERNEL)
+              for h, s in measured]
+    threads = [item for _, s in measured for item in s.threads]
+    labels = [label for _, s in measured for label in s.labels]
+    return StepStarts(labels, [d for _, s in measured for d in s.devices], np.vstack(firsts),
+                      *alignment.windows(first_host, first.lo, first.hi), top_threads(threads, len(labels)))
+
+
+@register(CHECK_ID, "GPU launch skew", __doc__,
+          what_if=NoReplay("a skewed start is waited for in the collectives; its time is the skew itself"),
+          aspect="replicas", compared=Compared("skew_percent", "skew_ms"),
+          cross_host=CrossHost(measure, join, lambda starts, scale: judge(starts) if len(starts.labels) >= 2 else None,
+                               "every host's first kernel per step on the session clock"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), judge)
 

@@ -30,8 +30,9 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Fix, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
@@ -120,7 +121,9 @@ def _megabytes_per_step(dev: DeviceActivity, kind: DeviceEventKind, steps: int) 
     return float(dev.nbytes[(dev.kind == kind) & (dev.step >= 0)].sum()) / 1e6 / steps
 
 
-@register(CHECK_ID, "Host-device copies", __doc__)
+@register(CHECK_ID, "Host-device copies", __doc__,
+          what_if=Replayed(lambda model: Scenario(hide_copies=True), what="copies overlapped with compute"),
+          explains="copies", compared=Compared("memcpy_percent", "memcpy_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary
@@ -141,15 +144,15 @@ def check(analysis: Analysis) -> Finding:
                f"{analysis.mean_step_ms:.2f} ms step) copying data with no kernel running alongside. "
                f"Per step it received {h2d:.2f} MB from the host and sent {d2h:.2f} MB back.")
     d2h_events = np.flatnonzero((dev.kind == DeviceEventKind.MEMCPY_D2H) & (dev.step >= 0))
-    d2h_exposed = int(iv.per_bin_total(primary.copy_set, dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
+    d2h_exposed = int(iv.per_bin_total(primary.sets["copy"], dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
     if severity is not Severity.OK and d2h_exposed > 0.2 * primary.total("copy"):
         summary += " Device-to-host copies inside a step usually mean a value is read on the host mid-step."
     summary += analysis.gain_note(severity, saving)
     title = (f"Copies stall the GPU {percent:.1f}% of step time" if severity is not Severity.OK
              else f"Copies are hidden behind compute ({percent:.1f}% of step time exposed)")
 
-    evidence = copy_evidence(dev, primary.copy_set, steps)
-    evidence += analysis.gap_evidence(primary.copy_set, "copy with no kernel running",
+    evidence = copy_evidence(dev, primary.sets["copy"], steps)
+    evidence += analysis.gap_evidence(primary.sets["copy"], "copy with no kernel running",
                                       device=primary.name, host=primary.host)
     evidence += [Evidence(kind="device", name=other.name, value=round(other.percent("copy"), 2), unit="%",
                           detail="exposed copy time on this GPU", device=other.name, host=other.host)

@@ -33,7 +33,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE, Remedy,
 )
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
 
 CHECK_ID = "memory"
 WARNING_AT = 90.0
@@ -119,7 +119,9 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
     return out
 
 
-@register(CHECK_ID, "GPU memory headroom", __doc__)
+@register(CHECK_ID, "GPU memory headroom", __doc__,
+          what_if=NoReplay("it measures memory, not time"), aspect="memory",
+          compared=Compared("peak_percent", timed=False), worst_host=True)
 def check(analysis: Analysis) -> Finding:
     peaks = allocator_peaks(analysis)
     if not peaks:

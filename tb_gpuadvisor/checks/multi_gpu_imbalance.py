@@ -42,8 +42,10 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, register, severity_by_threshold,
+    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, measured_parts, register,
+    severity_by_threshold,
 )
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
@@ -157,7 +159,36 @@ def measure(analysis: Analysis) -> Replicas | Finding:
                     [d.name for d in analysis.trust.partial_devices])
 
 
-@register(CHECK_ID, "Multi-GPU load imbalance", __doc__)
+def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Replicas | None:
+    """Every host's replicas as one set, per session step, on the session clock."""
+    measured = measured_parts(parts, Replicas)
+    if not measured:
+        return None
+    first_host, first = measured[0]
+    serial, offset = [], 0
+    for _, r in measured:
+        serial += [(a + offset, b + offset, share) for a, b, share in r.serial_pairs]
+        offset += len(r.labels)
+    return Replicas(
+        [label for _, r in measured for label in r.labels], [d for _, r in measured for d in r.devices],
+        np.vstack([alignment.take(h, r.per_step) for h, r in measured]),
+        *alignment.windows(first_host, first.lo, first.hi),
+        min(r.min_overlap for _, r in measured), serial, max(r.combined_busy_ps for _, r in measured),
+        [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
+        [d for _, r in measured for d in r.partial_used])
+
+
+def judge_joined(r: Replicas, scale) -> Finding | None:
+    """The session's imbalance over every host's replicas (SCALE: the merged session)."""
+    return judge(r, scale.what_if.saving_ms(CHECK_ID), scale) if len(r.labels) >= 2 else None
+
+
+@register(CHECK_ID, "Multi-GPU load imbalance", __doc__,
+          what_if=Replayed(lambda model: Scenario(balance=True),
+                           what="every replica's work balanced to the mean, the straggler's wait removed"),
+          aspect="replicas", explains="communication", compared=Compared("imbalance_percent"),
+          cross_host=CrossHost(measure, join, judge_joined,
+                               "every host's replicas stacked per session step; judged with the balance all hosts allow"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis))
 

@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.attribution.whatif import HOST_OP_GPU_SPEEDUP
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, host_op_mask, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
-    Evidence, Finding, Fix, Severity, needs_steps, register, severity_by_threshold,
+    Compared, Evidence, Finding, Fix, Replayed, Severity, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import (
@@ -70,6 +70,8 @@ from tb_gpuadvisor.model.timeline import (
 )
 
 CHECK_ID = "op_placement"
+# Host ops moved to the GPU run about this much faster there (a conservative factor).
+HOST_OP_GPU_SPEEDUP = 10.0
 CRITICAL, WARNING = 50.0, 10.0
 COPY_WINDOW_PS = 100 * PS_PER_US
 TOP = 5
@@ -209,7 +211,10 @@ def _model_on_host(analysis: Analysis) -> Finding:
         evidence=evidence, fixes=[CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])
 
 
-@register(CHECK_ID, "Ops placed on the host", __doc__)
+@register(CHECK_ID, "Ops placed on the host", __doc__,
+          what_if=Replayed(lambda model: Scenario(idle={"host_ops": 1.0 - 1.0 / HOST_OP_GPU_SPEEDUP}),
+                           what=f"device idle time behind host ops cut {HOST_OP_GPU_SPEEDUP:.0f}x (ops moved to the GPU)"),
+          explains="host", explains_order=0, compared=Compared("host_op_percent", "host_op_ms_per_step"))
 def check(analysis: Analysis) -> Finding:
     if analysis.trust.placement.where == "host_despite_gpu":
         return _model_on_host(analysis)

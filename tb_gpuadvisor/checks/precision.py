@@ -32,13 +32,17 @@ their time once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
-from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, needs_gpu, register
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.base import (
+    Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, needs_gpu, per_primary_windows,
+    register,
+)
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "precision"
@@ -113,7 +117,25 @@ def measure(analysis: Analysis) -> Precision | Finding:
     return Precision(rows, windows)
 
 
-@register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__)
+def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Precision | None:
+    """Every host's GPUs, their totals brought to the primary host's number of step windows."""
+    windows, scaled = per_primary_windows(primary, parts, Precision)
+    if not scaled:
+        return None
+    gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
+                    eligible32_ps=round(g.eligible32_ps * k),
+                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders])
+            for k, _, p in scaled for g in p.gpus]
+    return Precision(gpus, windows)
+
+
+@register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__,
+          what_if=Replayed(lambda model: Scenario(faster={"fp32_eligible": 0.0}),
+                           what="fp32 Tensor-Core-eligible kernels sped up by each GPU's Tensor Core factor"),
+          aspect="kernels", explains="device compute", explains_order=1,
+          compared=Compared("low_precision_percent", "fp32_eligible_ms_per_step"),
+          cross_host=CrossHost(measure, join, lambda m, scale: judge(m, scale.what_if.saving_ms(CHECK_ID), scale),
+                               "every host's GPUs, scaled to the primary host's steps"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), lambda m: judge(m, analysis.what_if.saving_ms(CHECK_ID), analysis))
 

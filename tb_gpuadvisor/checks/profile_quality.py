@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, Remedy
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
@@ -298,7 +298,9 @@ def _issues(analysis: Analysis) -> list[Issue]:
     return issues
 
 
-@register(CHECK_ID, "Profile quality", __doc__)
+@register(CHECK_ID, "Profile quality", __doc__,
+          what_if=NoReplay("it judges the capture, not the training step"), aspect="capture",
+          compared=Compared(timed=False), worst_host=True)
 def check(analysis: Analysis) -> Finding:
     model, trust = analysis.model, analysis.trust
     kind, what = capture_kind(analysis)

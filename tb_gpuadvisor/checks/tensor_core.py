@@ -34,7 +34,7 @@ saving is real time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,8 +42,12 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
-from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, needs_gpu, register
-from tb_gpuadvisor.checks.precision import MIXED_PRECISION
+from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.base import (
+    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, needs_gpu, per_primary_windows,
+    register,
+)
+from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "tensor_core"
@@ -169,11 +173,35 @@ def measure(analysis: Analysis) -> TensorCores | Finding:
     return TensorCores([_measure_gpu(dev, model) for dev in gpus], windows)
 
 
-@register(CHECK_ID, "Tensor Core usage", __doc__)
+def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> TensorCores | None:
+    """Every host's GPUs, their totals brought to the primary host's number of step windows and
+    their first layout change onto the session clock."""
+    windows, scaled = per_primary_windows(primary, parts, TensorCores)
+    if not scaled:
+        return None
+    gpus = [replace(g, eligible_ps=round(g.eligible_ps * k), tc_ps=round(g.tc_ps * k),
+                    missing_ps=round(g.missing_ps * k), compute_ps=round(g.compute_ps * k),
+                    layout_ps=round(g.layout_ps * k),
+                    layout_first_ps=int(alignment.on_session_clock(h, np.int64(g.layout_first_ps))),
+                    ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in g.ops.items()})
+            for k, h, p in scaled for g in p.gpus]
+    return TensorCores(gpus, windows)
+
+
+def judge_joined(measured: TensorCores, scale) -> Finding:
+    """The session's Tensor Core use over every host's GPUs (SCALE: the merged session)."""
+    return judge(measured, scale.what_if.saving_ms(CHECK_ID), scale.what_if.saving_ms(PRECISION_ID), scale)
+
+
+@register(CHECK_ID, "Tensor Core usage", __doc__,
+          what_if=Replayed(lambda model: Scenario(faster={"off_tensor_core": 0.0}),
+                           what="eligible kernels off Tensor Cores sped up by each GPU's Tensor Core factor"),
+          aspect="kernels", explains="device compute", explains_order=2, compared=Compared("eligible_not_using_percent"),
+          cross_host=CrossHost(measure, join, judge_joined, "every host's GPUs, scaled to the primary host's steps"))
 def check(analysis: Analysis) -> Finding:
     what_if = analysis.what_if
     return judged(measure(analysis),
-                  lambda m: judge(m, what_if.saving_ms(CHECK_ID), what_if.saving_ms("precision"), analysis))
+                  lambda m: judge(m, what_if.saving_ms(CHECK_ID), what_if.saving_ms(PRECISION_ID), analysis))
 
 
 def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale) -> Finding:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.base import Evidence, Finding, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model import hlo
 from tb_gpuadvisor.model import intervals as iv
@@ -142,7 +142,12 @@ def _category_metrics(view: DeviceXla) -> dict[str, float]:
     return {f"{cat}_percent": round(100.0 * s / total, 2) for cat, s in zip(cats, sums)}
 
 
-@register(CHECK_ID, "XLA ops: conversions, re-sharding and what bounds the step", __doc__)
+@register(CHECK_ID, "XLA ops: conversions, re-sharding and what bounds the step", __doc__,
+          what_if=NoReplay("the replay has no cause for conversion kernels or re-sharding host calls; the "
+                           "saving is the conversions weighted by how busy the device is, plus the "
+                           "re-sharding host time"),
+          # Its saving is weighted by how busy the device is: it rests on the idle split, not only on kernel classes.
+          aspect="idle", explains="device compute", compared=Compared("conversion_percent"))
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
     xla_devices = [dev for dev in model.devices if len(dev) and (dev.hlo_op >= 0).any()]

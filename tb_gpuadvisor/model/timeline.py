@@ -299,3 +299,11 @@ class SessionModel:
         Asked by most checks; the devices do not change once the model is built.
         """
         return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+
+    @property
+    def primary_gpu(self) -> DeviceActivity | None:
+        """The GPU the per-step numbers are measured on: the first that ran kernels, in host order.
+        Chosen here only: trust aligns steps to it, the breakdown measures it first, checks read it,
+        and a many-host merge takes the per-host findings from its host."""
+        gpus = self.active_gpus
+        return gpus[0] if gpus else None

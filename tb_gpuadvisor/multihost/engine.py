@@ -30,7 +30,6 @@ from tb_gpuadvisor import cores
 J = TypeVar("J")
 R = TypeVar("R")
 
-ENGINES = ("local", "dask")
 ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"
 # Every job gets this many attempts before its failure is reported.
 ATTEMPTS = 2
@@ -369,14 +368,54 @@ def _failure(future: Any) -> str:
         return _describe(err)
 
 
-def make_engine(name: str = "local", address: str | None = None, workers: int | None = None) -> Engine:
-    """The engine NAME ("local" or "dask") with its option; EngineError when they do not fit."""
-    if name not in ENGINES:
-        raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}")
-    if name == "local":
-        if address:
-            raise EngineError("a scheduler address is only for the dask engine (--engine dask)")
-        return LocalEngine(workers)
+def _local(address: str | None, workers: int | None) -> Engine:
+    if address:
+        raise EngineError("a scheduler address is only for the dask engine (--engine dask)")
+    return LocalEngine(workers)
+
+
+def _dask(address: str | None, workers: int | None) -> Engine:
     if workers is not None:
         raise EngineError("--workers sizes the local engine; a Dask cluster's size is set where it is started")
     return DaskEngine(address)
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """A registered engine: how to build it from --address/--workers, what it is (for --help),
+    and the environment variable whose presence makes the tab choose it (None: never chosen)."""
+
+    build: Callable[[str | None, int | None], Engine]
+    summary: str
+    chosen_by_env: str | None = None
+
+
+# Every engine, by the name --engine takes; the first one is the default. The CLI's flags and
+# the tab's choice (from_environment) both read this table.
+ENGINES: dict[str, EngineKind] = {
+    "local": EngineKind(_local, "this machine's processes (--workers of them, default: every core)"),
+    "dask": EngineKind(_dask, "a running Dask cluster (pip install 'tb-gpuadvisor[dask]'), attached to at "
+                              f"--address or ${ADDRESS_ENV}, never started", chosen_by_env=ADDRESS_ENV),
+}
+
+
+def make_engine(name: str = "local", address: str | None = None, workers: int | None = None) -> Engine:
+    """The engine NAME (a key of ENGINES) with its options; EngineError when they do not fit."""
+    if name not in ENGINES:
+        raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}")
+    return ENGINES[name].build(address, workers)
+
+
+def from_environment() -> tuple[Engine, str | None]:
+    """The engine the tab shares: the first registered engine whose environment variable is set
+    (its value is the address), else the default one; with why an engine asked for could not be
+    built (the default is used then)."""
+    problem = None
+    for name, kind in ENGINES.items():
+        address = os.environ.get(kind.chosen_by_env) if kind.chosen_by_env else None
+        if address:
+            try:
+                return make_engine(name, address), None
+            except EngineError as err:
+                problem = str(err)
+    return make_engine(next(iter(ENGINES))), problem

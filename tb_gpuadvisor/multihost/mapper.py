@@ -13,11 +13,12 @@ import ctypes
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.checks import Finding, collectives, launch_skew, multi_gpu_imbalance, precision, tensor_core
+from tb_gpuadvisor.checks import Finding, all_checks, multi_gpu_imbalance
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model import load_session
@@ -52,11 +53,7 @@ class HostSummary:
     numbers: np.ndarray | None = None     # step window numbers (marker numbers, or 0..n-1 without steps)
     durations: np.ndarray | None = None   # ps per window
     training_steps: int = 0
-    imbalance: multi_gpu_imbalance.Replicas | Finding | None = None
-    skew: launch_skew.StepStarts | Finding | None = None
-    collectives: collectives.Collectives | Finding | None = None
-    precision: precision.Precision | Finding | None = None
-    tensor_cores: tensor_core.TensorCores | Finding | None = None
+    parts: dict[str, Any] = field(default_factory=dict)   # cross-host check id -> its per-host measurement
     standalone_ms: dict[str, float] = field(default_factory=dict)     # each replayed cause, this host alone
     combined: dict[frozenset, np.ndarray] = field(default_factory=dict)  # causes -> per-step device gain
     balance: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None    # replay.balance_gain inputs
@@ -114,11 +111,7 @@ def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], 
     steps = model.steps
     summary.numbers = steps.number.astype(np.int64) if len(steps) else np.zeros(1, np.int64)
     summary.training_steps = steps.training_steps
-    summary.imbalance = multi_gpu_imbalance.measure(analysis)
-    summary.skew = launch_skew.measure(analysis)
-    summary.collectives = collectives.measure(analysis)
-    summary.precision = precision.measure(analysis)
-    summary.tensor_cores = tensor_core.measure(analysis)
+    summary.parts = {c.id: c.cross_host.measure(analysis) for c in all_checks() if c.cross_host is not None}
     if len(steps):
         summary.durations = steps.duration_ps.astype(np.int64)
         _gains(summary, analysis)

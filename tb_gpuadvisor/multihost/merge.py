@@ -3,8 +3,8 @@
 Steps are aligned across hosts by their numbers (the same training step on every host),
 else by position. The primary host (the first with a GPU that ran kernels, as in a
 one-process analysis) gives the per-host findings; the cross-host ones (imbalance,
-launch skew, collectives) are judged again over every host's GPUs by the checks' own
-``judge`` functions, and every replayed saving becomes the gain all hosts allow: a step
+launch skew, collectives...) are judged again over every host's GPUs by each check's declared
+join and judge (``CrossHost`` in checks/base.py), and every replayed saving becomes the gain all hosts allow: a step
 of synchronous training ends when its slowest host does, so per step the smallest gain
 of any host, plus the straggler's balance across all replicas.
 """
@@ -19,16 +19,13 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import (
-    Finding, Severity, collectives, fixes, launch_skew, multi_gpu_imbalance, precision, profile_quality,
-    tensor_core,
-)
+from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.metadata import XPLANE_SUFFIX
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
-from tb_gpuadvisor.report import finish
+from tb_gpuadvisor.report import finish, time_origin_ms
 
 
 @dataclass
@@ -71,6 +68,16 @@ class Alignment:
     def windows(self, host: HostSummary, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """HOST's step windows [lo, hi) as the session's steps, on the session's clock."""
         return self.on_session_clock(host, self.take(host, lo)), self.on_session_clock(host, self.take(host, hi))
+
+    def collective_parts_ms(self, steps: int) -> tuple[float, float] | None:
+        """Collective transfer and waiting, ms per step, mean over every host's replicas: waiting is
+        measured against the fastest replica of the whole session (breakdown.collective_wait)."""
+        if not steps or any(h.balance is None for h in self.hosts):
+            return None
+        coll = np.vstack([self.take(h, h.balance[1]) for h in self.hosts])
+        wait = collective_wait(coll)
+        return (float((coll - wait).sum(axis=1).mean()) / PS_PER_MS / steps,
+                float(wait.sum(axis=1).mean()) / PS_PER_MS / steps)
 
 
 class MergedWhatIf(Savings):
@@ -130,125 +137,23 @@ class MergedAnalysis(StepScale):
     steps_count: int
 
 
-def _join_imbalance(alignment: Alignment, parts: list) -> multi_gpu_imbalance.Replicas | None:
-    measured = [(h, r) for h, r in parts if isinstance(r, multi_gpu_imbalance.Replicas)]
-    if not measured:
-        return None
-    first_host, first = measured[0]
-    serial, offset = [], 0
-    for _, r in measured:
-        serial += [(a + offset, b + offset, share) for a, b, share in r.serial_pairs]
-        offset += len(r.labels)
-    return multi_gpu_imbalance.Replicas(
-        [label for _, r in measured for label in r.labels], [d for _, r in measured for d in r.devices],
-        np.vstack([alignment.take(h, r.per_step) for h, r in measured]),
-        *alignment.windows(first_host, first.lo, first.hi),
-        min(r.min_overlap for _, r in measured), serial, max(r.combined_busy_ps for _, r in measured),
-        [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
-        [d for _, r in measured for d in r.partial_used])
-
-
-def _join_skew(alignment: Alignment, parts: list) -> launch_skew.StepStarts | None:
-    measured = [(h, s) for h, s in parts if isinstance(s, launch_skew.StepStarts)]
-    if not measured:
-        return None
-    first_host, first = measured[0]
-    firsts = [np.where(s.firsts != launch_skew.NO_KERNEL,
-                       alignment.on_session_clock(h, alignment.take(h, s.firsts)), launch_skew.NO_KERNEL)
-              for h, s in measured]
-    threads = [item for _, s in measured for item in s.threads]
-    labels = [label for _, s in measured for label in s.labels]
-    return launch_skew.StepStarts(
-        labels, [d for _, s in measured for d in s.devices], np.vstack(firsts),
-        *alignment.windows(first_host, first.lo, first.hi),
-        launch_skew.top_threads(threads, len(labels)))
-
-
-def _replica_parts_ms(alignment: Alignment, steps: int) -> tuple[float, float] | None:
-    """Collective transfer and waiting, ms per step, mean over every host's replicas: waiting is
-    measured against the fastest replica of the whole session (breakdown.collective_wait)."""
-    if not steps or any(h.balance is None for h in alignment.hosts):
-        return None
-    coll = np.vstack([alignment.take(h, h.balance[1]) for h in alignment.hosts])
-    wait = collective_wait(coll)
-    return (float((coll - wait).sum(axis=1).mean()) / PS_PER_MS / steps,
-            float(wait.sum(axis=1).mean()) / PS_PER_MS / steps)
-
-
-def _join_collectives(alignment: Alignment, parts: list, steps: int) -> collectives.Collectives | None:
-    measured = [(h, c) for h, c in parts if isinstance(c, collectives.Collectives)]
-    if not measured:
-        return None
-    # Each host's longest call onto the session clock (its evidence links into the trace).
-    shifted = [row if row.longest is None else replace(row, longest=(
-                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))))
-               for h, c in measured for row in c.rows]
-    measured = [c for _, c in measured]
-    transfer_ms, waiting_ms = _replica_parts_ms(alignment, steps) or (
-        sum(c.transfer_ms * len(c.rows) for c in measured) / len(shifted),
-        sum(c.waiting_ms * len(c.rows) for c in measured) / len(shifted))
-    return collectives.Collectives(shifted, measured[0].windows, measured[0].step_ps, transfer_ms, waiting_ms,
-                                   next((c.param_bytes for c in measured if c.param_bytes), None))
-
-
-def _per_primary_windows(primary: HostSummary, parts: list, kind: type) -> tuple[int, list[tuple[float, HostSummary, object]]]:
-    """The primary host's number of step windows, and the measured parts of KIND with the factor
-    that brings each host's totals to it (hosts may have captured different numbers of steps)."""
-    measured = [(h, p) for h, p in parts if isinstance(p, kind)]
-    windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows if measured else 1)
-    return windows, [(windows / p.windows, h, p) for h, p in measured]
-
-
-def _join_precision(primary: HostSummary, parts: list) -> precision.Precision | None:
-    windows, scaled = _per_primary_windows(primary, parts, precision.Precision)
-    if not scaled:
-        return None
-    gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
-                    eligible32_ps=round(g.eligible32_ps * k),
-                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders])
-            for k, _, p in scaled for g in p.gpus]
-    return precision.Precision(gpus, windows)
-
-
-def _join_tensor_cores(alignment: Alignment, primary: HostSummary, parts: list) -> tensor_core.TensorCores | None:
-    windows, scaled = _per_primary_windows(primary, parts, tensor_core.TensorCores)
-    if not scaled:
-        return None
-    gpus = [replace(g, eligible_ps=round(g.eligible_ps * k), tc_ps=round(g.tc_ps * k),
-                    missing_ps=round(g.missing_ps * k), compute_ps=round(g.compute_ps * k),
-                    layout_ps=round(g.layout_ps * k),
-                    layout_first_ps=int(alignment.on_session_clock(h, np.int64(g.layout_first_ps))),
-                    ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in g.ops.items()})
-            for k, h, p in scaled for g in p.gpus]
-    return tensor_core.TensorCores(gpus, windows)
-
-
 def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysis,
                 framework: str) -> dict[str, Finding]:
-    """The cross-host checks judged over every host's GPUs, with the primary's confidence."""
-    hosts = alignment.hosts
-    imbalance = _join_imbalance(alignment, [(h, h.imbalance) for h in hosts])
-    skew = _join_skew(alignment, [(h, h.skew) for h in hosts])
-    coll = _join_collectives(alignment, [(h, h.collectives) for h in hosts], scale.steps_count)
-    kinds = _join_precision(primary, [(h, h.precision) for h in hosts])
-    cores = _join_tensor_cores(alignment, primary, [(h, h.tensor_cores) for h in hosts])
+    """The cross-host checks judged over every host's GPUs (each check's declared join and
+    judge), with the primary's confidence."""
     out: dict[str, Finding] = {}
-    if imbalance is not None and len(imbalance.labels) >= 2:
-        out[multi_gpu_imbalance.CHECK_ID] = multi_gpu_imbalance.judge(
-            imbalance, scale.what_if.saving_ms(BALANCE), scale)
-    if skew is not None and len(skew.labels) >= 2:
-        out[launch_skew.CHECK_ID] = launch_skew.judge(skew)
-    if coll is not None and len(coll.rows) >= 2:
-        out[collectives.CHECK_ID] = collectives.judge(coll, scale)
-    shared = scale.what_if.saving_ms(precision.CHECK_ID)
-    if kinds is not None:
-        out[precision.CHECK_ID] = precision.judge(kinds, shared, scale)
-    if cores is not None:
-        out[tensor_core.CHECK_ID] = tensor_core.judge(cores, scale.what_if.saving_ms(tensor_core.CHECK_ID), shared, scale)
+    for check in all_checks():
+        if check.cross_host is None:
+            continue
+        parts = [(h, h.parts.get(check.id)) for h in alignment.hosts]
+        joined = check.cross_host.join(alignment, primary, parts, scale.steps_count)
+        finding = check.cross_host.judge(joined, scale) if joined is not None else None
+        if finding is not None:
+            out[check.id] = finding
     own = {f.check: f for f in primary.findings}
-    for check, finding in out.items():
+    for check_id, finding in out.items():
         finding.fixes = fixes.for_framework(finding.fixes, framework)
-        mine = own.get(check)
+        mine = own.get(check_id)
         if mine is not None and mine.severity is not Severity.NOT_APPLICABLE:
             finding.confidence, finding.confidence_reasons = mine.confidence, list(mine.confidence_reasons)
         else:
@@ -286,8 +191,6 @@ def failed_session(ref: SessionRef, errors: list[dict]) -> dict:
             "errors": errors, "warnings": []}
 
 
-# The session is as bad as its worst host for these: each host judges its own devices and capture.
-WORST_HOST = ("memory", profile_quality.CHECK_ID)
 # Counts of the capture that add up over hosts.
 SUMMED_METRICS = ("gpu_count", "active_gpu_count", "dropped_events")
 
@@ -300,7 +203,8 @@ def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed:
         return None
     mine = next(f for s, f in found if s is primary) if any(s is primary for s, _ in found) else found[0][1]
     base = mine
-    if check in WORST_HOST:
+    declaration = declared(check)
+    if declaration is not None and declaration.worst_host:
         base = max((f for _, f in found), key=lambda f: f.severity.weight)   # the first of the worst
         if base.severity.weight == mine.severity.weight:
             base = mine
@@ -326,12 +230,14 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     good = [s for s in summaries if s.analysed]
     if not good:
         return failed_session(ref, errors or [{"message": "no host of this session could be analysed"}])
+    # The first host whose devices ran anything: the host of SessionModel.primary_gpu on a GPU session.
     primary = next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0])
     out = dict(primary.out)
     out["hosts"] = [s.host for s in good]
     out["devices"] = [d for s in good for d in s.out["devices"]]
     out["warnings"] = [w for s in good for w in s.out["warnings"]]
     alignment = Alignment.of(good)
+    out["time_origin_ms"] = time_origin_ms(alignment.origin_ns)   # evidence is shifted onto it below
     durations = (alignment.take(primary, primary.durations)
                  if primary.host in alignment.index and primary.durations is not None else np.empty(0))
     mean_ms = float(durations.mean()) / PS_PER_MS if durations.size else 0.0

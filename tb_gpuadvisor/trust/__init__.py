@@ -31,7 +31,9 @@ from tb_gpuadvisor.trust.coverage import (
 )
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
-from tb_gpuadvisor.trust.windows import ExportCut, anchor_to_host_calls, cut_profiler_export, include_launched_work
+from tb_gpuadvisor.trust.windows import (
+    ExportCut, anchor_to_host_calls, cut_profiler_export, emptied_by_cut, include_launched_work,
+)
 
 # A step whose window the primary device's trace covers less than this share of has no device data.
 MIN_STEP_COVERAGE = 0.5
@@ -128,11 +130,6 @@ class Trust:
         return out
 
 
-def _primary(model: SessionModel):
-    gpus = model.active_gpus
-    return gpus[0] if gpus else None
-
-
 def _align_to_primary(steps: Steps, model: SessionModel, misaligned: list[str]) -> Steps:
     """End each step with the work of the replicas traced with the primary, not with replicas
     whose same step ran at another time."""
@@ -166,6 +163,18 @@ def _without_device_data(steps: Steps, primary_cov: DeviceCoverage | None) -> li
             for i in missing]
 
 
+def _emptied(steps: Steps, cuts: list[ExportCut], already: set[int]) -> list[ExcludedStep]:
+    """Steps the export cut left nothing of (not already left out), while other steps remain."""
+    empty = [c for c in emptied_by_cut(steps, cuts) if int(steps.number[c.step]) not in already]
+    if len(empty) + len(already) >= len(steps):
+        return []            # nothing would be left: keep them, the capture's quality is reported
+    return [ExcludedStep(int(steps.number[c.step]), int(steps.start_ps[c.step]),
+                         int(steps.start_ps[c.step]) + c.excluded_ps,
+                         f"cutting the profiler's trace export (from {c.start_ps / PS_PER_MS:.2f} ms) "
+                         "left nothing of it")
+            for c in empty]
+
+
 def _release_outside(model: SessionModel, steps: Steps) -> None:
     """Events outside every trusted window (the export, left-out steps) belong to no step, even
     when they carry a trusted step's group id."""
@@ -181,13 +190,14 @@ def assess(model: SessionModel) -> Trust:
     steps = include_launched_work(anchor_to_host_calls(candidates, model.hosts), model.hosts)
     steps, cuts = cut_profiler_export(steps, model.hosts)
     assign_steps(steps, model.hosts)
-    primary = _primary(model)
+    primary = model.primary_gpu
     misaligned = misaligned_replicas(model, steps, primary)
     steps = _align_to_primary(steps, model, misaligned)
     devices = device_coverage(model, steps)
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
     excluded = _without_device_data(steps, primary_cov)
+    excluded += _emptied(steps, cuts, {e.number for e in excluded})
     keep = np.ones(len(steps), bool)
     position = {int(n): i for i, n in enumerate(steps.number)}
     for e in excluded:

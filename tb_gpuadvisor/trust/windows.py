@@ -172,3 +172,9 @@ def cut_profiler_export(steps: Steps, hosts: list[HostModel]) -> tuple[Steps, li
             ends[i] = own_end
             cuts.append(ExportCut(step=i, start_ps=export, excluded_ps=hi - own_end))
     return replace(steps, end_ps=ends), cuts
+
+
+def emptied_by_cut(steps: Steps, cuts: list[ExportCut]) -> list[ExportCut]:
+    """The cuts that left their step nothing (a 0 ms window): such a step measures nothing, and
+    counting it would pull the mean step down and widen its spread."""
+    return [c for c in cuts if steps.end_ps[c.step] <= steps.start_ps[c.step]]
