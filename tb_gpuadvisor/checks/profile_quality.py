@@ -144,16 +144,17 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
 NO_GPU = "No GPU: the model ran on the CPU"
 
 HOST_TRACER = Remedy(
-    text="Record the ops the CPU runs: profile with the host tracer at level 2 or more, so each op's "
-         "time is traced and not only the executor's.",
-    code="options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)\n"
+    text="Record the ops the CPU runs: profile with the host tracer at its verbose level 3 (level 2, "
+         "the default, leaves out ops the runtime deems cheap), so each op's time is traced and not "
+         "only the executor's.",
+    code="options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)\n"
          "tf.profiler.experimental.start(log_dir, options=options)\n"
          "# ... a few training steps ...\n"
          "tf.profiler.experimental.stop()",
     doc=PROFILER_GUIDE,
     jax=Fix(
-        text="Record the ops the CPU runs: profile with the host tracer at level 2 or more.",
-        code="options = jax.profiler.ProfileOptions()\noptions.host_tracer_level = 2\n"
+        text="Record the ops the CPU runs: profile with the host tracer at its verbose level 3.",
+        code="options = jax.profiler.ProfileOptions()\noptions.host_tracer_level = 3\n"
              "jax.profiler.start_trace(log_dir, profiler_options=options)",
         doc=JAX_PROFILING_GUIDE),
 )
@@ -163,7 +164,7 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
     if placement.where == "cpu_only":
         issues = [Issue(Severity.INFO, NO_GPU,
-                        "If this machine has a GPU, the framework did not see it: the fix shows how to check.",
+                        "If this machine has a GPU, the framework did not see it; a fix below shows how to check.",
                         CHECK_GPU_VISIBLE)]
         if not placement.ops_traced:
             issues.append(Issue(Severity.WARNING, "CPU ops not traced",
