@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.vocab import pytorch
 
 # Lines of a GPU plane that TensorFlow derives from the streams; not device activity.
 DERIVED_DEVICE_LINES = frozenset({
@@ -125,6 +126,8 @@ _JAX_HOST_HINTS = ("PjitFunction", "py_xla_execute", "PjRt", "TfrtTpuLoadedExecu
 
 def framework_from_names(names: list[str], threads: list[str]) -> str:
     """Guess which framework wrote the capture from host event and thread names."""
+    if any(n.startswith(pytorch.HOST_HINTS) for n in names):
+        return pytorch.FRAMEWORK
     tf = any(n.startswith(_TF_HOST_HINTS) for n in names) or any(t.startswith("tf_Compute") for t in threads)
     jax = any(n.startswith(_JAX_HOST_HINTS) for n in names) or any(t.startswith("py_xla_execute") for t in threads)
     if tf and not any(n.startswith("PjitFunction") for n in names):

@@ -1,0 +1,70 @@
+"""The input stage: which files each capture format claims, how it names their hosts, and how
+it reads one host's file into the shared host model (``model.build.HostCapture``).
+
+Discovery asks this registry which files are captures; ``model.load_session`` asks it to read
+them.  Readers are imported on first use, so finding files never loads a decoder.  A new
+format is a new entry here, its reader module and its vocabulary (``tb_gpuadvisor/vocab``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tb_gpuadvisor.metadata import KINETO_SUFFIXES, XPLANE_SUFFIX
+
+if TYPE_CHECKING:
+    from tb_gpuadvisor.model.build import HostCapture
+    from tb_gpuadvisor.xspace.reader import Opener
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One capture format."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    reader: str                 # "module:function" reading (path, host, opener, budget)
+    folder_is_run: bool         # files sit in the run folder itself (not in plugins/profile/<session>)
+
+    def claims(self, file_name: str) -> bool:
+        return any(file_name.endswith(s) and len(file_name) > len(s) for s in self.suffixes)
+
+    def stem(self, file_name: str) -> str:
+        suffix = next(s for s in self.suffixes if file_name.endswith(s))
+        return file_name[: -len(suffix)]
+
+    def read(self, path: str, host: str, opener: "Opener | None", budget: int | None) -> "HostCapture":
+        module, function = self.reader.split(":")
+        return getattr(importlib.import_module(module), function)(path, host, opener, budget)
+
+
+XPLANE = Adapter("xplane", (XPLANE_SUFFIX,), "tb_gpuadvisor.adapters.xplane:read", folder_is_run=False)
+KINETO = Adapter("kineto", KINETO_SUFFIXES, "tb_gpuadvisor.adapters.kineto:read", folder_is_run=True)
+ADAPTERS = (XPLANE, KINETO)
+
+
+def adapter_for(file_name: str) -> Adapter | None:
+    """The format that claims FILE_NAME, None when no format does."""
+    return next((a for a in ADAPTERS if a.claims(file_name)), None)
+
+
+# torch.profiler.tensorboard_trace_handler names files "<worker>.<epoch ms>.pt.trace.json[.gz]".
+_WORKER_STAMP = re.compile(r"^(?P<worker>.+)\.(?P<ms>\d{12,14})$")
+
+
+def kineto_worker(file_name: str) -> tuple[str, int | None]:
+    """(host name, epoch ms the profiling cycle was written, or None) of a Kineto trace file."""
+    stem = KINETO.stem(file_name)
+    match = _WORKER_STAMP.match(stem)
+    return (match.group("worker"), int(match.group("ms"))) if match else (stem, None)
+
+
+def host_of(file_name: str) -> str:
+    """The host (rank, worker) a capture file holds, for messages about a file that was not read."""
+    adapter = adapter_for(file_name)
+    if adapter is KINETO:
+        return kineto_worker(file_name)[0]
+    return adapter.stem(file_name) if adapter else file_name

@@ -1,0 +1,122 @@
+"""What PyTorch profiler (Kineto) event names mean.
+
+Facts read from the traces in ``../shared/corpus/pytorch-*`` (PyTorch 1.8 to 2.8, CUDA and
+ROCm): the category spellings of each Kineto version, the step annotation, the DataLoader's
+annotations, the CUDA/HIP runtime calls that launch work or wait for the device, the
+communication kernels of NCCL, RCCL, DeepEP and NVSHMEM, and the calls a first iteration makes
+(lazy module loading, kernel attribute queries) that a warmed-up one does not.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+
+FRAMEWORK = "pytorch"
+
+# Kineto categories, lower-cased (older traces write "Kernel", "Runtime", "Operator", ...).
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"})
+HOST_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime",
+                             "cuda_driver", "python_function"})
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
+# The device-side twin of an annotation: never the step, never device work.
+GPU_ANNOTATION = "gpu_user_annotation"
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_SOURCE = "profiler_step"
+
+# enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ (1.8+) and the Python frame of
+# the same call when the trace has stacks (torch/utils/data/dataloader.py(703): __next__).
+_INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data/dataloader\.py\(\d+\): __next__$")
+# Work of the DataLoader's own pin-memory thread and of its pinning.
+_INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
+
+# Calls that put work on a GPU stream: kernels, graphs, copies and memsets (CUDA runtime and
+# driver, HIP and its module/extension launchers).
+_LAUNCH = re.compile(r"^(cuda|cu|hip|hipModule|hipExtModule)(LaunchKernel|LaunchKernelExC|LaunchKernelEx|"
+                     r"LaunchCooperativeKernel|GraphLaunch|Memcpy|Memset)")
+# Calls that block the host until the device has finished (a sync cudaMemcpy also does).
+_SYNC = re.compile(r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|StreamWaitEvent)$|"
+                   r"^cu(StreamSynchronize|CtxSynchronize|EventSynchronize)$|^(cuda|hip)Memcpy$")
+# Ops that copy a device value to the host and so wait for the device (``.item()``, ``.cpu()``).
+SYNC_OPS = re.compile(r"^aten::(item|_local_scalar_dense)$")
+# Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
+_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
+                      r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+
+# Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
+# between GPUs; counting them as compute would hide a communication bottleneck.
+_COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
+# 64-bit math kernels (cuBLAS dgemm, templated kernels on double).
+FP64_KERNEL = re.compile(r"dgemm|zgemm|\bdouble\b|<double|_fp64|f64", re.IGNORECASE)
+# Training-mode kernels that an inference region must not run (model.eval() forgotten).
+TRAINING_ONLY_KERNEL = re.compile(r"fused_dropout|dropout_kernel|batch_norm_collect_statistics|"
+                                  r"bn_fw_tr_|batchnorm_fwd_tr", re.IGNORECASE)
+
+# Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
+HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
+
+
+def step_number(name: str) -> int | None:
+    """N of a ``ProfilerStep#N`` annotation, None for any other name."""
+    match = _STEP.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_step_marker(name: str) -> bool:
+    return step_number(name) is not None
+
+
+def host_event_kind(name: str, category: str) -> HostEventKind:
+    """The kind of a host event from its name and its (lower-cased) Kineto category."""
+    if is_step_marker(name):
+        return HostEventKind.STEP_MARKER
+    if _INPUT_WAIT.search(name):
+        return HostEventKind.INPUT_WAIT
+    if _INPUT_STAGE.search(name):
+        return HostEventKind.INPUT_STAGE
+    if category in RUNTIME_CATEGORIES:
+        return HostEventKind.LAUNCH if _LAUNCH.match(name) else HostEventKind.OTHER
+    if category in ("cpu_op", "operator"):
+        return HostEventKind.FRAMEWORK_OP
+    return HostEventKind.OTHER
+
+
+def is_sync_call(name: str) -> bool:
+    return bool(_SYNC.match(name))
+
+
+def is_warm_up_call(name: str) -> bool:
+    return bool(_WARM_UP.match(name))
+
+
+def is_launch_call(name: str) -> bool:
+    return bool(_LAUNCH.match(name))
+
+
+def device_event_kind(name: str, category: str) -> DeviceEventKind:
+    """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
+    if "memset" in category:
+        return DeviceEventKind.MEMSET
+    if "memcpy" in category:
+        direction = name.split(" ", 2)[1] if name.count(" ") else ""
+        return {"HtoD": DeviceEventKind.MEMCPY_H2D, "DtoH": DeviceEventKind.MEMCPY_D2H,
+                "DtoD": DeviceEventKind.MEMCPY_D2D, "PtoP": DeviceEventKind.MEMCPY_P2P
+                }.get(direction, DeviceEventKind.MEMCPY_OTHER)
+    if _COLLECTIVE.search(name):
+        return DeviceEventKind.COLLECTIVE
+    return DeviceEventKind.KERNEL
+
+
+def is_pageable_copy(name: str) -> bool:
+    """A copy from or to pageable host memory (``Memcpy HtoD (Pageable -> Device)``): the driver
+    stages it through a pinned buffer, and the host waits for it."""
+    return "Pageable" in name
+
+
+def vendor_of(runtime_names: list[str], device_name: str | None) -> str:
+    """NVIDIA or AMD, from the GPU's name or else from the runtime API the host called."""
+    if device_name:
+        return "AMD" if re.search(r"\bAMD\b|Instinct|Radeon", device_name) else "NVIDIA"
+    return "AMD" if any(n.startswith("hip") for n in runtime_names) else "NVIDIA"
