@@ -27,7 +27,7 @@ class Adapter:
     name: str
     suffixes: tuple[str, ...]
     reader: str                 # "module:function" reading (path, host, opener, budget)
-    folder_is_run: bool         # files sit in the run folder itself (not in plugins/profile/<session>)
+    xprof: bool                 # XProf's tools (trace viewer, input pipeline analyzer) open these files
 
     def claims(self, file_name: str) -> bool:
         return any(file_name.endswith(s) and len(file_name) > len(s) for s in self.suffixes)
@@ -41,8 +41,8 @@ class Adapter:
         return getattr(importlib.import_module(module), function)(path, host, opener, budget)
 
 
-XPLANE = Adapter("xplane", (XPLANE_SUFFIX,), "tb_gpuadvisor.adapters.xplane:read", folder_is_run=False)
-KINETO = Adapter("kineto", KINETO_SUFFIXES, "tb_gpuadvisor.adapters.kineto:read", folder_is_run=True)
+XPLANE = Adapter("xplane", (XPLANE_SUFFIX,), "tb_gpuadvisor.adapters.xplane:read", xprof=True)
+KINETO = Adapter("kineto", KINETO_SUFFIXES, "tb_gpuadvisor.adapters.kineto:read", xprof=False)
 ADAPTERS = (XPLANE, KINETO)
 
 
@@ -60,6 +60,12 @@ def kineto_worker(file_name: str) -> tuple[str, int | None]:
     stem = KINETO.stem(file_name)
     match = _WORKER_STAMP.match(stem)
     return (match.group("worker"), int(match.group("ms"))) if match else (stem, None)
+
+
+def opens_in_xprof(path: str) -> bool:
+    """Whether evidence from the capture file at PATH can deep-link into an XProf tool."""
+    adapter = adapter_for(path.replace("\\", "/").rsplit("/", 1)[-1])
+    return adapter is None or adapter.xprof
 
 
 def host_of(file_name: str) -> str:

@@ -112,7 +112,6 @@ def build(cols: Columns, host: str) -> HostCapture:
     is_device = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.DEVICE_CATEGORIES])
     is_host = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.HOST_CATEGORIES])
     correlation = _optional_ints(cols.correlation)
-    external = _optional_ints(cols.external_id)
 
     host_rows = np.flatnonzero(is_host)
     host_rows = host_rows[np.argsort(start[host_rows], kind="stable")]
@@ -142,8 +141,7 @@ def build(cols: Columns, host: str) -> HostCapture:
 
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
-    devices = _devices(cols, host, dev_rows, start, dur, correlation, external, vendor,
-                       _op_names(host_rows, kind, external, name, name_list))
+    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor)
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
@@ -152,17 +150,11 @@ def build(cols: Columns, host: str) -> HostCapture:
     return HostCapture(host, activity, _empty_memory(host), devices, None, [], warnings, origin_ns)
 
 
-def _op_names(host_rows: np.ndarray, kind: np.ndarray, external: np.ndarray, name: np.ndarray,
-              name_list: list[str]) -> dict[int, str]:
-    """External id -> the PyTorch op (``aten::conv2d``) that launched the device work of that id."""
-    ops = np.flatnonzero((kind == HostEventKind.FRAMEWORK_OP) & (external[host_rows] > 0))
-    ids, first = np.unique(external[host_rows[ops]], return_index=True)
-    return dict(zip(ids.tolist(), (name_list[i] for i in name[host_rows[ops[first]]].tolist())))
-
-
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
-             correlation: np.ndarray, external: np.ndarray,
-             vendor: str, op_of: dict[int, str]) -> list[DeviceActivity]:
+             correlation: np.ndarray, vendor: str) -> list[DeviceActivity]:
+    """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
+    graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
+    every call of that op at once; the host table holds each op call."""
     props = {p.id: p for p in cols.devices}
     device = np.fromiter((-1 if cols.device[i] is None else int(cols.device[i]) for i in rows.tolist()),
                          np.int64, rows.size)
@@ -173,19 +165,17 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         pick = np.flatnonzero(device == index)
         pick = pick[np.argsort(start[rows[pick]], kind="stable")]
         sel = rows[pick]
-        names, streams, ops = _Interner(), _Interner(), _Interner()
+        names, streams = _Interner(), _Interner()
         event_names = [cols.name[i] for i in sel.tolist()]
         name_idx = names.indices(event_names)
         cats = [cols.cat[i].lower() for i in sel.tolist()]
         kind_of = {}
         kind = np.fromiter((kind_of.setdefault((c, n), pytorch.device_event_kind(n, c))
                             for c, n in zip(cats, event_names)), np.int8, sel.size)
-        op = np.fromiter((ops.setdefault(op_of[e], len(ops)) if e in op_of else -1
-                          for e in external[sel].tolist()), np.int32, sel.size)
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
             kind=kind, stream=streams.indices([f"Stream #{s}" for s in stream[pick].tolist()]),
-            name=name_idx, op=op, correlation_id=correlation[sel], group_id=np.full(sel.size, -1, np.int64),
+            name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel], group_id=np.full(sel.size, -1, np.int64),
             nbytes=nbytes[pick], details=np.full(sel.size, -1, np.int32), names=names.strings,
-            ops=ops.strings, streams=streams.strings, detail_strings=[], step=np.full(sel.size, -1, np.int32)))
+            ops=[], streams=streams.strings, detail_strings=[], step=np.full(sel.size, -1, np.int32)))
     return out

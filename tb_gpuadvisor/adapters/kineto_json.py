@@ -77,7 +77,6 @@ class Columns:
     device: list[int | None] = field(default_factory=list)
     stream: list[int | None] = field(default_factory=list)
     nbytes: list[int | None] = field(default_factory=list)
-    external_id: list[int | None] = field(default_factory=list)
     threads: dict[tuple[Any, Any], str] = field(default_factory=dict)    # (pid, tid) -> thread_name
     devices: list[DeviceProperties] = field(default_factory=list)
     base_ns: int = 0            # baseTimeNanoseconds: ts counts microseconds from it
@@ -93,8 +92,6 @@ if msgspec is not None:
         device: _Num = None
         stream: _Num = None
         bytes: _Num = None
-        external_id: _Num = msgspec.field(default=None, name="External id")
-        external_id_old: _Num = msgspec.field(default=None, name="external id")
         name: Union[str, None] = None          # thread_name / process_name metadata
 
     class _Event(msgspec.Struct, gc=False):
@@ -155,7 +152,6 @@ def _typed(data: bytearray) -> Columns:
     cols.device = [a.device for a in args]
     cols.stream = [a.stream for a in args]
     cols.nbytes = [a.bytes for a in args]
-    cols.external_id = [a.external_id if a.external_id is not None else a.external_id_old for a in args]
     cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
                                      _int(p.computeMinor), _int(p.numSms))
                     for p in trace.deviceProperties or []]
@@ -190,7 +186,6 @@ def _from_dicts(trace) -> Columns:
     cols.device = [number(a, "device") for a in args]
     cols.stream = [number(a, "stream") for a in args]
     cols.nbytes = [number(a, "bytes") for a in args]
-    cols.external_id = [number(a, "External id") if "External id" in a else number(a, "external id") for a in args]
     props = trace.get("deviceProperties")
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict):

@@ -67,8 +67,7 @@ FEWER_CALLBACKS = fixes.Remedy(
              "    state, loss = train_step(state, batch)\n"
              "    if step % 100 == 0:\n"
              "        print(step, float(loss))   # the only host sync",
-        doc=fixes.JAX_GPU_TIPS),
-)
+        doc=fixes.JAX_GPU_TIPS), pytorch=fixes.TORCH_NO_HOST_SYNC)
 
 LOOP_IN_GRAPH = fixes.Remedy(
     text="In a custom training loop, run the loop over the dataset inside tf.function too, so "
@@ -78,8 +77,7 @@ LOOP_IN_GRAPH = fixes.Remedy(
          "    for x, y in dataset:  # becomes a tf.while_loop\n"
          "        train_step(x, y)",
     doc=fixes.FUNCTION_GUIDE,
-    jax=fixes.JAX_SCAN_STEPS,
-)
+    jax=fixes.JAX_SCAN_STEPS, pytorch=fixes.TORCH_COMPILE)
 
 STATIC_LOSS_SCALE = fixes.Remedy(
     text="The step runs dynamic loss scaling, whose finite-check and conditional update add host "

@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 from tb_gpuadvisor.checks.base import Evidence, Finding, Fix, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, Remedy
+from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_WARM_CAPTURE, Remedy
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": "Keras TraceContext markers",
+            "profiler_step": "PyTorch ProfilerStep#N annotations",
             "keras": "Keras 3 'Profiled batch' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",
@@ -72,16 +73,14 @@ STEP_WINDOW = Remedy(
              "    with jax.profiler.StepTraceAnnotation('train', step_num=step):\n"
              "        state, loss = train_step(state, batch)\n"
              "    if step == 15: loss.block_until_ready(); jax.profiler.stop_trace()",
-        doc=JAX_PROFILING_GUIDE),
-)
+        doc=JAX_PROFILING_GUIDE), pytorch=TORCH_WARM_CAPTURE)
 STEP_MARKERS = Remedy(
     text="Mark each training step so the profiler can group events into steps.",
     code="for step, (x, y) in enumerate(dataset):\n"
          "    with tf.profiler.experimental.Trace('train', step_num=step, _r=1):\n"
          "        train_step(x, y)",
     doc=PROFILER_GUIDE,
-    jax=JAX_STEP_ANNOTATION,
-)
+    jax=JAX_STEP_ANNOTATION, pytorch=TORCH_WARM_CAPTURE)
 FULL_DEVICE_TRACE = Remedy(
     text="Trace every device for the whole window: keep the window to a few steps so the device "
          "trace does not overflow, and in a distributed job profile every worker (each writes its "

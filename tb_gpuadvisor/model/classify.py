@@ -76,6 +76,12 @@ _TF_OP = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_]*$")
 MEMORY_EVENTS = frozenset({"MemoryAllocation", "MemoryDeallocation"})
 
 
+def is_graph_op(name: str) -> bool:
+    """A TensorFlow graph op ("scope/name:Type"): placed on a device by the framework.  PyTorch's
+    ops ("aten::add") run where their tensors are, so they are never misplaced graph ops."""
+    return bool(_TF_OP.match(name))
+
+
 def host_event_kind(name: str) -> HostEventKind:
     if name in STEP_MARKERS:
         return HostEventKind.STEP_MARKER

@@ -83,6 +83,12 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
     return HostEventKind.OTHER
 
 
+def loads_in_process(input_wait: str) -> bool:
+    """Whether a DataLoader wait names the single-process iterator: ``num_workers=0``, batches
+    are loaded by the training loop itself."""
+    return "_SingleProcessDataLoaderIter" in input_wait
+
+
 def is_sync_call(name: str) -> bool:
     return bool(_SYNC.match(name))
 
