@@ -69,7 +69,8 @@ def is_step_marker(name: str) -> bool:
 
 
 def host_event_kind(name: str, category: str) -> HostEventKind:
-    """The kind of a host event from its name and its (lower-cased) Kineto category."""
+    """The kind of a host event from its name and its Kineto category (either spelling)."""
+    category = category.lower()
     if is_step_marker(name):
         return HostEventKind.STEP_MARKER
     if _INPUT_WAIT.search(name):
@@ -103,6 +104,7 @@ def is_launch_call(name: str) -> bool:
 
 def device_event_kind(name: str, category: str) -> DeviceEventKind:
     """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
+    category = category.lower()
     if "memset" in category:
         return DeviceEventKind.MEMSET
     if "memcpy" in category:
