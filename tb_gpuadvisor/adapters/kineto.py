@@ -26,12 +26,19 @@ MEMORY_PER_JSON_BYTE = 3
 
 def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
     """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read."""
-    data = read_bytes(path, opener)
-    for stage in (data, inflate(data)):        # the file as stored, then its inflated text
-        if budget is not None and MEMORY_PER_JSON_BYTE * len(stage) > budget:
-            _refuse(len(stage), budget)
-        data = stage
-    return build(decode(data), host)
+    stored = read_bytes(path, opener)
+    _check_budget(len(stored), budget)
+    text = inflate(stored)
+    del stored
+    _check_budget(len(text), budget)
+    cols = decode(text)
+    del text            # the columns hold all that is needed: the text can go before building
+    return build(cols, host)
+
+
+def _check_budget(size: int, budget: int | None) -> None:
+    if budget is not None and MEMORY_PER_JSON_BYTE * size > budget:
+        _refuse(size, budget)
 
 
 def _refuse(size: int, budget: int) -> None:
@@ -53,15 +60,9 @@ class _Interner(dict):
         return list(self)
 
 
-def _optional_ints(values: list) -> np.ndarray:
-    """A column of ints where None (absent) is -1."""
-    return np.fromiter((-1 if v is None else int(v) for v in values), np.int64, len(values))
-
-
 def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
     """(start ps from the first event, duration ps, origin ns on the trace's absolute clock)."""
-    ts = np.asarray(cols.ts, np.float64)
-    dur = np.asarray(cols.dur, np.float64)
+    ts, dur = cols.ts, cols.dur
     if not (np.isfinite(ts).all() and np.isfinite(dur).all()):
         raise CaptureError("an event time is not a finite number; the trace is corrupt")
     first = float(ts.min())
@@ -79,6 +80,12 @@ def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.
     kinds = np.fromiter((classify(names[k % width], cats[k // width]) for k in distinct.tolist()),
                         np.int8, distinct.size)
     return kinds[inverse.reshape(-1)] if keys.size else np.empty(0, np.int8)
+
+
+def _subset(index: np.ndarray, strings: list[str]) -> tuple[list[str], np.ndarray]:
+    """(the strings INDEX uses, INDEX renumbered into them)."""
+    used, inverse = np.unique(index, return_inverse=True)
+    return [strings[i] for i in used.tolist()], inverse.reshape(-1).astype(np.int32)
 
 
 def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str) -> Device:
@@ -104,14 +111,17 @@ def build(cols: Columns, host: str) -> HostCapture:
         raise CaptureError(f"the trace holds no timed events (of its {cols.events} entries); it is not a "
                            "PyTorch profiler trace, or the profiler recorded nothing")
     start, dur, origin_ns = _times(cols)
-    names, cats = _Interner(), _Interner()
+    names, raw_cats, cats = _Interner(), _Interner(), _Interner()
     name = names.indices(cols.name)
-    cat = cats.indices([c.lower() for c in cols.cat])
+    raw_cat = raw_cats.indices(cols.cat)
+    # Categories in either spelling ("Kernel", "kernel") are one category.
+    lowered = np.fromiter((cats.setdefault(c.lower(), len(cats)) for c in raw_cats.strings), np.int32, len(raw_cats))
+    cat = lowered[raw_cat]
     cat_names, name_list = cats.strings, names.strings
     key = cat.astype(np.int64) * max(len(name_list), 1) + name
     is_device = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.DEVICE_CATEGORIES])
     is_host = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.HOST_CATEGORIES])
-    correlation = _optional_ints(cols.correlation)
+    correlation = cols.correlation
 
     host_rows = np.flatnonzero(is_host)
     host_rows = host_rows[np.argsort(start[host_rows], kind="stable")]
@@ -126,22 +136,23 @@ def build(cols: Columns, host: str) -> HostCapture:
     marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
 
-    threads = _Interner()
-    thread_names = {(str(p), str(t)): label for (p, t), label in cols.threads.items()}
-    thread = threads.indices([thread_names.get((str(cols.pid[i]), str(cols.tid[i])), f"thread {cols.tid[i]}")
-                              for i in host_rows.tolist()])
-    # Device-table names and host-table names are interned separately (each table has its own list).
-    host_names = _Interner()
+    # A thread is its tid (older traces write it as a string in events, a number in metadata).
+    tids = _Interner()
+    tid = tids.indices([str(cols.tid[i]) for i in host_rows.tolist()])
+    labels = {str(t): label for (_, t), label in cols.threads.items()}
+    threads = [labels.get(t, f"thread {t}") for t in tids.strings]
+    # Each table has its own list of names: the distinct names of its rows.
+    host_names, host_name = _subset(name[host_rows], name_list)
     activity = HostActivity(
-        host=host, start_ps=start[host_rows], dur_ps=dur[host_rows], thread=thread,
-        name=host_names.indices([name_list[i] for i in name[host_rows].tolist()]), kind=kind,
+        host=host, start_ps=start[host_rows], dur_ps=dur[host_rows], thread=tid,
+        name=host_name, kind=kind,
         step_num=step_num, is_root=kind == HostEventKind.STEP_MARKER,
         group_id=np.full(host_rows.size, -1, np.int64), correlation_id=launch_corr,
-        names=host_names.strings, threads=threads.strings, step=np.full(host_rows.size, -1, np.int32))
+        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32))
 
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
-    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor)
+    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names)
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
@@ -151,31 +162,26 @@ def build(cols: Columns, host: str) -> HostCapture:
 
 
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
-             correlation: np.ndarray, vendor: str) -> list[DeviceActivity]:
+             correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
+             name_list: list[str], cat_names: list[str]) -> list[DeviceActivity]:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
     every call of that op at once; the host table holds each op call."""
     props = {p.id: p for p in cols.devices}
-    device = np.fromiter((-1 if cols.device[i] is None else int(cols.device[i]) for i in rows.tolist()),
-                         np.int64, rows.size)
-    stream = _optional_ints([cols.stream[i] for i in rows.tolist()])
-    nbytes = np.maximum(_optional_ints([cols.nbytes[i] for i in rows.tolist()]), 0)
+    device = cols.device[rows]
     out = []
     for index in np.unique(device).tolist():
-        pick = np.flatnonzero(device == index)
-        pick = pick[np.argsort(start[rows[pick]], kind="stable")]
-        sel = rows[pick]
-        names, streams = _Interner(), _Interner()
-        event_names = [cols.name[i] for i in sel.tolist()]
-        name_idx = names.indices(event_names)
-        cats = [cols.cat[i].lower() for i in sel.tolist()]
-        kind_of = {}
-        kind = np.fromiter((kind_of.setdefault((c, n), pytorch.device_event_kind(n, c))
-                            for c, n in zip(cats, event_names)), np.int8, sel.size)
+        sel = rows[device == index]
+        sel = sel[np.argsort(start[sel], kind="stable")]
+        names, name_idx = _subset(name[sel], name_list)
+        used, stream_idx = np.unique(cols.stream[sel], return_inverse=True)
+        streams = [f"Stream #{s}" for s in used.tolist()]
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
-            kind=kind, stream=streams.indices([f"Stream #{s}" for s in stream[pick].tolist()]),
-            name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel], group_id=np.full(sel.size, -1, np.int64),
-            nbytes=nbytes[pick], details=np.full(sel.size, -1, np.int32), names=names.strings,
-            ops=[], streams=streams.strings, detail_strings=[], step=np.full(sel.size, -1, np.int32)))
+            kind=_kinds(key[sel], cat_names, name_list, pytorch.device_event_kind),
+            stream=stream_idx.reshape(-1).astype(np.int32),
+            name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel],
+            group_id=np.full(sel.size, -1, np.int64), nbytes=np.maximum(cols.nbytes[sel], 0),
+            details=np.full(sel.size, -1, np.int32), names=names, ops=[], streams=streams,
+            detail_strings=[], step=np.full(sel.size, -1, np.int32)))
     return out

@@ -14,6 +14,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import numpy as np
+
 from tb_gpuadvisor.xspace.reader import CaptureError
 
 try:
@@ -63,24 +65,52 @@ class DeviceProperties:
     sms: int | None = None
 
 
-@dataclass
+_NO_FLOATS = np.empty(0, np.float64)
+_NO_INTS = np.empty(0, np.int64)
+
+
+@dataclass(eq=False)
 class Columns:
-    """The X (complete) events of a trace, one list per field, plus what the header says."""
+    """The X (complete) events of a trace: strings as lists, numbers as arrays (-1 where an
+    event has no such arg), plus what the header says."""
 
     name: list[str] = field(default_factory=list)
     cat: list[str] = field(default_factory=list)
     pid: list[Any] = field(default_factory=list)
     tid: list[Any] = field(default_factory=list)
-    ts: list[float] = field(default_factory=list)
-    dur: list[float] = field(default_factory=list)
-    correlation: list[int | None] = field(default_factory=list)
-    device: list[int | None] = field(default_factory=list)
-    stream: list[int | None] = field(default_factory=list)
-    nbytes: list[int | None] = field(default_factory=list)
+    ts: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
+    dur: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
+    correlation: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    device: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    stream: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    nbytes: np.ndarray = field(default_factory=lambda: _NO_INTS)
     threads: dict[tuple[Any, Any], str] = field(default_factory=dict)    # (pid, tid) -> thread_name
     devices: list[DeviceProperties] = field(default_factory=list)
     base_ns: int = 0            # baseTimeNanoseconds: ts counts microseconds from it
     events: int = 0             # every event of the file, of any phase
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Columns):
+            return NotImplemented
+        return all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+                   for a, b in zip(vars(self).values(), vars(other).values()))
+
+
+def _floats(values: list) -> np.ndarray:
+    try:
+        return np.array(values, np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise CaptureError("an event time or duration is not a number; the trace is corrupt") from None
+
+
+def _ints(values: list) -> np.ndarray:
+    """An int64 column from numbers (-1: absent); values beyond int64 are a corrupt trace."""
+    try:
+        return np.array(values, np.float64).astype(np.int64) if any(isinstance(v, float) for v in values) \
+            else np.array(values, np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise CaptureError("an event's correlation, device, stream or size is out of range; "
+                           "the trace is corrupt") from None
 
 
 if msgspec is not None:
@@ -88,10 +118,10 @@ if msgspec is not None:
     _Num = Union[int, float, None]
 
     class _Args(msgspec.Struct, gc=False):
-        correlation: _Num = None
-        device: _Num = None
-        stream: _Num = None
-        bytes: _Num = None
+        correlation: _Num = -1
+        device: _Num = -1
+        stream: _Num = -1
+        bytes: _Num = -1
         name: Union[str, None] = None          # thread_name / process_name metadata
 
     class _Event(msgspec.Struct, gc=False):
@@ -140,18 +170,20 @@ def _typed(data: bytearray) -> Columns:
             complete.append(event)
         elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
             cols.threads[(event.pid, event.tid)] = event.args.name
+    del trace.traceEvents[:]
     empty = _Args()
     args = [e.args or empty for e in complete]
     cols.name = [e.name for e in complete]
     cols.cat = [e.cat or "" for e in complete]
     cols.pid = [e.pid for e in complete]
     cols.tid = [e.tid for e in complete]
-    cols.ts = [e.ts for e in complete]
-    cols.dur = [e.dur or 0 for e in complete]
-    cols.correlation = [a.correlation for a in args]
-    cols.device = [a.device for a in args]
-    cols.stream = [a.stream for a in args]
-    cols.nbytes = [a.bytes for a in args]
+    cols.ts = _floats([e.ts for e in complete])
+    cols.dur = _floats([e.dur or 0 for e in complete])
+    del complete
+    cols.correlation = _ints([-1 if a.correlation is None else a.correlation for a in args])
+    cols.device = _ints([-1 if a.device is None else a.device for a in args])
+    cols.stream = _ints([-1 if a.stream is None else a.stream for a in args])
+    cols.nbytes = _ints([-1 if a.bytes is None else a.bytes for a in args])
     cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
                                      _int(p.computeMinor), _int(p.numSms))
                     for p in trace.deviceProperties or []]
@@ -179,13 +211,12 @@ def _from_dicts(trace) -> Columns:
     cols.cat = [str(e.get("cat") or "") for e in complete]
     cols.pid = [e.get("pid") for e in complete]
     cols.tid = [e.get("tid") for e in complete]
-    cols.ts = [e["ts"] for e in complete]
-    cols.dur = [e.get("dur") or 0 for e in complete]
     number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
-    cols.correlation = [number(a, "correlation") for a in args]
-    cols.device = [number(a, "device") for a in args]
-    cols.stream = [number(a, "stream") for a in args]
-    cols.nbytes = [number(a, "bytes") for a in args]
+    cols.ts = _floats([e["ts"] for e in complete])
+    cols.dur = _floats([number(e, "dur") or 0 for e in complete])
+    for column in ("correlation", "device", "stream", "bytes"):
+        values = _ints([-1 if number(a, column) is None else number(a, column) for a in args])
+        setattr(cols, "nbytes" if column == "bytes" else column, values)
     props = trace.get("deviceProperties")
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict):
