@@ -51,15 +51,19 @@ def adapter_for(file_name: str) -> Adapter | None:
     return next((a for a in ADAPTERS if a.claims(file_name)), None)
 
 
-# torch.profiler.tensorboard_trace_handler names files "<worker>.<epoch ms>.pt.trace.json[.gz]".
-_WORKER_STAMP = re.compile(r"^(?P<worker>.+)\.(?P<ms>\d{12,14})$")
+# torch.profiler.tensorboard_trace_handler names files "<worker>.<epoch time>.pt.trace.json[.gz]":
+# the time in ms (PyTorch 1.x, 13 digits) or in ns (PyTorch 2.x, 19 digits).
+_WORKER_STAMP = re.compile(r"^(?P<worker>.+)\.(?P<stamp>\d{12,14}|\d{18,20})$")
 
 
 def kineto_worker(file_name: str) -> tuple[str, int | None]:
     """(host name, epoch ms the profiling cycle was written, or None) of a Kineto trace file."""
     stem = KINETO.stem(file_name)
     match = _WORKER_STAMP.match(stem)
-    return (match.group("worker"), int(match.group("ms"))) if match else (stem, None)
+    if not match:
+        return stem, None
+    stamp = match.group("stamp")
+    return match.group("worker"), int(stamp) // (1_000_000 if len(stamp) >= 18 else 1)
 
 
 def opens_in_xprof(path: str) -> bool:

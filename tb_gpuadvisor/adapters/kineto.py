@@ -52,8 +52,10 @@ def _refuse(size: int, budget: int) -> None:
 class _Interner(dict):
     """Strings to dense indices in first-seen order."""
 
-    def indices(self, values) -> np.ndarray:
-        return np.fromiter((self.setdefault(v, len(self)) for v in values), np.int32, len(values))
+    def indices(self, values: list) -> np.ndarray:
+        for value in dict.fromkeys(values):         # the new distinct values, at C speed
+            self.setdefault(value, len(self))
+        return np.fromiter(map(self.__getitem__, values), np.int32, len(values))
 
     @property
     def strings(self) -> list[str]:
@@ -137,10 +139,10 @@ def build(cols: Columns, host: str) -> HostCapture:
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
 
     # A thread is its tid (older traces write it as a string in events, a number in metadata).
-    tids = _Interner()
-    tid = tids.indices([str(cols.tid[i]) for i in host_rows.tolist()])
+    all_tids = _Interner()
+    tid_names, tid = _subset(all_tids.indices(cols.tid)[host_rows], [str(t) for t in all_tids.strings])
     labels = {str(t): label for (_, t), label in cols.threads.items()}
-    threads = [labels.get(t, f"thread {t}") for t in tids.strings]
+    threads = [labels.get(t, f"thread {t}") for t in tid_names]
     # Each table has its own list of names: the distinct names of its rows.
     host_names, host_name = _subset(name[host_rows], name_list)
     activity = HostActivity(

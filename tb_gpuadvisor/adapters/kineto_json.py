@@ -106,8 +106,7 @@ def _floats(values: list) -> np.ndarray:
 def _ints(values: list) -> np.ndarray:
     """An int64 column from numbers (-1: absent); values beyond int64 are a corrupt trace."""
     try:
-        return np.array(values, np.float64).astype(np.int64) if any(isinstance(v, float) for v in values) \
-            else np.array(values, np.int64)
+        return np.array(values, np.int64)
     except (TypeError, ValueError, OverflowError):
         raise CaptureError("an event's correlation, device, stream or size is out of range; "
                            "the trace is corrupt") from None
@@ -116,12 +115,13 @@ def _ints(values: list) -> np.ndarray:
 if msgspec is not None:
     _Id = Union[int, str, None]
     _Num = Union[int, float, None]
+    _Arg = Union[int, float]        # an explicit null is another shape: the generic path reads it
 
     class _Args(msgspec.Struct, gc=False):
-        correlation: _Num = -1
-        device: _Num = -1
-        stream: _Num = -1
-        bytes: _Num = -1
+        correlation: _Arg = -1
+        device: _Arg = -1
+        stream: _Arg = -1
+        bytes: _Arg = -1
         name: Union[str, None] = None          # thread_name / process_name metadata
 
     class _Event(msgspec.Struct, gc=False):
@@ -180,10 +180,10 @@ def _typed(data: bytearray) -> Columns:
     cols.ts = _floats([e.ts for e in complete])
     cols.dur = _floats([e.dur or 0 for e in complete])
     del complete
-    cols.correlation = _ints([-1 if a.correlation is None else a.correlation for a in args])
-    cols.device = _ints([-1 if a.device is None else a.device for a in args])
-    cols.stream = _ints([-1 if a.stream is None else a.stream for a in args])
-    cols.nbytes = _ints([-1 if a.bytes is None else a.bytes for a in args])
+    cols.correlation = _ints([a.correlation for a in args])
+    cols.device = _ints([a.device for a in args])
+    cols.stream = _ints([a.stream for a in args])
+    cols.nbytes = _ints([a.bytes for a in args])
     cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
                                      _int(p.computeMinor), _int(p.numSms))
                     for p in trace.deviceProperties or []]
