@@ -305,3 +305,31 @@ def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(t
     fixed_input = next(f for f in fixed["findings"] if f["check"] == "input_bound")
     assert fixed["findings"][0]["check"] != "input_bound" and fixed_input["severity"] != "critical"
     assert fixed_input["metrics"]["input_percent"] < first["metrics"]["input_percent"] / 3
+
+
+def test_first_use_costs_make_the_step_a_warm_up_not_launch_overhead(tmp_path):
+    """One step whose first kernel's launch took 30 ms (lazy module loading) and whose host made
+    300 cudaFuncGetAttributes calls of 20 us: 36 ms of first-use set-up in a ~45 ms step."""
+    trace = kineto_trace(steps=1, kernels=10)
+    events = trace["traceEvents"]
+    launch = next(e for e in events if e.get("name") == "cudaLaunchKernel")
+    launch["dur"] = 30_000.0
+    step = next(e for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaFuncGetAttributes", "pid": 1, "tid": 7,
+                "ts": step["ts"] + 1 + i * 0.02, "dur": 0.02} for i in range(300)]
+    step["dur"] += 30_000.0
+    for e in events:
+        if e is not launch and e.get("ts", 0) > launch["ts"] and e is not step and e["ph"] == "X":
+            e["ts"] += 30_000.0
+    write_trace(tmp_path / "run" / "w.pt.trace.json", trace)
+    capture = kineto.read(str(tmp_path / "run" / "w.pt.trace.json"), "w")
+    act = capture.activity
+    first_use = act.kind == HostEventKind.FIRST_USE
+    assert int(first_use.sum()) == 301 and int(act.correlation_id[first_use].max()) >= 0
+    session = _session(tmp_path / "run")
+    reasons = session["trust"]["single_step"]["atypical_because"]
+    assert any("first-use set-up" in r and "warm-up" in r for r in reasons)
+    launch_finding = next(f for f in session["findings"] if f["check"] == "kernel_launch")
+    assert launch_finding["severity"] in ("ok", "info") or launch_finding["confidence"] == "low"
+    quality = next(f for f in session["findings"] if f["check"] == "profile_quality")
+    assert any("torch.profiler.schedule(wait=" in fix["code"] for fix in quality["fixes"])

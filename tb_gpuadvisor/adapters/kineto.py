@@ -77,17 +77,43 @@ def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
 
 def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.ndarray:
     """CLASSIFY(name, category) once per distinct (category, name) pair of KEYS."""
-    distinct, inverse = np.unique(keys, return_inverse=True)
+    distinct, inverse = _renumber(keys)
     width = max(len(names), 1)
     kinds = np.fromiter((classify(names[k % width], cats[k // width]) for k in distinct.tolist()),
                         np.int8, distinct.size)
-    return kinds[inverse.reshape(-1)] if keys.size else np.empty(0, np.int8)
+    return kinds[inverse] if keys.size else np.empty(0, np.int8)
+
+
+def _carried_by(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Per id: does KNOWN hold it (negative ids, "none", never)."""
+    known = np.sort(known)
+    if not known.size:
+        return np.zeros(ids.size, bool)
+    at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+    return (ids >= 0) & (known[at] == ids)
+
+
+def _category_mask(cat_names: list[str], wanted: frozenset[str]) -> np.ndarray:
+    """Per category index: is it one of WANTED."""
+    return np.fromiter((c in wanted for c in cat_names), bool, len(cat_names))
 
 
 def _subset(index: np.ndarray, strings: list[str]) -> tuple[list[str], np.ndarray]:
     """(the strings INDEX uses, INDEX renumbered into them)."""
-    used, inverse = np.unique(index, return_inverse=True)
-    return [strings[i] for i in used.tolist()], inverse.reshape(-1).astype(np.int32)
+    used, inverse = _renumber(index)
+    return [strings[i] for i in used.tolist()], inverse
+
+
+def _renumber(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct VALUES in order, VALUES as indices into them): np.unique's answer, counted in
+    a dense table when the values are small non-negative ints (interned ids), without a sort."""
+    if values.size and int(values.min()) >= 0 and int(values.max()) < 1 << 24:
+        used = np.flatnonzero(np.bincount(values))
+        position = np.zeros(int(values.max()) + 1, np.int32)
+        position[used] = np.arange(used.size, dtype=np.int32)
+        return used, position[values]
+    used, inverse = np.unique(values, return_inverse=True)
+    return used, inverse.reshape(-1).astype(np.int32)
 
 
 def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str) -> Device:
@@ -121,8 +147,8 @@ def build(cols: Columns, host: str) -> HostCapture:
     cat = lowered[raw_cat]
     cat_names, name_list = cats.strings, names.strings
     key = cat.astype(np.int64) * max(len(name_list), 1) + name
-    is_device = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.DEVICE_CATEGORIES])
-    is_host = np.isin(cat, [i for i, c in enumerate(cat_names) if c in pytorch.HOST_CATEGORIES])
+    is_device = _category_mask(cat_names, pytorch.DEVICE_CATEGORIES)[cat]
+    is_host = _category_mask(cat_names, pytorch.HOST_CATEGORIES)[cat]
     correlation = cols.correlation
 
     host_rows = np.flatnonzero(is_host)
@@ -130,10 +156,13 @@ def build(cols: Columns, host: str) -> HostCapture:
     kind = _kinds(key[host_rows], cat_names, name_list, pytorch.host_event_kind)
     # A runtime call whose correlation id a device event carries put that work on the GPU.
     dev_rows = np.flatnonzero(is_device)
-    launched = np.isin(correlation[host_rows], correlation[dev_rows]) & (correlation[host_rows] >= 0)
-    runtime = np.isin(cat[host_rows], [i for i, c in enumerate(cat_names) if c in pytorch.RUNTIME_CATEGORIES])
+    launched = _carried_by(correlation[host_rows], correlation[dev_rows])
+    runtime = _category_mask(cat_names, pytorch.RUNTIME_CATEGORIES)[cat[host_rows]]
     kind = np.where(launched & runtime, np.int8(HostEventKind.LAUNCH), kind)
     launch_corr = np.where(kind == HostEventKind.LAUNCH, correlation[host_rows], -1)
+    # A launch of many ms loaded its kernel first: set-up, not the cost of launching.
+    first_use = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
+    kind = np.where(first_use, np.int8(HostEventKind.FIRST_USE), kind)
     step_num = np.full(host_rows.size, -1, np.int64)
     marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
@@ -176,12 +205,12 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         sel = rows[device == index]
         sel = sel[np.argsort(start[sel], kind="stable")]
         names, name_idx = _subset(name[sel], name_list)
-        used, stream_idx = np.unique(cols.stream[sel], return_inverse=True)
+        used, stream_idx = _renumber(cols.stream[sel])
         streams = [f"Stream #{s}" for s in used.tolist()]
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
             kind=_kinds(key[sel], cat_names, name_list, pytorch.device_event_kind),
-            stream=stream_idx.reshape(-1).astype(np.int32),
+            stream=stream_idx,
             name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel],
             group_id=np.full(sel.size, -1, np.int64), nbytes=np.maximum(cols.nbytes[sel], 0),
             details=np.full(sel.size, -1, np.int32), names=names, ops=[], streams=streams,

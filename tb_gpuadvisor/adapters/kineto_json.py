@@ -104,10 +104,14 @@ def _floats(values: list) -> np.ndarray:
 
 
 def _ints(values: list) -> np.ndarray:
-    """An int64 column from numbers (-1: absent); values beyond int64 are a corrupt trace."""
+    """An int64 column from numbers (-1: absent, or not a number: some runtime calls write their
+    byte count as text); values beyond int64 are a corrupt trace."""
     try:
         return np.array(values, np.int64)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError):
+        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else -1 for v in values]
+        return _ints(values)
+    except OverflowError:
         raise CaptureError("an event's correlation, device, stream or size is out of range; "
                            "the trace is corrupt") from None
 
@@ -115,7 +119,7 @@ def _ints(values: list) -> np.ndarray:
 if msgspec is not None:
     _Id = Union[int, str, None]
     _Num = Union[int, float, None]
-    _Arg = Union[int, float]        # an explicit null is another shape: the generic path reads it
+    _Arg = Union[int, float, str]   # an explicit null is another shape: the generic path reads it
 
     class _Args(msgspec.Struct, gc=False):
         correlation: _Arg = -1

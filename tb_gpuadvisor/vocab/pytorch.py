@@ -45,6 +45,10 @@ SYNC_OPS = re.compile(r"^aten::(item|_local_scalar_dense)$")
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
 
+# A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
+# warmed-up launch takes microseconds.
+FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
+
 # Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
 # between GPUs; counting them as compute would hide a communication bottleneck.
 _COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
@@ -77,6 +81,8 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
         return HostEventKind.INPUT_WAIT
     if _INPUT_STAGE.search(name):
         return HostEventKind.INPUT_STAGE
+    if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
+        return HostEventKind.FIRST_USE
     if category in RUNTIME_CATEGORIES:
         return HostEventKind.LAUNCH if _LAUNCH.match(name) else HostEventKind.OTHER
     if category in ("cpu_op", "operator"):
