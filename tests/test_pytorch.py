@@ -206,11 +206,12 @@ def test_vocabulary_classifies_collectives_copies_and_syncs():
     assert pytorch.device_event_kind("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy") is DeviceEventKind.MEMCPY_H2D
     assert pytorch.device_event_kind("Memcpy DtoH (Device -> Pinned)", "Memcpy") is DeviceEventKind.MEMCPY_D2H
     assert pytorch.device_event_kind("Memset (Device)", "gpu_memset") is DeviceEventKind.MEMSET
-    assert pytorch.is_pageable_copy("Memcpy HtoD (Pageable -> Device)")
-    assert pytorch.is_sync_call("cudaStreamSynchronize") and pytorch.is_sync_call("hipDeviceSynchronize")
-    assert not pytorch.is_sync_call("cudaLaunchKernel")
-    assert pytorch.is_launch_call("cudaGraphLaunch") and pytorch.is_launch_call("hipModuleLaunchKernel")
-    assert pytorch.is_warm_up_call("cudaFuncGetAttributes")
+    for launch in ("cudaLaunchKernel", "cudaGraphLaunch", "hipModuleLaunchKernel", "cuLaunchKernelEx",
+                   "hipExtModuleLaunchKernel", "cudaMemcpyAsync"):
+        assert pytorch.host_event_kind(launch, "cuda_runtime") is HostEventKind.LAUNCH
+    assert pytorch.host_event_kind("cudaStreamSynchronize", "Runtime") is HostEventKind.OTHER
+    assert pytorch.host_event_kind("cudaFuncGetAttributes", "cuda_runtime") is HostEventKind.FIRST_USE
+    assert pytorch.host_event_kind("aten::conv2d", "cpu_op") is HostEventKind.FRAMEWORK_OP
     assert pytorch.host_event_kind("ProfilerStep#12", "user_annotation") is HostEventKind.STEP_MARKER
     assert pytorch.host_event_kind(
         "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "user_annotation") is HostEventKind.INPUT_WAIT
@@ -333,3 +334,18 @@ def test_first_use_costs_make_the_step_a_warm_up_not_launch_overhead(tmp_path):
     assert launch_finding["severity"] in ("ok", "info") or launch_finding["confidence"] == "low"
     quality = next(f for f in session["findings"] if f["check"] == "profile_quality")
     assert any("torch.profiler.schedule(wait=" in fix["code"] for fix in quality["fixes"])
+
+
+def test_remote_pytorch_run_is_found_and_read():
+    """A PyTorch run in an fsspec store (memory://) is found and read like a local one."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/torchlogs/run_a/w.1700000000000.pt.trace.json", json.dumps(kineto_trace()).encode())
+    try:
+        (ref,) = find_sessions("memory://torchlogs")
+        assert (ref.run, ref.hosts) == ("run_a", ("w",))
+        session = build_report([ref])["sessions"][0]
+        assert session["steps"]["count"] == 4 and not session["errors"]
+        assert resolve_session("memory://torchlogs", "run_a", ref.session).hosts == ("w",)
+    finally:
+        fs.rm("/torchlogs", recursive=True)

@@ -2,9 +2,11 @@
 
 Facts read from the traces in ``../shared/corpus/pytorch-*`` (PyTorch 1.8 to 2.8, CUDA and
 ROCm): the category spellings of each Kineto version, the step annotation, the DataLoader's
-annotations, the CUDA/HIP runtime calls that launch work or wait for the device, the
-communication kernels of NCCL, RCCL, DeepEP and NVSHMEM, and the calls a first iteration makes
-(lazy module loading, kernel attribute queries) that a warmed-up one does not.
+annotations, the CUDA/HIP runtime calls that launch work, the communication kernels of NCCL,
+RCCL, DeepEP and NVSHMEM, and the calls a first iteration makes (lazy module loading, kernel
+attribute queries) that a warmed-up one does not.  Calls that wait for the device
+(``cudaStreamSynchronize``, ``hipDeviceSynchronize``) are found by name by the replay
+(attribution/replay.py), whatever the framework.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "
 HOST_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime",
                              "cuda_driver", "python_function"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
-# The device-side twin of an annotation: never the step, never device work.
-GPU_ANNOTATION = "gpu_user_annotation"
+# Neither set holds "gpu_user_annotation", the device-side twin of an annotation: it is never the
+# step (ProfilerStep#N there spans the GPU work, not the step the user pays) nor device work.
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 STEP_SOURCE = "profiler_step"
@@ -36,11 +38,6 @@ _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_m
 # driver, HIP and its module/extension launchers).
 _LAUNCH = re.compile(r"^(cuda|cu|hip|hipModule|hipExtModule)(LaunchKernel|LaunchKernelExC|LaunchKernelEx|"
                      r"LaunchCooperativeKernel|GraphLaunch|Memcpy|Memset)")
-# Calls that block the host until the device has finished (a sync cudaMemcpy also does).
-_SYNC = re.compile(r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|StreamWaitEvent)$|"
-                   r"^cu(StreamSynchronize|CtxSynchronize|EventSynchronize)$|^(cuda|hip)Memcpy$")
-# Ops that copy a device value to the host and so wait for the device (``.item()``, ``.cpu()``).
-SYNC_OPS = re.compile(r"^aten::(item|_local_scalar_dense)$")
 # Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
@@ -52,11 +49,6 @@ FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
 # Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
 # between GPUs; counting them as compute would hide a communication bottleneck.
 _COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
-# 64-bit math kernels (cuBLAS dgemm, templated kernels on double).
-FP64_KERNEL = re.compile(r"dgemm|zgemm|\bdouble\b|<double|_fp64|f64", re.IGNORECASE)
-# Training-mode kernels that an inference region must not run (model.eval() forgotten).
-TRAINING_ONLY_KERNEL = re.compile(r"fused_dropout|dropout_kernel|batch_norm_collect_statistics|"
-                                  r"bn_fw_tr_|batchnorm_fwd_tr", re.IGNORECASE)
 
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
 HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
@@ -96,18 +88,6 @@ def loads_in_process(input_wait: str) -> bool:
     return "_SingleProcessDataLoaderIter" in input_wait
 
 
-def is_sync_call(name: str) -> bool:
-    return bool(_SYNC.match(name))
-
-
-def is_warm_up_call(name: str) -> bool:
-    return bool(_WARM_UP.match(name))
-
-
-def is_launch_call(name: str) -> bool:
-    return bool(_LAUNCH.match(name))
-
-
 def device_event_kind(name: str, category: str) -> DeviceEventKind:
     """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
     category = category.lower()
@@ -121,12 +101,6 @@ def device_event_kind(name: str, category: str) -> DeviceEventKind:
     if _COLLECTIVE.search(name):
         return DeviceEventKind.COLLECTIVE
     return DeviceEventKind.KERNEL
-
-
-def is_pageable_copy(name: str) -> bool:
-    """A copy from or to pageable host memory (``Memcpy HtoD (Pageable -> Device)``): the driver
-    stages it through a pinned buffer, and the host waits for it."""
-    return "Pageable" in name
 
 
 def vendor_of(runtime_names: list[str], device_name: str | None) -> str:
