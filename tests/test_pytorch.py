@@ -349,3 +349,21 @@ def test_remote_pytorch_run_is_found_and_read():
         assert resolve_session("memory://torchlogs", "run_a", ref.session).hosts == ("w",)
     finally:
         fs.rm("/torchlogs", recursive=True)
+
+
+def test_the_tab_lists_and_reports_a_pytorch_run_beside_a_tf_run(tmp_path, corpus):
+    """The plugin's service (what the Advisor tab asks) lists both runs and analyses the PyTorch one."""
+    from tb_gpuadvisor import service
+
+    write_trace(tmp_path / "torch_run" / "w.1700000000000.pt.trace.json", kineto_trace(input_us=3000))
+    tf = tmp_path / "tf_run" / "plugins" / "profile" / "2024_01_01_00_00_00"
+    tf.mkdir(parents=True)
+    (tf / "host.xplane.pb").write_bytes(next((corpus / "keras-cpu-macbook").glob("**/*.xplane.pb")).read_bytes())
+    svc = service.AdvisorService(service.roots_from_flags(str(tmp_path), None), wait_s=60)
+    try:
+        runs = {r["run"]: r for r in svc.runs()}
+        assert set(runs) == {"torch_run", "tf_run"}
+        report = svc.report("torch_run", runs["torch_run"]["session"])
+        assert report["framework"] == "pytorch" and report["findings"][0]["check"] == "input_bound"
+    finally:
+        svc.close()
