@@ -78,9 +78,10 @@ def _inferred(hosts: list[HostCapture]) -> Steps | None:
     if framework(hosts) == "jax":
         return _jax_inferred(hosts)
     if framework(hosts) == pytorch.FRAMEWORK:
-        # Eager PyTorch has no function runs to repeat: without ProfilerStep#N the capture is
-        # judged on the span of its device work (the host's set-up before it is not a step).
-        return _window(hosts)
+        # Eager PyTorch has no function runs to repeat: without ProfilerStep#N, iterations run
+        # from one optimizer step's end to the next one's; with fewer than two optimizer steps
+        # the capture is judged on the span of its device work (the host's set-up is not a step).
+        return _optimizer_iterations(hosts) or _window(hosts)
     best: tuple[int, int, np.ndarray, np.ndarray, str] | None = None
     for hc in hosts:
         act = hc.activity
@@ -192,6 +193,20 @@ def _jax_inferred(hosts: list[HostCapture]) -> Steps | None:
         return Steps("inferred_device" if best.on_device else "inferred", np.arange(start.size, dtype=np.int64),
                      start, end, np.full(start.size, -1, np.int64), best.name)
     return _window(hosts)
+
+
+def _optimizer_iterations(hosts: list[HostCapture]) -> Steps | None:
+    """Iterations between the ends of consecutive ``Optimizer.step#...`` calls (of the first host
+    that has at least three, i.e. two whole iterations)."""
+    for hc in hosts:
+        act = hc.activity
+        ids = [i for i, n in enumerate(act.names) if pytorch.is_optimizer_step(n)]
+        pick = np.isin(act.name, ids)
+        if int(pick.sum()) >= 3:
+            ends = np.sort(act.end_ps[pick])
+            return Steps("inferred", np.arange(ends.size - 1, dtype=np.int64), ends[:-1], ends[1:],
+                         np.full(ends.size - 1, -1, np.int64), act.names[ids[0]])
+    return None
 
 
 def _window(hosts: list[HostCapture]) -> Steps:

@@ -27,6 +27,9 @@ RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 STEP_SOURCE = "profiler_step"
+# torch.optim records every optimizer.step() call as "Optimizer.step#SGD.step": once per
+# training iteration, so its repeats mark iterations when prof.step() was never called.
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#\w+\.step$")
 
 # enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ (1.8+) and the Python frame of
 # the same call when the trace has stacks (torch/utils/data/dataloader.py(703): __next__).
@@ -62,6 +65,10 @@ def step_number(name: str) -> int | None:
 
 def is_step_marker(name: str) -> bool:
     return step_number(name) is not None
+
+
+def is_optimizer_step(name: str) -> bool:
+    return bool(_OPTIMIZER_STEP.match(name))
 
 
 def host_event_kind(name: str, category: str) -> HostEventKind:
