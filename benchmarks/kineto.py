@@ -40,6 +40,8 @@ def _child(mode: str, path: str, backend: str = "") -> dict:
         "from tb_gpuadvisor.multihost.engine import LocalEngine\n"
         "from tb_gpuadvisor.xspace.reader import read_bytes\n"
         f"mode, path, backend = {mode!r}, {path!r}, {backend!r}\n"
+        "import resource\n"
+        "ready = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "t, cpu = time.perf_counter(), time.process_time()\n"
         "if mode == 'decode':\n"
         "    data = inflate(read_bytes(path)); t, cpu = time.perf_counter(), time.process_time()\n"
@@ -49,22 +51,13 @@ def _child(mode: str, path: str, backend: str = "") -> dict:
         "else:\n"
         "    with LocalEngine(workers=1) as engine:\n"
         "        build_report(find_sessions(path), engine=engine)\n"
-        "import resource\n"
-        "print(time.perf_counter() - t, time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "print(time.perf_counter() - t, time.process_time() - cpu, ready, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
-    seconds, cpu, peak_kb = out.stdout.split()[-3:]
-    return {"seconds": float(seconds), "cpu_seconds": float(cpu), "peak_mb": int(peak_kb) / 1024}
-
-
-def _baseline_mb() -> float:
-    """Peak RSS of the interpreter with the package imported (reported beside the peaks)."""
-    code = ("import resource, tb_gpuadvisor.adapters.kineto, tb_gpuadvisor.multihost, tb_gpuadvisor.report\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
-    return int(out.stdout.split()[-1]) / 1024
+    seconds, cpu, ready_kb, peak_kb = out.stdout.split()[-4:]
+    return {"seconds": float(seconds), "cpu_seconds": float(cpu), "peak_mb": int(peak_kb) / 1024,
+            "ready_mb": int(ready_kb) / 1024}
 
 
 def json_size(path: Path) -> int:
@@ -115,13 +108,14 @@ def measure(path: Path, modes: tuple[str, ...]) -> dict:
                 got = _child("decode", str(path), backend)
                 row[f"decode_{backend}_mb_s"] = size / 1e6 / got["cpu_seconds"]
         else:
-            target = str(path.parent) if mode == "analyze" else str(path)
-            got = _child(mode, target)
+            got = _child(mode, str(path))       # one file: a session of that rank alone
             row[f"{mode}_mb_s"] = size / 1e6 / got["cpu_seconds"]     # per CPU second: the machine is shared
             row[f"{mode}_wall_mb_s"] = size / 1e6 / got["seconds"]
             row[f"{mode}_s"] = got["seconds"]
             row[f"{mode}_peak_mb"] = got["peak_mb"]
             row[f"{mode}_rss_x"] = got["peak_mb"] * 2**20 / size
+            # What the work itself added to the peak, above the interpreter with its imports.
+            row[f"{mode}_added_x"] = (got["peak_mb"] - got["ready_mb"]) * 2**20 / size
     return row
 
 
@@ -132,7 +126,6 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.0, help="size of the tiled trace (0: none)")
     parser.add_argument("--skip-corpus", action="store_true")
     args = parser.parse_args()
-    base = _baseline_mb()
     rows = []
     if not args.skip_corpus:
         for path in sorted(CORPUS.glob("pytorch-*/**/*.pt.trace.json*")):
@@ -147,7 +140,6 @@ def main() -> None:
             print(f"tiled {json_size(path) / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", flush=True)
             rows.append(measure(path, ("decode", "read", "analyze")))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"baseline RSS (interpreter and package): {base:.0f} MB")
 
 
 if __name__ == "__main__":
