@@ -226,8 +226,10 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
                             "confidence; profile later batches.", STEP_WINDOW))
     elif n == 1:
         issues.append(Issue(Severity.INFO, "One step captured",
-                            "The capture holds one step (the Keras callback profiles batch 2 by default). "
-                            "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
+                            "The capture holds one step"
+                            + (". " if model.framework == "pytorch" else
+                               " (the Keras callback profiles batch 2 by default). ")
+                            + "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
                             "its own; a few more steps would show how much steps vary.", STEP_WINDOW))
     elif n == 2:
         issues.append(Issue(Severity.WARNING, "Only 2 steps count",
