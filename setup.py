@@ -18,18 +18,22 @@ TEST_REQUIRES = [
     *TF_CPU,
     "jax>=0.4.20",
     *DASK,
+    "torch>=2.0",       # the default Linux wheel: tests profile a tiny CPU training loop
+    "orjson>=3.9",      # the Kineto reader's fallback decoder, compared with msgspec in tests
 ]
 
 setup(
     name="tb-gpuadvisor",
     version="0.1.0",
-    description="TensorBoard Advisor tab: ranked GPU performance fixes from TensorFlow/JAX profiles",
+    description="TensorBoard Advisor tab: ranked GPU performance fixes from TensorFlow/JAX/PyTorch profiles",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=[
         "tb_gpuadvisor",
         "tb_gpuadvisor.xspace",
+        "tb_gpuadvisor.adapters",
+        "tb_gpuadvisor.vocab",
         "tb_gpuadvisor.model",
         "tb_gpuadvisor.trust",
         "tb_gpuadvisor.attribution",
@@ -49,6 +53,7 @@ setup(
         "protobuf>=4.21",
         "numpy>=1.23",
         "werkzeug>=2.0",
+        "msgspec>=0.18",    # PyTorch (Kineto JSON) traces: typed decoding, see benchmarks/README.md
     ],
     extras_require={
         # `make demo` picks one: demo (CPU-only TensorFlow) or demo-gpu (TensorFlow with CUDA).

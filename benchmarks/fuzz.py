@@ -1,7 +1,9 @@
 """Differential fuzzing of the two plane decoders (C and pure Python).
 
 Seeds are synthetic captures (tests/synth.py) and, when present, the small real
-captures of the shared corpus.  Each input is a seed mutated by byte flips, cuts,
+captures of the shared corpus.  A second target is the PyTorch (Kineto JSON) reader: mutated
+and cut traces (synthetic ones and the small corpus ones) must give host tables or a
+CaptureError, never another exception (``run_kineto``).  Each input is a seed mutated by byte flips, cuts,
 duplicated slices or inserted varints; every plane is then decoded by both
 decoders, which must agree: the same columns, or both a CaptureError.  Anything
 else (another exception, a crash, a disagreement) fails.
@@ -120,13 +122,60 @@ def run(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
     return tried, failures
 
 
+def kineto_seeds() -> list[bytes]:
+    import gzip
+    import json
+
+    from synth_kineto import kineto_trace
+
+    found = [json.dumps(kineto_trace(steps=2, kernels=6, input_us=50)).encode(),
+             json.dumps(kineto_trace(steps=2, kernels=4, old=True)).encode()]
+    if CORPUS.is_dir():
+        found += [gzip.decompress(p.read_bytes()) for p in sorted(CORPUS.glob("pytorch-*/**/*.pt.trace.json.gz"))
+                  if p.stat().st_size <= MAX_SEED_BYTES]
+    return found
+
+
+def kineto_outcome(data: bytes) -> str | None:
+    """None when the reader made tables or said why not (CaptureError); else what went wrong."""
+    from tb_gpuadvisor.adapters.kineto import build
+    from tb_gpuadvisor.adapters.kineto_json import decode
+
+    try:
+        build(decode(bytearray(data)), "h")
+    except CaptureError:
+        pass
+    except Exception as err:        # noqa: BLE001 - anything else is the bug this hunts
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def run_kineto(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
+    """(inputs tried, failures) of the Kineto reader on mutated traces."""
+    pool = kineto_seeds()
+    rng = random.Random(seed)
+    deadline = time.monotonic() + seconds
+    failures: list[str] = []
+    tried = 0
+    while tried < inputs and time.monotonic() < deadline:
+        seed_data = rng.choice(pool)
+        data = mutate(seed_data, rng) if rng.random() < 0.8 else seed_data[:rng.randrange(len(seed_data))]
+        tried += 1
+        problem = kineto_outcome(data)
+        if problem:
+            failures.append(f"kineto input {tried} (seed {seed}): {problem}")
+    return tried, failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--inputs", type=int, default=10**9)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    tried, failures = run(args.inputs, args.seconds, args.seed)
+    tried, failures = run(args.inputs, args.seconds / 2, args.seed)
+    more, kineto_failures = run_kineto(args.inputs, args.seconds / 2, args.seed)
+    tried, failures = tried + more, failures + kineto_failures
     for line in failures[:20]:
         print(line)
     print(f"{tried} inputs, {len(failures)} disagreements")

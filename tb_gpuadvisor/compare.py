@@ -42,6 +42,10 @@ NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitt
 STEP_NOISE_FLOOR_PERCENT = 10.0
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
+# Where the primary device's step went (breakdown.per_device, ms per step), for "what grew".
+# Collectives are their whole time (the collectives check's), overlapped with compute or not.
+DEVICE_PARTS = (("compute_ms", "kernel compute"), ("collectives", "collectives (NCCL/RCCL)"),
+                ("copy_ms", "copies"), ("idle_ms", "GPU idle"))
 
 
 def _weight(severity: str | None) -> int:
@@ -105,6 +109,27 @@ def _metric_deltas(base: dict | None, new: dict | None) -> dict[str, float]:
     return {key: round(new["metrics"][key] - value, 3)
             for key, value in base["metrics"].items()
             if _number(value) and _number(new["metrics"].get(key))}
+
+
+def _device_time(session: dict) -> dict[str, float]:
+    """DEVICE_PARTS of SESSION's primary device, ms per step (empty without a device breakdown)."""
+    breakdown = session.get("breakdown") or {}
+    device = next((p for p in breakdown.get("per_device", []) if p.get("device") == breakdown.get("device")), None)
+    if device is None:
+        return {}
+    collectives = next((f for f in session.get("findings", []) if f["check"] == "collectives"), None)
+    parts = dict(device, collectives=_time_ms("collectives", collectives) if collectives else device.get("collective_ms"))
+    return {label: float(parts[key]) for key, label in DEVICE_PARTS if _number(parts.get(key))}
+
+
+def _device_deltas(base: dict, new: dict, divisors: tuple[float, float]) -> list[dict]:
+    """How each part of the device's step changed, largest change first."""
+    before, after = _device_time(base), _device_time(new)
+    rows = [{"part": label, "base_ms": round(before[label] / divisors[0], 3),
+             "new_ms": round(after[label] / divisors[1], 3)} for label in before if label in after]
+    for row in rows:
+        row["delta_ms"] = round(row["new_ms"] - row["base_ms"], 3)
+    return sorted(rows, key=lambda row: -abs(row["delta_ms"]))
 
 
 def _savings(finding: dict | None) -> float:
@@ -195,6 +220,7 @@ def compare_sessions(base: dict, new: dict) -> dict:
         "step_time_delta_percent": delta_percent,
         "step_status": step_status,
         "checks": checks,
+        "device_time": _device_deltas(base, new, divisors),
         "regressions": sum(c["status"] in ("new", "worse") for c in checks) + (step_status == "worse"),
     }
 
@@ -240,6 +266,15 @@ def _step_line(result: dict) -> str:
             f"±{result['noise_band']:.2f} {result['unit']})")
 
 
+def _device_line(result: dict) -> str | None:
+    """"What grew: kernel compute +44.5 ms/step (46.9 -> 91.4), ...": the device's step parts."""
+    grew = [row for row in result.get("device_time", []) if row["delta_ms"] > 0]
+    if not grew:
+        return None
+    return "What grew: " + ", ".join(f"{row['part']} +{row['delta_ms']:.2f} {result['unit']} "
+                                     f"({row['base_ms']:.2f} -> {row['new_ms']:.2f})" for row in grew)
+
+
 def _value(value) -> str:
     if value is None:
         return "-"
@@ -264,7 +299,8 @@ def _ordered(result: dict) -> list[dict]:
 def render_comparison_text(result: dict) -> str:
     """A terminal summary: one line per check, changes first."""
     head = f"{_label(result['base'])} -> {_label(result['new'])}"
-    lines = [head, _step_line(result), f"Regressions: {result['regressions']}", ""]
+    lines = [head, _step_line(result), *filter(None, [_device_line(result)]),
+             f"Regressions: {result['regressions']}", ""]
     for c in _ordered(result):
         severity = f"{c['base_severity'] or '-'} -> {c['new_severity'] or '-'}"
         lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<24} "
@@ -277,6 +313,7 @@ def render_comparison_markdown(result: dict) -> str:
     base, new = md_escape(_label(result["base"])), md_escape(_label(result["new"]))
     lines = [f"### GPU Advisor: {base} -> {new}", "",
              f"**{_step_line(result)}**", "",
+             *([_device_line(result), ""] if _device_line(result) else []),
              f"**Regressions: {result['regressions']}**", "",
              f"| status | check | severity | time ({result['unit']}) and share | saving change (ms/step) |",
              "|---|---|---|---|---|"]

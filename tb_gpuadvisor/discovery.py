@@ -1,9 +1,13 @@
-"""Finding profile sessions: ``<logdir>/<run>/plugins/profile/<session>/<host>.xplane.pb``.
+"""Finding profile sessions: ``<logdir>/<run>/plugins/profile/<session>/<host>.xplane.pb``
+(TensorFlow, JAX) and ``<logdir>/<run>/<worker>[.<epoch ms>].pt.trace.json[.gz]`` (PyTorch).
 
 A run is any folder (at any depth below the logdir) that holds ``plugins/profile``;
 its name is its path relative to the logdir ("." for the logdir itself), as
 TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
-cache files XProf writes beside them are ignored.  Paths with a scheme
+cache files XProf writes beside them are ignored.  A PyTorch run is any folder holding
+Kineto traces; the files of one profiling cycle (one per rank or worker, written within
+SPLIT_SESSION_S of each other, or all without a time in their name) are one session whose
+hosts are the workers.  Paths with a scheme
 (``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed; their
 listings are asked of the store on every search (never of fsspec's listing cache), and
 any failure of a store (a missing backend package, credentials, network) is a
@@ -18,9 +22,10 @@ import posixpath
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
+from tb_gpuadvisor.adapters import KINETO, kineto_worker
 from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
 from tb_gpuadvisor.xspace.reader import Opener, remote_stamp
 
@@ -51,11 +56,14 @@ class SessionRef:
     skipped: tuple[tuple[str, str], ...] = ()
     # (host, folder) of hosts whose file is in a sibling session folder (see join_split_sessions).
     host_dirs: tuple[tuple[str, str], ...] = ()
+    # (host, file name) of hosts whose file is not "<host>.xplane.pb" (PyTorch traces).
+    files: tuple[tuple[str, str], ...] = ()
 
     def host_file(self, host: str) -> str:
         if host not in self.hosts:
             raise LookupError(f"host {host!r} is not in session {self.session!r}")
-        return self._join(dict(self.host_dirs).get(host, self.path), host + XPLANE_SUFFIX)
+        name = dict(self.files).get(host) or host + XPLANE_SUFFIX
+        return self._join(dict(self.host_dirs).get(host, self.path), name)
 
     def _join(self, *parts: str) -> str:
         return posixpath.join(*parts) if self.fs is not None else os.path.join(*parts)
@@ -253,6 +261,44 @@ def join_split_sessions(refs: list[SessionRef]) -> list[SessionRef]:
     return out
 
 
+def _cycle_name(stamp_ms: int | None) -> str:
+    """A PyTorch session's name: when its cycle was written (as TensorFlow names sessions)."""
+    if stamp_ms is None:
+        return "trace"
+    return datetime.fromtimestamp(stamp_ms / 1000, timezone.utc).strftime(_SESSION_TIME)
+
+
+def kineto_sessions(fs, run: str, folder: str, names: list[str], real_root: str | None = None) -> list[SessionRef]:
+    """The PyTorch sessions of one run FOLDER from its file NAMES: one per profiling cycle."""
+    traces = [(kineto_worker(n), n) for n in names if KINETO.claims(n)]
+    traces.sort(key=lambda t: (t[0][1] is not None, t[0][1] or 0, t[0][0]))
+    groups: list[tuple[int | None, list[tuple[str, str]]]] = []
+    for (worker, stamp), name in traces:
+        last = groups[-1] if groups else None
+        same_cycle = last is not None and (last[0] is None) == (stamp is None) and (
+            stamp is None or stamp - last[0] <= SPLIT_SESSION_S * 1000)
+        if same_cycle and worker not in {w for w, _ in last[1]}:
+            last[1].append((worker, name))
+        else:
+            groups.append((stamp, [(worker, name)]))
+    refs, used = [], set()
+    for stamp, members in groups:
+        session = _cycle_name(stamp)
+        while session in used:          # two cycles in one second, or repeated worker names
+            session += "_"
+        used.add(session)
+        hosts, skipped = [], []
+        for worker, name in members:
+            reason = _why_skipped(os.path.join(folder, name), real_root) if fs is None else None
+            if reason:
+                skipped.append((name, reason))
+            else:
+                hosts.append((worker, name))
+        refs.append(SessionRef(run, session, folder, tuple(w for w, _ in hosts), fs, tuple(skipped),
+                               files=tuple(hosts)))
+    return refs
+
+
 def find_sessions(path: str) -> list[SessionRef]:
     """Every session under PATH (a logdir, a run folder, a session folder or one .xplane.pb).
 
@@ -273,8 +319,12 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     is_file = os.path.isfile(root) if fs is None else fs.isfile(root)
 
     if is_file:
+        folder, name = os.path.split(root)
+        if KINETO.claims(name):
+            return kineto_sessions(fs, _own_name(folder), folder, [name])
         if not root.endswith(XPLANE_SUFFIX):
-            raise DiscoveryError(f"{path}: not a profile capture (expected a *{XPLANE_SUFFIX} file)")
+            raise DiscoveryError(f"{path}: not a profile capture (expected a *{XPLANE_SUFFIX} "
+                                 f"or *{KINETO.suffixes[0]}[.gz] file)")
         session_dir, name = os.path.split(root)
         split = _split_session_dir(session_dir)
         run = _own_name(split[0]) if split else "."
@@ -298,6 +348,10 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     unreadable: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
         dirnames.sort()
+        if any(KINETO.claims(n) for n in filenames):
+            run = _run_name(fs, root, dirpath)
+            sessions += [ref for ref in kineto_sessions(fs, run, dirpath, filenames)
+                         if fs is None or _addressable(run, ref.session)]
         found = _split_session_dir(dirpath)
         if not found:
             continue
@@ -341,6 +395,26 @@ def _listed(fs, run: str, session: str, session_dir: str, real_root: str | None)
     return SessionRef(run, session, session_dir, hosts, fs, skipped)
 
 
+def _pytorch_session(fs, root: str, run: str, session: str, run_dir: str) -> SessionRef | None:
+    """RUN/SESSION when it is a PyTorch profiling cycle in RUN's folder, else None."""
+    real_root = None
+    if fs is None:
+        real_root = os.path.realpath(root)
+        if os.path.commonpath([real_root, os.path.realpath(run_dir)]) != real_root:
+            raise UnsafePathError("run resolves outside the logdir")
+        try:
+            names = os.listdir(run_dir)
+        except OSError:
+            return None
+    else:
+        with _store_errors(root, fs):
+            if not fs.isdir(run_dir):
+                return None
+            fs.invalidate_cache(run_dir)
+            names = [posixpath.basename(p) for p in fs.ls(run_dir, detail=False)]
+    return next((ref for ref in kineto_sessions(fs, run, run_dir, names, real_root) if ref.session == session), None)
+
+
 def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
     """The session RUN/SESSION of LOGDIR, refusing anything that escapes the logdir; with the
     hosts of sibling folders of the same split session (join_split_sessions).
@@ -354,6 +428,9 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
     run_dir = root if run == "." else join(root, *run.split("/"))
     profile_dir = join(run_dir, *PROFILE_DIR)
     session_dir = join(profile_dir, session)
+    pytorch = _pytorch_session(fs, root, run, session, run_dir)
+    if pytorch is not None:
+        return pytorch
     real_root = None
     if fs is None:
         real_root = os.path.realpath(root)

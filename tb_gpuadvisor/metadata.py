@@ -7,3 +7,5 @@ SCHEMA_VERSION = 1
 # Where TensorBoard's profiler callback and tf.profiler write captures.
 PROFILE_DIR = ("plugins", "profile")
 XPLANE_SUFFIX = ".xplane.pb"
+# What torch.profiler.tensorboard_trace_handler (Kineto) writes into a run folder.
+KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")

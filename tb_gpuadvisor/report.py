@@ -7,13 +7,16 @@ produced. Reading the files and joining many hosts is tb_gpuadvisor.multihost's 
 
 from __future__ import annotations
 
+import posixpath
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from tb_gpuadvisor import cores
+from tb_gpuadvisor.adapters import opens_in_xprof
 from tb_gpuadvisor.checks.base import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks import Check, Finding, Severity, all_checks, declared, explaining, fixes
+from tb_gpuadvisor.checks import Check, Evidence, Finding, Severity, all_checks, declared, explaining, fixes
 from tb_gpuadvisor.model import PS_PER_MS, SessionModel
 from tb_gpuadvisor.trust import Trust, confidence
 
@@ -179,12 +182,32 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
     attach_confidence(findings, analysis)
     for finding in findings:   # fixes in the user's own framework
         finding.fixes = fixes.for_framework(finding.fixes, model.framework)
+        finding.evidence = _located(finding.evidence, model)
     try:
         out["bottleneck"] = bottleneck(analysis)
     except Exception as err:
         errors.append({"message": f"critical path failed: {err!r}"})
     out["warnings"] = list(model.warnings)
     return out, findings, errors + check_errors
+
+
+def _located(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:
+    """EVIDENCE as the user can find it: no XProf tool can open a file XProf does not read
+    (a PyTorch trace), so such items name the file and the time range from the trace start."""
+    files = {h.name: posixpath.basename(h.path.replace("\\", "/")) for h in model.hosts
+             if not opens_in_xprof(h.path)}
+    if not files:
+        return evidence
+    out = []
+    for item in evidence:
+        file = files.get(item.host) or (next(iter(files.values())) if len(files) == 1 else None)
+        if file is None:
+            out.append(item)
+            continue
+        where = f"in {file}" + (f", {item.start_ms:.3f}-{item.end_ms:.3f} ms from the trace start"
+                                 if item.start_ms is not None and item.end_ms is not None else "")
+        out.append(replace(item, tool=None, detail=f"{item.detail}; {where}" if item.detail else where))
+    return out
 
 
 def finish(out: dict, findings: list[Finding], errors: list[dict], analysis: Analysis) -> dict:

@@ -73,3 +73,17 @@ def test_both_decoders_agree_on_mutated_captures():
     tried, failed = map(int, result.stdout.split()[-2:])
     assert failed == 0, result.stdout[-3000:]
     assert tried > 500 or not has_fast_decoder()
+
+
+def test_mutated_pytorch_traces_give_tables_or_a_capture_error():
+    """The Kineto JSON reader on byte-flipped, spliced and cut traces (benchmarks/fuzz.py's second
+    target): host tables or a CaptureError, never another exception."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = (f"import sys; sys.path.insert(0, {str(bench)!r}); import fuzz; "
+              "tried, failures = fuzz.run_kineto(inputs=300, seconds=30, seed=0); "
+              "print('\\n'.join(failures[:5])); print(tried, len(failures))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tried, failed = map(int, result.stdout.split()[-2:])
+    assert failed == 0, result.stdout[-3000:]
+    assert tried >= 50

@@ -62,7 +62,7 @@ FIXES = [
             "each step does more work.",
             "global_batch = 128 * jax.device_count()   # larger per-device batch\n"
             "batch = jax.device_put(next_batch(global_batch), data_sharding)",
-            fixes.JAX_SHARDING_GUIDE)),
+            fixes.JAX_SHARDING_GUIDE), pytorch=fixes.TORCH_LARGER_BATCH),
     Remedy("Pack gradients into few AllReduce calls and avoid extra cross-replica reductions inside "
         "the step (e.g. reduce metrics once per epoch, not per step).",
         "strategy = tf.distribute.MirroredStrategy(\n"
@@ -72,7 +72,7 @@ FIXES = [
                 "moves collectives so they run while independent kernels execute (set before JAX starts).",
                 "import os\nos.environ['XLA_FLAGS'] = '--xla_gpu_enable_latency_hiding_scheduler=true'\n"
                 "import jax",
-                fixes.JAX_GPU_TIPS)),
+                fixes.JAX_GPU_TIPS), pytorch=fixes.TORCH_DDP_BUCKETS),
 ]
 
 

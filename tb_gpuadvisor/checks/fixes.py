@@ -2,8 +2,8 @@
 
 Each is a :class:`Fix` with a sentence saying what to change and why, a code
 snippet a user can paste, and the guide that explains it.  A fix written for one
-framework is a :class:`Remedy`: its TensorFlow form plus its JAX form (or none, when
-JAX has no such knob).  Checks list remedies without asking which framework wrote the
+framework is a :class:`Remedy`: its TensorFlow form plus its JAX and PyTorch forms (or none,
+when that framework has no such knob).  Checks list remedies without asking which framework wrote the
 capture; the report resolves them once (:func:`for_framework`), so a JAX user never
 reads TensorFlow code and a TensorFlow user never reads JAX code.  A plain ``Fix``
 says something true in both frameworks.
@@ -19,15 +19,19 @@ from tb_gpuadvisor.checks.base import Fix
 @dataclass(eq=False)
 class Remedy(Fix):
     """A fix in the user's framework: the TensorFlow form (this Fix's own fields, unless
-    ``tensorflow`` is False) and the JAX form ``jax`` (None: nothing to do in JAX)."""
+    ``tensorflow`` is False), the JAX form ``jax`` and the PyTorch form ``pytorch`` (None:
+    nothing to do in that framework)."""
 
     jax: Fix | None = None
     tensorflow: bool = True
+    pytorch: Fix | None = None
 
     def variant(self, framework: str) -> Fix | None:
         """The fix to show in a capture written by FRAMEWORK ("unknown" reads as TensorFlow)."""
         if framework == "jax":
             return self.jax
+        if framework == "pytorch":
+            return self.pytorch
         return Fix(self.text, self.code, self.doc) if self.tensorflow else None
 
 
@@ -48,7 +52,7 @@ def for_framework(fixes: list[Fix], framework: str) -> list[Fix]:
 
 def compiled_step(framework: str) -> str:
     """What the user's framework calls a compiled step, for the checks' wording."""
-    return "jax.jit" if framework == "jax" else "tf.function"
+    return {"jax": "jax.jit", "pytorch": "torch.compile"}.get(framework, "tf.function")
 
 
 JAX_JIT_GUIDE = "https://docs.jax.dev/en/latest/jit-compilation.html"
@@ -175,12 +179,148 @@ FUNCTION_GUIDE = "https://www.tensorflow.org/guide/function"
 XLA_GUIDE = "https://www.tensorflow.org/xla"
 KERAS_FIT_DOC = "https://keras.io/api/models/model_training_apis/"
 
+TORCH_DATA_GUIDE = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
+TORCH_TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
+TORCH_AMP_DOC = "https://pytorch.org/docs/stable/amp.html"
+TORCH_COMPILE_DOC = "https://pytorch.org/docs/stable/generated/torch.compile.html"
+TORCH_CUDA_GRAPHS_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs"
+TORCH_TF32_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
+TORCH_DDP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+TORCH_PROFILER_DOC = "https://pytorch.org/docs/stable/profiler.html"
+TORCH_CHANNELS_LAST_DOC = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
+
+TORCH_WORKERS = Fix(
+    text="Load batches in DataLoader worker processes that stay alive between epochs and keep "
+         "batches queued ahead of the step, instead of in the training loop's own process.",
+    code="loader = torch.utils.data.DataLoader(\n"
+         "    dataset, batch_size=batch_size, shuffle=True,\n"
+         "    num_workers=8,            # about the CPU cores you can spare\n"
+         "    persistent_workers=True,  # no worker start-up at every epoch\n"
+         "    prefetch_factor=4,        # batches each worker keeps ready\n"
+         "    pin_memory=True)",
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_PINNED_COPIES = Fix(
+    text="Copy batches from pinned (page-locked) host memory without blocking, so the copy runs "
+         "on the GPU's copy engine while the host goes on launching work.",
+    code="loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=8, pin_memory=True)\n"
+         "for x, y in loader:\n"
+         "    x = x.to(device, non_blocking=True)\n"
+         "    y = y.to(device, non_blocking=True)",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_LIGHTER_DATASET = Fix(
+    text="Make each sample cheaper to produce: decode and augment on the GPU or in a vectorised "
+         "collate_fn, and cache samples whose preprocessing does not change between epochs.",
+    code="# e.g. decode JPEGs on the GPU\n"
+         "img = torchvision.io.decode_jpeg(torchvision.io.read_file(path), device=\"cuda\")",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_SYNTHETIC_INPUT_TEST = Fix(
+    text="Confirm the diagnosis: run a few steps on one random batch kept on the GPU. If the step "
+         "time drops, the DataLoader is the bottleneck; if not, look elsewhere.",
+    code="x = torch.randn(batch_size, *input_shape, device=device)\n"
+         "y = torch.randint(num_classes, (batch_size,), device=device)\n"
+         "for _ in range(50):\n"
+         "    train_step(x, y)",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_COMPILE = Fix(
+    text="Compile the model with torch.compile: it fuses chains of small element-wise ops into a "
+         "few kernels, so the host launches far fewer kernels per step.",
+    code="model = torch.compile(model)",
+    doc=TORCH_COMPILE_DOC,
+)
+
+TORCH_CUDA_GRAPHS = Fix(
+    text="Replay the step's kernels as a CUDA graph: one launch per step instead of one per kernel "
+         "(needs static shapes).",
+    code="model = torch.compile(model, mode=\"reduce-overhead\")  # captures CUDA graphs\n"
+         "# or by hand: torch.cuda.CUDAGraph / torch.cuda.make_graphed_callables",
+    doc=TORCH_CUDA_GRAPHS_DOC,
+)
+
+TORCH_LARGER_BATCH = Fix(
+    text="Use a larger batch (scaling the learning rate accordingly): the same kernel launches and "
+         "collectives then do more work each, so their fixed costs shrink relative to compute.",
+    code="loader = torch.utils.data.DataLoader(dataset, batch_size=256, num_workers=8, pin_memory=True)",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_NO_HOST_SYNC = Fix(
+    text="Keep values on the GPU inside the loop: .item(), .cpu(), print(loss) and Python tests on "
+         "tensors wait for the GPU to finish. Accumulate on the device and read once per N steps.",
+    code="running = torch.zeros((), device=device)\n"
+         "for i, (x, y) in enumerate(loader):\n"
+         "    loss = train_step(x, y)\n"
+         "    running += loss.detach()          # no sync\n"
+         "    if i % 100 == 0:\n"
+         "        print(running.item() / 100)   # one sync per 100 steps\n"
+         "        running.zero_()",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_AUTOCAST = Fix(
+    text="Run the forward pass and loss under autocast in bfloat16 (Ampere or newer) or float16 with "
+         "a GradScaler, and let float32 matmuls use TF32 where the rest stays 32-bit.",
+    code="torch.set_float32_matmul_precision(\"high\")\n"
+         "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
+         "    loss = loss_fn(model(x), y)\n"
+         "loss.backward()",
+    doc=TORCH_AMP_DOC,
+)
+
+TORCH_TF32 = Fix(
+    text="Let float32 matmuls and convolutions use TF32 Tensor Cores (Ampere or newer).",
+    code="torch.set_float32_matmul_precision(\"high\")\n"
+         "torch.backends.cuda.matmul.allow_tf32 = True\n"
+         "torch.backends.cudnn.allow_tf32 = True",
+    doc=TORCH_TF32_DOC,
+)
+
+TORCH_CHANNELS_LAST = Fix(
+    text="Keep convolution inputs and weights in channels_last, the layout Tensor Core convolutions "
+         "read, and let cuDNN pick the fastest algorithm once per input shape.",
+    code="torch.backends.cudnn.benchmark = True  # shapes fixed from step to step\n"
+         "model = model.to(memory_format=torch.channels_last)\n"
+         "x = x.to(device, memory_format=torch.channels_last, non_blocking=True)",
+    doc=TORCH_CHANNELS_LAST_DOC,
+)
+
+TORCH_DDP_BUCKETS = Fix(
+    text="Let DDP overlap gradient all-reduces with the backward pass in larger buckets, reduce "
+         "into the gradients in place, and skip the all-reduce on accumulation steps.",
+    code="model = torch.nn.parallel.DistributedDataParallel(\n"
+         "    model, device_ids=[local_rank], bucket_cap_mb=100, gradient_as_bucket_view=True)\n"
+         "with model.no_sync():          # accumulation steps: no all-reduce\n"
+         "    loss_fn(model(x1), y1).backward()\n"
+         "loss_fn(model(x2), y2).backward()  # all-reduce once, here",
+    doc=TORCH_DDP_DOC,
+)
+
+TORCH_WARM_CAPTURE = Fix(
+    text="Profile warmed-up steps: skip the first iterations (CUDA context, cuDNN/cuBLAS set-up, "
+         "lazily loaded kernels) and record a few ordinary ones, marking each with prof.step().",
+    code="with torch.profiler.profile(\n"
+         "        schedule=torch.profiler.schedule(wait=1, warmup=3, active=5),\n"
+         "        on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir)) as prof:\n"
+         "    for x, y in loader:\n"
+         "        train_step(x, y)\n"
+         "        prof.step()",
+    doc=TORCH_PROFILER_DOC,
+)
+
 PREFETCH = Remedy(
     text="Let tf.data prepare the next batches while the current step runs: end the pipeline with "
          "prefetch(tf.data.AUTOTUNE).",
     code="dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)",
     doc=DATA_GUIDE,
     jax=JAX_PREFETCH,
+    pytorch=TORCH_WORKERS,
 )
 
 PARALLEL_MAP = Remedy(
@@ -190,6 +330,7 @@ PARALLEL_MAP = Remedy(
          "dataset = dataset.map(preprocess_batch, num_parallel_calls=tf.data.AUTOTUNE)",
     doc=DATA_GUIDE,
     jax=None,
+    pytorch=TORCH_PINNED_COPIES,
 )
 
 CACHE_AND_INTERLEAVE = Remedy(
@@ -201,6 +342,7 @@ CACHE_AND_INTERLEAVE = Remedy(
          "dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()",
     doc=DATA_GUIDE,
     jax=None,
+    pytorch=TORCH_LIGHTER_DATASET,
 )
 
 SYNTHETIC_INPUT_TEST = Remedy(
@@ -212,6 +354,7 @@ SYNTHETIC_INPUT_TEST = Remedy(
          "model.fit(synthetic, steps_per_epoch=50)",
     doc=GPU_PERF_GUIDE,
     jax=JAX_SYNTHETIC_INPUT_TEST,
+    pytorch=TORCH_SYNTHETIC_INPUT_TEST,
 )
 
 TF_FUNCTION = Remedy(
@@ -226,6 +369,7 @@ TF_FUNCTION = Remedy(
          "    return loss",
     doc=FUNCTION_GUIDE,
     jax=JAX_JIT_STEP,
+    pytorch=TORCH_COMPILE,
 )
 
 XLA_JIT = Remedy(
@@ -237,6 +381,7 @@ XLA_JIT = Remedy(
          "def train_step(x, y): ...",
     doc=XLA_GUIDE,
     jax=JAX_JIT_STEP,
+    pytorch=TORCH_CUDA_GRAPHS,
 )
 
 LARGER_BATCH = Remedy(
@@ -245,6 +390,7 @@ LARGER_BATCH = Remedy(
     code="dataset = dataset.batch(256)  # e.g. up from 32, as far as device memory allows",
     doc=GPU_PERF_GUIDE,
     jax=JAX_LARGER_BATCH,
+    pytorch=TORCH_LARGER_BATCH,
 )
 
 STEPS_PER_EXECUTION = Remedy(

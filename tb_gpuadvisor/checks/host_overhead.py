@@ -79,7 +79,7 @@ FEWER_CALLBACKS = fixes.Remedy(
     code="tensorboard = keras.callbacks.TensorBoard(log_dir, update_freq='epoch')\n"
          "model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'])  # only what you read",
     doc=fixes.GPU_PERF_GUIDE,
-    jax=_jax_host_work(syncs=True),
+    jax=_jax_host_work(syncs=True), pytorch=fixes.TORCH_NO_HOST_SYNC,
 )
 
 LOOP_IN_GRAPH = fixes.Remedy(
@@ -90,8 +90,7 @@ LOOP_IN_GRAPH = fixes.Remedy(
          "    for x, y in dataset:  # becomes a tf.while_loop\n"
          "        train_step(x, y)",
     doc=fixes.FUNCTION_GUIDE,
-    jax=fixes.JAX_SCAN_STEPS,
-)
+    jax=fixes.JAX_SCAN_STEPS, pytorch=fixes.TORCH_COMPILE)
 
 STATIC_LOSS_SCALE = fixes.Remedy(
     text="The step runs dynamic loss scaling, whose finite-check and conditional update add host "

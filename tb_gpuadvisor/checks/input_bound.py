@@ -34,6 +34,8 @@ Severity also needs the replayed saving to be real time (see ``Analysis.gated``)
 
 from __future__ import annotations
 
+import numpy as np
+
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.pipeline import BUFFER_STAGES, PYTHON_OPS, Pipeline, pipeline_stages, stage_kind
@@ -42,10 +44,34 @@ from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
+
+def _dataloader_waits(analysis: Analysis) -> list[Evidence]:
+    """The PyTorch DataLoader calls the training loop waited in, longest first (ms per step)."""
+    host = analysis.primary_host
+    act = host.activity
+    rows = np.flatnonzero((act.kind == HostEventKind.INPUT_WAIT) & (act.step >= 0))
+    totals = np.bincount(act.name[rows], weights=act.dur_ps[rows], minlength=len(act.names))
+    steps = analysis.steps_count
+    return [Evidence(kind="op", name=act.names[i], value=round(totals[i] / PS_PER_MS / steps, 3), unit="ms/step",
+                     detail="the training loop waiting for the DataLoader's next batch"
+                     + ("; num_workers=0: batches are loaded in the training process itself"
+                        if pytorch.loads_in_process(act.names[i]) else ""), host=host.name)
+            for i in np.argsort(-totals, kind="stable")[:2] if totals[i] > 0]
+
+
+def _dataloader_sentence(waits: list[Evidence]) -> str:
+    if not waits:
+        return "The trace has no DataLoader events, so the slow part of the input cannot be named."
+    top = waits[0]
+    return (f"{top.name} takes {top.value:.2f} ms per step"
+            + (", with num_workers=0: batches are loaded in the training process." if
+               pytorch.loads_in_process(top.name) else "."))
+
 
 def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
     if not pipeline.stages:
@@ -99,16 +125,21 @@ def check(analysis: Analysis) -> Finding:
     on_cpu = breakdown.device_kind == "cpu"
     who = "the training threads waited" if on_cpu else f"{primary.name} sat idle while the host waited"
 
+    framework = analysis.model.framework
+    source = {"jax": "", "pytorch": " from the DataLoader"}.get(framework, " from tf.data")
+    loader = _dataloader_waits(analysis) if framework == pytorch.FRAMEWORK else []
     summary = (f"In {percent:.1f}% of step time ({input_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
-               f"{who} for the next batch{' from tf.data' if analysis.model.framework != 'jax' else ''}. ")
+               f"{who} for the next batch{source}. ")
     if severity is Severity.OK:
         summary += "The input pipeline keeps up with training."
         title = f"Input pipeline keeps up ({percent:.1f}% of step time waiting)"
     else:
-        summary += _pipeline_sentence(pipeline, analysis.steps_count) + analysis.gain_note(severity, saving)
+        about = (_dataloader_sentence(loader) if framework == pytorch.FRAMEWORK
+                 else _pipeline_sentence(pipeline, analysis.steps_count))
+        summary += about + analysis.gain_note(severity, saving)
         title = f"Training waits on input {percent:.1f}% of step time"
 
-    evidence: list[Evidence] = []
+    evidence: list[Evidence] = list(loader)
     for stage in pipeline.stages[:3]:
         evidence.append(Evidence(
             kind="stage", name=stage.name, value=round(stage.self_ps / PS_PER_MS / analysis.steps_count, 3),

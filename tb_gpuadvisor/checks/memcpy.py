@@ -50,8 +50,7 @@ PREFETCH_TO_DEVICE = fixes.Remedy(
     code="dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)\n"
          "dataset = dataset.apply(tf.data.experimental.prefetch_to_device('/gpu:0'))",
     doc=fixes.DATA_GUIDE,
-    jax=fixes.JAX_PREFETCH,
-)
+    jax=fixes.JAX_PREFETCH, pytorch=fixes.TORCH_PINNED_COPIES)
 
 COMPACT_INPUT = fixes.Remedy(
     text="Transfer compact data and convert on the GPU: uint8 images are a quarter of the bytes "
@@ -85,8 +84,7 @@ NO_ROUND_TRIPS = fixes.Remedy(
              "    state, metrics = train_step(state, batch)   # metrics stay on the device\n"
              "    if step % 100 == 0:\n"
              "        print(jax.device_get(metrics))           # one copy every 100 steps",
-        doc=fixes.JAX_GPU_TIPS),
-)
+        doc=fixes.JAX_GPU_TIPS), pytorch=fixes.TORCH_NO_HOST_SYNC)
 
 
 def copy_evidence(dev: DeviceActivity, exposed: iv.Intervals, steps: int) -> list[Evidence]:

@@ -128,7 +128,7 @@ def check(analysis: Analysis) -> Finding:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
                        "The capture has no GPU allocator records (or no GPU memory size), so peak "
                        "memory cannot be measured."
-                       + ("" if analysis.model.framework == "jax" else
+                       + ("" if analysis.model.framework in ("jax", "pytorch") else
                           " TensorFlow records them when the profiler's memory tracking is on "
                           "(the default for tf.profiler captures of GPU runs)."))
     worst = max(peaks, key=lambda p: p.percent)

@@ -56,7 +56,7 @@ MIXED_PRECISION = Remedy(
     "model = build_model()\n"
     "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
     'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
-    MIXED_PRECISION_GUIDE, jax=fixes.JAX_BF16)
+    MIXED_PRECISION_GUIDE, jax=fixes.JAX_BF16, pytorch=fixes.TORCH_AUTOCAST)
 
 FIXES = [
     MIXED_PRECISION,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, Remedy
+from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_WARM_CAPTURE, Remedy
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 
@@ -43,6 +43,7 @@ CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": "Keras TraceContext markers",
+            "profiler_step": "PyTorch ProfilerStep#N annotations",
             "keras": "Keras 3 'Profiled batch' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",
@@ -73,16 +74,14 @@ STEP_WINDOW = Remedy(
              "    with jax.profiler.StepTraceAnnotation('train', step_num=step):\n"
              "        state, loss = train_step(state, batch)\n"
              "    if step == 15: loss.block_until_ready(); jax.profiler.stop_trace()",
-        doc=JAX_PROFILING_GUIDE),
-)
+        doc=JAX_PROFILING_GUIDE), pytorch=TORCH_WARM_CAPTURE)
 STEP_MARKERS = Remedy(
     text="Mark each training step so the profiler can group events into steps.",
     code="for step, (x, y) in enumerate(dataset):\n"
          "    with tf.profiler.experimental.Trace('train', step_num=step, _r=1):\n"
          "        train_step(x, y)",
     doc=PROFILER_GUIDE,
-    jax=JAX_STEP_ANNOTATION,
-)
+    jax=JAX_STEP_ANNOTATION, pytorch=TORCH_WARM_CAPTURE)
 FULL_DEVICE_TRACE = Remedy(
     text="Trace every device for the whole window: keep the window to a few steps so the device "
          "trace does not overflow, and in a distributed job profile every worker (each writes its "
@@ -260,8 +259,10 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
                             "confidence; profile later batches.", STEP_WINDOW))
     elif n == 1:
         issues.append(Issue(Severity.INFO, "One step captured",
-                            "The capture holds one step (the Keras callback profiles batch 2 by default). "
-                            "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
+                            "The capture holds one step"
+                            + (". " if model.framework == "pytorch" else
+                               " (the Keras callback profiles batch 2 by default). ")
+                            + "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
                             "its own; a few more steps would show how much steps vary.", STEP_WINDOW))
     elif n == 2:
         issues.append(Issue(Severity.WARNING, "Only 2 steps count",

@@ -75,7 +75,7 @@ LAYOUT_FIX = Remedy(
     "avoid manual transposes around them, so no layout-conversion kernels are needed.",
     'keras.config.set_image_data_format("channels_last")\n'
     'x = keras.layers.Conv2D(64, 3, data_format="channels_last")(x)',
-    GPU_PERF_GUIDE, jax=fixes.JAX_CONV_LAYOUT)
+    GPU_PERF_GUIDE, jax=fixes.JAX_CONV_LAYOUT, pytorch=fixes.TORCH_CHANNELS_LAST)
 TF32_FIX = Remedy(
     "On Ampere or newer GPUs float32 matmuls and convolutions use Tensor Cores through TF32, "
     "unless it was switched off; make sure it is on.",
@@ -85,7 +85,7 @@ TF32_FIX = Remedy(
         "On Ampere or newer GPUs float32 matmuls and convolutions can use Tensor Cores through TF32; "
         "make sure the matmul precision was not raised to full float32.",
         "jax.config.update('jax_default_matmul_precision', 'tensorfloat32')",
-        fixes.JAX_PRECISION_DOC))
+        fixes.JAX_PRECISION_DOC), pytorch=fixes.TORCH_TF32)
 
 
 @dataclass

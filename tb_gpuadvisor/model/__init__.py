@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
+from tb_gpuadvisor.adapters import XPLANE, adapter_for, host_of
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.stages import timed
-from tb_gpuadvisor.metadata import XPLANE_SUFFIX
-from tb_gpuadvisor.model.build import MAX_PS, HostCapture, read_host
+from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.steps import find_steps, framework
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel,
@@ -70,10 +70,10 @@ def _host_budgets(sizes: list[int], budget: int | None) -> list[int | None]:
 
 
 def _read(path: str, host: str, opener, budget: int | None) -> HostCapture | CaptureError:
-    """One host's capture, or why it cannot be read."""
+    """One host's capture (read by the adapter of its file's format), or why it cannot be read."""
     try:
         with timed("decode", host):
-            return read_host(path, host, opener, budget)
+            return (adapter_for(os.path.basename(path)) or XPLANE).read(path, host, opener, budget)
     except CaptureError as err:
         return err
     except Exception as err:    # one host's bad bytes must never hide the other hosts
@@ -109,7 +109,7 @@ def _same_clock(captures: list[tuple[HostCapture, str]], errors: list[dict]) -> 
 def load_session(ref: SessionRef) -> SessionModel:
     paths = [ref.host_file(host) for host in ref.hosts]
     sizes = [size for _, size, _ in ref.stat_key()]
-    errors = [{"host": name[: -len(XPLANE_SUFFIX)], "file": name, "message": reason} if name else {"message": reason}
+    errors = [{"host": host_of(name), "file": name, "message": reason} if name else {"message": reason}
               for name, reason in ref.skipped]
     budget, budget_warning = memory_budget()
     refusal = check_memory(sizes, budget)

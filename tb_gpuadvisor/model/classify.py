@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.vocab import pytorch
 
 # Lines of a GPU plane that TensorFlow derives from the streams; not device activity.
 DERIVED_DEVICE_LINES = frozenset({
@@ -75,6 +76,12 @@ _TF_OP = re.compile(r"^[^\s:]+:[A-Za-z_][A-Za-z0-9_]*$")
 MEMORY_EVENTS = frozenset({"MemoryAllocation", "MemoryDeallocation"})
 
 
+def is_graph_op(name: str) -> bool:
+    """A TensorFlow graph op ("scope/name:Type"): placed on a device by the framework.  PyTorch's
+    ops ("aten::add") run where their tensors are, so they are never misplaced graph ops."""
+    return bool(_TF_OP.match(name))
+
+
 def host_event_kind(name: str) -> HostEventKind:
     if name in STEP_MARKERS:
         return HostEventKind.STEP_MARKER
@@ -125,6 +132,8 @@ _JAX_HOST_HINTS = ("PjitFunction", "py_xla_execute", "PjRt", "TfrtTpuLoadedExecu
 
 def framework_from_names(names: list[str], threads: list[str]) -> str:
     """Guess which framework wrote the capture from host event and thread names."""
+    if any(n.startswith(pytorch.HOST_HINTS) for n in names):
+        return pytorch.FRAMEWORK
     tf = any(n.startswith(_TF_HOST_HINTS) for n in names) or any(t.startswith("tf_Compute") for t in threads)
     jax = any(n.startswith(_JAX_HOST_HINTS) for n in names) or any(t.startswith("py_xla_execute") for t in threads)
     if tf and not any(n.startswith("PjitFunction") for n in names):

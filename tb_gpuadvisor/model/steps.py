@@ -18,6 +18,7 @@ from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify, hlo
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
+from tb_gpuadvisor.vocab import pytorch
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -55,6 +56,8 @@ def _marker_steps(hosts: list[HostCapture]) -> Steps | None:
             end = np.concatenate([a.end_ps[m] for a, m in parts])
             group = np.concatenate([a.group_id[m] for a, m in parts])
             marker = name or _root_marker_name(parts[0][0], parts[0][1])
+            if name is None and pytorch.is_step_marker(marker):
+                source = pytorch.STEP_SOURCE
             return _collapse(number, start, end, group, source, marker)
     return None
 
@@ -75,6 +78,11 @@ def _inferred(hosts: list[HostCapture]) -> Steps | None:
     """Steps from repeated top-level function runs (TensorFlow) or XLA module runs (JAX)."""
     if framework(hosts) == "jax":
         return _jax_inferred(hosts)
+    if framework(hosts) == pytorch.FRAMEWORK:
+        # Eager PyTorch has no function runs to repeat: without ProfilerStep#N, iterations run
+        # from one optimizer step's end to the next one's; with fewer than two optimizer steps
+        # the capture is judged on the span of its device work (the host's set-up is not a step).
+        return _optimizer_iterations(hosts) or _window(hosts)
     best: tuple[int, int, np.ndarray, np.ndarray, str] | None = None
     for hc in hosts:
         act = hc.activity
@@ -224,6 +232,25 @@ def _jax_inferred(hosts: list[HostCapture]) -> Steps | None:
     if start.size >= 2 and best.device_ps >= DOMINANT_SHARE * total and not helper:
         return Steps("inferred_device" if best.on_device else "inferred", np.arange(start.size, dtype=np.int64),
                      start, end, np.full(start.size, -1, np.int64), best.name)
+    return _window(hosts)
+
+
+def _optimizer_iterations(hosts: list[HostCapture]) -> Steps | None:
+    """Iterations between the ends of consecutive ``Optimizer.step#...`` calls (of the first host
+    that has at least three, i.e. two whole iterations)."""
+    for hc in hosts:
+        act = hc.activity
+        ids = [i for i, n in enumerate(act.names) if pytorch.is_optimizer_step(n)]
+        pick = np.isin(act.name, ids)
+        if int(pick.sum()) >= 3:
+            ends = np.sort(act.end_ps[pick])
+            return Steps("inferred", np.arange(ends.size - 1, dtype=np.int64), ends[:-1], ends[1:],
+                         np.full(ends.size - 1, -1, np.int64), act.names[ids[0]])
+    return None
+
+
+def _window(hosts: list[HostCapture]) -> Steps:
+    """The capture as one window: from the first to the last device activity."""
     lo, hi = _capture_span(hosts)
     one = np.zeros(1, np.int64)
     return Steps("window", one, one + lo, one + hi, one - 1)

@@ -51,6 +51,7 @@ class HostEventKind(enum.IntEnum):
     FUNCTION = 6       # tf.function / XLA executable runs (used for step inference)
     MEMORY = 7         # MemoryAllocation / MemoryDeallocation records
     EXECUTOR = 8       # executor scheduling (ExecutorState::Process, PjRt execute helpers)
+    FIRST_USE = 9      # one-time set-up a warmed-up step does not pay (lazy kernel loading, queries)
 
 
 @dataclass

@@ -83,7 +83,7 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
     device_ops = {op_key(o) for dev in gpus for o in dev.ops}
 
     def runs_on_host(name: str) -> bool:
-        return (":" in name and " " not in name and op_type(name) not in BOOKKEEPING_OPS
+        return (classify.is_graph_op(name) and op_type(name) not in BOOKKEEPING_OPS
                 and op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)

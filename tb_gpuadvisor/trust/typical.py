@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model.kernels import name_mask
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, SessionModel, Steps
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, HostEventKind, SessionModel, Steps
 
 # A step this many times the median of the others is not typical (compile, warm-up, checkpoint).
 OUTLIER_RATIO = 2.5
@@ -99,4 +99,14 @@ def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
         compile_ps += int(act.dur_ps[compiling].sum())
     if compile_ps > ATYPICAL_SHARE * step_ps:
         reasons.append(f"{compile_ps / PS_PER_MS:.1f} ms of tracing or compilation ran in it")
+    first_use_ps, first_use_n = 0, 0
+    for host in model.hosts:
+        act = host.activity
+        first = (act.kind == HostEventKind.FIRST_USE) & (act.start_ps >= lo) & (act.start_ps < hi)
+        first_use_n += int(first.sum())
+        first_use_ps += int(act.dur_ps[first].sum())
+    if first_use_ps > ATYPICAL_SHARE * step_ps:
+        reasons.append(f"{first_use_ps / PS_PER_MS:.1f} ms of first-use set-up ran in it ({first_use_n} lazy kernel "
+                       "loads, kernel attribute queries and launches of a millisecond or more): it is a warm-up "
+                       "iteration, so its launch and host times are not those of a typical step")
     return reasons

@@ -171,18 +171,7 @@ class CaptureFile:
     def __init__(self, path: str, opener: Opener | None = None):
         self.path = path
         self.buffer: memoryview | None = None
-        try:
-            data = _read_local(path) if opener is None else _read_remote(path, opener)
-        except OSError as err:
-            message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
-                           f"cannot read the file: {err.strerror or err}")
-            raise CaptureError(message) from None
-        except CaptureError:
-            raise
-        except Exception as err:    # each remote store raises its own kinds (HTTP, auth, timeouts)
-            if opener is None:
-                raise
-            raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
+        data = read_bytes(path, opener)
         self.buffer = memoryview(data)
         self.size = len(data)
         self.index = index_space(self.buffer)
@@ -197,6 +186,23 @@ class CaptureFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_bytes(path: str, opener: Opener | None = None) -> bytearray:
+    """The bytes of a local (OPENER None) or remote capture file; any failure is a CaptureError
+    saying why in the user's terms.  Every capture format reads its files through this."""
+    try:
+        return _read_local(path) if opener is None else _read_remote(path, opener)
+    except OSError as err:
+        message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
+                       f"cannot read the file: {err.strerror or err}")
+        raise CaptureError(message) from None
+    except CaptureError:
+        raise
+    except Exception as err:    # each remote store raises its own kinds (HTTP, auth, timeouts)
+        if opener is None:
+            raise
+        raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
 
 
 def _read_local(path: str) -> bytearray:

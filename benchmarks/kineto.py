@@ -1,0 +1,146 @@
+"""Speed and memory of PyTorch (Kineto JSON) traces, end to end.
+
+Each measurement runs in a fresh process, which reports its own peak RSS (ru_maxrss):
+  - ``decode``: the JSON decoders alone on the inflated text (msgspec typed, orjson, json);
+  - ``read``: the Kineto adapter (read, inflate, decode, build the host tables);
+  - ``analyze``: the whole report of the session (``build_report``, one local process).
+
+Inputs: every ``*.pt.trace.json[.gz]`` of the corpus, and a generated trace made by tiling one
+corpus trace (its events repeated, shifted in time and correlation id) up to ``--gb``.
+
+    python benchmarks/kineto.py                 # corpus + a 1 GB tiled trace
+    python benchmarks/kineto.py --gb 0.2 --skip-corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", REPO.parent / "shared" / "corpus"))
+TILE_SOURCE = "pytorch-h100-owlv2/worker0.pt.trace.json.gz"
+
+
+def _child(mode: str, path: str, backend: str = "") -> dict:
+    """Run one measurement in a new interpreter; its wall time and peak RSS."""
+    code = (
+        "import sys, time\n"
+        "from tb_gpuadvisor.adapters.kineto import read\n"
+        "from tb_gpuadvisor.adapters.kineto_json import decode, inflate\n"
+        "from tb_gpuadvisor.discovery import find_sessions\n"
+        "from tb_gpuadvisor.multihost import build_report\n"
+        "from tb_gpuadvisor.multihost.engine import LocalEngine\n"
+        "from tb_gpuadvisor.xspace.reader import read_bytes\n"
+        f"mode, path, backend = {mode!r}, {path!r}, {backend!r}\n"
+        "import resource\n"
+        "ready = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "t, cpu = time.perf_counter(), time.process_time()\n"
+        "if mode == 'decode':\n"
+        "    data = inflate(read_bytes(path)); t, cpu = time.perf_counter(), time.process_time()\n"
+        "    decode(data, backend)\n"
+        "elif mode == 'read':\n"
+        "    read(path, 'h')\n"
+        "else:\n"
+        "    with LocalEngine(workers=1) as engine:\n"
+        "        build_report(find_sessions(path), engine=engine)\n"
+        "print(time.perf_counter() - t, time.process_time() - cpu, ready, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
+    seconds, cpu, ready_kb, peak_kb = out.stdout.split()[-4:]
+    return {"seconds": float(seconds), "cpu_seconds": float(cpu), "peak_mb": int(peak_kb) / 1024,
+            "ready_mb": int(ready_kb) / 1024}
+
+
+def json_size(path: Path) -> int:
+    """Bytes of JSON text (inflated for .gz)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path) as f:
+            return sum(len(chunk) for chunk in iter(lambda: f.read(1 << 24), b""))
+    return path.stat().st_size
+
+
+def tile(source: Path, target: Path, gigabytes: float) -> Path:
+    """SOURCE's events repeated back to back (times and correlation ids shifted) up to GIGABYTES."""
+    trace = json.load(gzip.open(source))
+    events = [e for e in trace["traceEvents"] if e.get("ph") != "M"]
+    meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
+    times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(times) - min(times) + 1000.0
+    one = len(json.dumps(events))
+    copies = max(1, int(gigabytes * 1e9 / one))
+    head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    with open(target, "w") as out:
+        out.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
+        out.write(",\n".join(json.dumps(e) for e in meta))
+        for k in range(copies):
+            shifted = []
+            for e in events:
+                e = dict(e)
+                if isinstance(e.get("ts"), (int, float)):
+                    e["ts"] = round(e["ts"] + k * span, 3)
+                args = e.get("args")
+                if isinstance(args, dict) and "correlation" in args:
+                    e["args"] = dict(args, correlation=args["correlation"] + k * 10_000_000)
+                if e.get("name", "").startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{k}"
+                shifted.append(json.dumps(e))
+            out.write(",\n" + ",\n".join(shifted))
+        out.write("\n]}\n")
+    return target
+
+
+def measure(path: Path, modes: tuple[str, ...]) -> dict:
+    size = json_size(path)
+    row = {"file": str(path.relative_to(CORPUS)) if CORPUS in path.parents else path.name,
+           "json_mb": size / 1e6}
+    for mode in modes:
+        if mode == "decode":
+            for backend in ("msgspec", "orjson", "json"):
+                got = _child("decode", str(path), backend)
+                row[f"decode_{backend}_mb_s"] = size / 1e6 / got["cpu_seconds"]
+        else:
+            got = _child(mode, str(path))       # one file: a session of that rank alone
+            row[f"{mode}_mb_s"] = size / 1e6 / got["cpu_seconds"]     # per CPU second: the machine is shared
+            row[f"{mode}_wall_mb_s"] = size / 1e6 / got["seconds"]
+            row[f"{mode}_s"] = got["seconds"]
+            row[f"{mode}_peak_mb"] = got["peak_mb"]
+            row[f"{mode}_rss_x"] = got["peak_mb"] * 2**20 / size
+            # What the work itself added to the peak, above the interpreter with its imports.
+            row[f"{mode}_added_x"] = (got["peak_mb"] - got["ready_mb"]) * 2**20 / size
+    return row
+
+
+def main() -> None:
+    # MB/s are per CPU second of the measured process (time.process_time: every thread's CPU
+    # time); wall-clock MB/s are reported beside them, and match on an idle machine.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.0, help="size of the tiled trace (0: none)")
+    parser.add_argument("--skip-corpus", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    if not args.skip_corpus:
+        for path in sorted(CORPUS.glob("pytorch-*/**/*.pt.trace.json*")):
+            rows.append(measure(path, ("decode", "read", "analyze")))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.gb > 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "tiled"
+            folder.mkdir()
+            started = time.perf_counter()
+            path = tile(CORPUS / TILE_SOURCE, folder / "worker0.pt.trace.json", args.gb)
+            print(f"tiled {json_size(path) / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", flush=True)
+            rows.append(measure(path, ("decode", "read", "analyze")))
+            print(json.dumps(rows[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

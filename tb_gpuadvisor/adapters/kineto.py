@@ -1,0 +1,218 @@
+"""The Kineto adapter: a PyTorch profiler trace (``*.pt.trace.json[.gz]``) as one host's tables.
+
+Each rank's (or worker's) file is one host.  Device events (``kernel``/``gpu_memcpy``/
+``gpu_memset``, older ``Kernel``/``Memcpy``/``Memset``) become one table per GPU (``args.device``);
+host events (``cpu_op``, ``user_annotation``, ``cuda_runtime``, ``cuda_driver``,
+``python_function``, older ``Operator``/``Runtime``) become the host table, one thread per
+(pid, tid).  Event kinds come from ``vocab.pytorch``, classified once per distinct name.  Times
+are microseconds in the file (integers, or floats with nanosecond digits counted from
+``baseTimeNanoseconds``), picoseconds from the first event here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gpuadvisor.adapters.kineto_json import Columns, DeviceProperties, decode, inflate
+from tb_gpuadvisor.model.build import MAX_PS, HostCapture
+from tb_gpuadvisor.model.timeline import Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords
+from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.xspace.reader import CaptureError, Opener, read_bytes
+
+# Peak bytes per byte of (inflated) JSON, measured by benchmarks/kineto.py: the text, the decoded
+# events of the fields kept, and the columns built from them.
+MEMORY_PER_JSON_BYTE = 3
+
+
+def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
+    """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read."""
+    stored = read_bytes(path, opener)
+    _check_budget(len(stored), budget)
+    text = inflate(stored)
+    del stored
+    _check_budget(len(text), budget)
+    cols = decode(text)
+    del text            # the columns hold all that is needed: the text can go before building
+    return build(cols, host)
+
+
+def _check_budget(size: int, budget: int | None) -> None:
+    if budget is not None and MEMORY_PER_JSON_BYTE * size > budget:
+        _refuse(size, budget)
+
+
+def _refuse(size: int, budget: int) -> None:
+    raise CaptureError(
+        f"refused: this {size / 2**20:.0f} MiB trace needs about {MEMORY_PER_JSON_BYTE * size / 2**30:.2f} GiB "
+        f"of memory, more than the {budget / 2**30:.2f} GiB available for it (free memory or "
+        "TB_GPUADVISOR_MEMORY_LIMIT_MB); profile fewer steps (torch.profiler.schedule(active=...)) "
+        "or analyse it on a machine with more memory")
+
+
+class _Interner(dict):
+    """Strings to dense indices in first-seen order."""
+
+    def indices(self, values: list) -> np.ndarray:
+        for value in dict.fromkeys(values):         # the new distinct values, at C speed
+            self.setdefault(value, len(self))
+        return np.fromiter(map(self.__getitem__, values), np.int32, len(values))
+
+    @property
+    def strings(self) -> list[str]:
+        return list(self)
+
+
+def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
+    """(start ps from the first event, duration ps, origin ns on the trace's absolute clock)."""
+    ts, dur = cols.ts, cols.dur
+    if not (np.isfinite(ts).all() and np.isfinite(dur).all()):
+        raise CaptureError("an event time is not a finite number; the trace is corrupt")
+    first = float(ts.min())
+    start = (ts - first) * 1e6
+    dur = np.clip(dur, 0, None) * 1e6
+    if start.max() >= MAX_PS or dur.max() >= MAX_PS:
+        raise CaptureError("the trace's events span more than 50 days; its timestamps are corrupt")
+    return np.rint(start).astype(np.int64), np.rint(dur).astype(np.int64), cols.base_ns + round(first * 1000)
+
+
+def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.ndarray:
+    """CLASSIFY(name, category) once per distinct (category, name) pair of KEYS."""
+    distinct, inverse = _renumber(keys)
+    width = max(len(names), 1)
+    kinds = np.fromiter((classify(names[k % width], cats[k // width]) for k in distinct.tolist()),
+                        np.int8, distinct.size)
+    return kinds[inverse] if keys.size else np.empty(0, np.int8)
+
+
+def _carried_by(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Per id: does KNOWN hold it (negative ids, "none", never)."""
+    known = np.sort(known)
+    if not known.size:
+        return np.zeros(ids.size, bool)
+    at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+    return (ids >= 0) & (known[at] == ids)
+
+
+def _category_mask(cat_names: list[str], wanted: frozenset[str]) -> np.ndarray:
+    """Per category index: is it one of WANTED."""
+    return np.fromiter((c in wanted for c in cat_names), bool, len(cat_names))
+
+
+def _subset(index: np.ndarray, strings: list[str]) -> tuple[list[str], np.ndarray]:
+    """(the strings INDEX uses, INDEX renumbered into them)."""
+    used, inverse = _renumber(index)
+    return [strings[i] for i in used.tolist()], inverse
+
+
+def _renumber(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct VALUES in order, VALUES as indices into them): np.unique's answer, counted in
+    a dense table when the values are small non-negative ints (interned ids), without a sort."""
+    if values.size and int(values.min()) >= 0 and int(values.max()) < 1 << 24:
+        used = np.flatnonzero(np.bincount(values))
+        position = np.zeros(int(values.max()) + 1, np.int32)
+        position[used] = np.arange(used.size, dtype=np.int32)
+        return used, position[values]
+    used, inverse = np.unique(values, return_inverse=True)
+    return used, inverse.reshape(-1).astype(np.int32)
+
+
+def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str) -> Device:
+    p = props.get(index)
+    cc = f"{p.major}.{p.minor or 0}" if p is not None and p.major is not None else None
+    return Device(name=f"/device:GPU:{index}", host=host, kind="gpu", index=index,
+                  vendor=pytorch.vendor_of([], p.name) if p is not None and p.name else vendor,
+                  model=p.name if p is not None else None, compute_capability=cc,
+                  sm_count=p.sms if p is not None else None,
+                  memory_bytes=p.total_memory if p is not None else None)
+
+
+def _empty_memory(host: str) -> MemoryRecords:
+    i64, i32 = np.empty(0, np.int64), np.empty(0, np.int32)
+    return MemoryRecords(host, i64, i32, np.empty(0, bool), i64, i64, i64, i64, i64,
+                         np.empty(0, np.float64), i32, [], [])
+
+
+def build(cols: Columns, host: str) -> HostCapture:
+    """HOST's tables from the decoded columns of its trace."""
+    n = len(cols.name)
+    if not n:
+        raise CaptureError(f"the trace holds no timed events (of its {cols.events} entries); it is not a "
+                           "PyTorch profiler trace, or the profiler recorded nothing")
+    start, dur, origin_ns = _times(cols)
+    names, raw_cats, cats = _Interner(), _Interner(), _Interner()
+    name = names.indices(cols.name)
+    raw_cat = raw_cats.indices(cols.cat)
+    # Categories in either spelling ("Kernel", "kernel") are one category.
+    lowered = np.fromiter((cats.setdefault(c.lower(), len(cats)) for c in raw_cats.strings), np.int32, len(raw_cats))
+    cat = lowered[raw_cat]
+    cat_names, name_list = cats.strings, names.strings
+    key = cat.astype(np.int64) * max(len(name_list), 1) + name
+    is_device = _category_mask(cat_names, pytorch.DEVICE_CATEGORIES)[cat]
+    is_host = _category_mask(cat_names, pytorch.HOST_CATEGORIES)[cat]
+    correlation = cols.correlation
+
+    host_rows = np.flatnonzero(is_host)
+    host_rows = host_rows[np.argsort(start[host_rows], kind="stable")]
+    kind = _kinds(key[host_rows], cat_names, name_list, pytorch.host_event_kind)
+    # A runtime call whose correlation id a device event carries put that work on the GPU.
+    dev_rows = np.flatnonzero(is_device)
+    launched = _carried_by(correlation[host_rows], correlation[dev_rows])
+    runtime = _category_mask(cat_names, pytorch.RUNTIME_CATEGORIES)[cat[host_rows]]
+    kind = np.where(launched & runtime, np.int8(HostEventKind.LAUNCH), kind)
+    launch_corr = np.where(kind == HostEventKind.LAUNCH, correlation[host_rows], -1)
+    # A launch of many ms loaded its kernel first: set-up, not the cost of launching.
+    first_use = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
+    kind = np.where(first_use, np.int8(HostEventKind.FIRST_USE), kind)
+    step_num = np.full(host_rows.size, -1, np.int64)
+    marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
+    step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
+
+    # A thread is its tid (older traces write it as a string in events, a number in metadata).
+    all_tids = _Interner()
+    tid_names, tid = _subset(all_tids.indices(cols.tid)[host_rows], [str(t) for t in all_tids.strings])
+    labels = {str(t): label for (_, t), label in cols.threads.items()}
+    threads = [labels.get(t, f"thread {t}") for t in tid_names]
+    # Each table has its own list of names: the distinct names of its rows.
+    host_names, host_name = _subset(name[host_rows], name_list)
+    activity = HostActivity(
+        host=host, start_ps=start[host_rows], dur_ps=dur[host_rows], thread=tid,
+        name=host_name, kind=kind,
+        step_num=step_num, is_root=kind == HostEventKind.STEP_MARKER,
+        group_id=np.full(host_rows.size, -1, np.int64), correlation_id=launch_corr,
+        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32))
+
+    runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
+    vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
+    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names)
+    warnings = []
+    if not devices and np.any(kind == HostEventKind.LAUNCH):
+        warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
+                        "calls but the trace holds no GPU activity: device activity was not recorded "
+                        "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
+    return HostCapture(host, activity, _empty_memory(host), devices, None, [], warnings, origin_ns)
+
+
+def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
+             correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
+             name_list: list[str], cat_names: list[str]) -> list[DeviceActivity]:
+    """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
+    graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
+    every call of that op at once; the host table holds each op call."""
+    props = {p.id: p for p in cols.devices}
+    device = cols.device[rows]
+    out = []
+    for index in np.unique(device).tolist():
+        sel = rows[device == index]
+        sel = sel[np.argsort(start[sel], kind="stable")]
+        names, name_idx = _subset(name[sel], name_list)
+        used, stream_idx = _renumber(cols.stream[sel])
+        streams = [f"Stream #{s}" for s in used.tolist()]
+        out.append(DeviceActivity(
+            device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
+            kind=_kinds(key[sel], cat_names, name_list, pytorch.device_event_kind),
+            stream=stream_idx,
+            name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel],
+            group_id=np.full(sel.size, -1, np.int64), nbytes=np.maximum(cols.nbytes[sel], 0),
+            details=np.full(sel.size, -1, np.int32), names=names, ops=[], streams=streams,
+            detail_strings=[], step=np.full(sel.size, -1, np.int32)))
+    return out

@@ -1,0 +1,258 @@
+"""Decoding a Kineto (PyTorch profiler) Chrome-trace JSON file into plain columns.
+
+msgspec decodes straight into typed structs that keep only the fields the model reads (the
+other args, shapes and stacks are skipped while parsing, never held); without msgspec the
+trace is parsed into dicts by orjson or, last, the standard library.  All paths give the same
+``Columns``.  The choice was measured (benchmarks/README.md, "Kineto JSON decoders").
+``.gz`` files are inflated chunk by chunk into one buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+from tb_gpuadvisor.xspace.reader import CaptureError
+
+try:
+    import msgspec
+except ImportError:             # pragma: no cover - msgspec is an install requirement
+    msgspec = None
+try:
+    import orjson
+except ImportError:             # pragma: no cover
+    orjson = None
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_INFLATE_CHUNK = 16 << 20
+
+
+def inflate(data: bytearray) -> bytearray:
+    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error)."""
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    out = bytearray()
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    view = memoryview(data)
+    try:
+        for start in range(0, len(view), _INFLATE_CHUNK):
+            out += inflater.decompress(view[start:start + _INFLATE_CHUNK])
+            while inflater.unconsumed_tail:
+                out += inflater.decompress(inflater.unconsumed_tail)
+        out += inflater.flush()
+    except zlib.error as err:
+        raise CaptureError(f"the gzip stream is corrupt ({err})") from None
+    finally:
+        view.release()
+    if not inflater.eof:
+        raise CaptureError("the gzip file is truncated (its stream ends early)")
+    return out
+
+
+@dataclass
+class DeviceProperties:
+    """One GPU of ``deviceProperties``."""
+
+    id: int
+    name: str | None = None
+    total_memory: int | None = None
+    major: int | None = None
+    minor: int | None = None
+    sms: int | None = None
+
+
+_NO_FLOATS = np.empty(0, np.float64)
+_NO_INTS = np.empty(0, np.int64)
+
+
+@dataclass(eq=False)
+class Columns:
+    """The X (complete) events of a trace: strings as lists, numbers as arrays (-1 where an
+    event has no such arg), plus what the header says."""
+
+    name: list[str] = field(default_factory=list)
+    cat: list[str] = field(default_factory=list)
+    pid: list[Any] = field(default_factory=list)
+    tid: list[Any] = field(default_factory=list)
+    ts: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
+    dur: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
+    correlation: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    device: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    stream: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    nbytes: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    threads: dict[tuple[Any, Any], str] = field(default_factory=dict)    # (pid, tid) -> thread_name
+    devices: list[DeviceProperties] = field(default_factory=list)
+    base_ns: int = 0            # baseTimeNanoseconds: ts counts microseconds from it
+    events: int = 0             # every event of the file, of any phase
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Columns):
+            return NotImplemented
+        return all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+                   for a, b in zip(vars(self).values(), vars(other).values()))
+
+
+def _floats(values: list) -> np.ndarray:
+    try:
+        return np.array(values, np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise CaptureError("an event time or duration is not a number; the trace is corrupt") from None
+
+
+def _ints(values: list) -> np.ndarray:
+    """An int64 column from numbers (-1: absent, or not a number: some runtime calls write their
+    byte count as text); values beyond int64 are a corrupt trace."""
+    try:
+        return np.array(values, np.int64)
+    except (TypeError, ValueError):
+        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else -1 for v in values]
+        return _ints(values)
+    except OverflowError:
+        raise CaptureError("an event's correlation, device, stream or size is out of range; "
+                           "the trace is corrupt") from None
+
+
+if msgspec is not None:
+    _Id = Union[int, str, None]
+    _Num = Union[int, float, None]
+    _Arg = Union[int, float, str]   # an explicit null is another shape: the generic path reads it
+
+    class _Args(msgspec.Struct, gc=False):
+        correlation: _Arg = -1
+        device: _Arg = -1
+        stream: _Arg = -1
+        bytes: _Arg = -1
+        name: Union[str, None] = None          # thread_name / process_name metadata
+
+    class _Event(msgspec.Struct, gc=False):
+        ph: str = ""
+        name: str = ""
+        cat: Union[str, None] = None
+        pid: _Id = None
+        tid: _Id = None
+        ts: _Num = None
+        dur: _Num = None
+        args: Union[_Args, None] = None
+
+    class _Props(msgspec.Struct, gc=False):
+        id: _Num = None
+        name: Union[str, None] = None
+        totalGlobalMem: _Num = None
+        computeMajor: _Num = None
+        computeMinor: _Num = None
+        numSms: _Num = None
+
+    class _Trace(msgspec.Struct, gc=False):
+        traceEvents: list[_Event] = []
+        deviceProperties: Union[list[_Props], None] = None
+        baseTimeNanoseconds: Union[int, str, None] = None
+
+    _DECODER = msgspec.json.Decoder(_Trace)
+
+
+def _int(value) -> int | None:
+    return None if value is None or isinstance(value, bool) else int(value)
+
+
+def _base_ns(value) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _typed(data: bytearray) -> Columns:
+    trace = _DECODER.decode(data)
+    cols = Columns(base_ns=_base_ns(trace.baseTimeNanoseconds), events=len(trace.traceEvents))
+    complete = []
+    for event in trace.traceEvents:
+        if event.ph == "X" and event.ts is not None:
+            complete.append(event)
+        elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
+            cols.threads[(event.pid, event.tid)] = event.args.name
+    del trace.traceEvents[:]
+    empty = _Args()
+    args = [e.args or empty for e in complete]
+    cols.name = [e.name for e in complete]
+    cols.cat = [e.cat or "" for e in complete]
+    cols.pid = [e.pid for e in complete]
+    cols.tid = [e.tid for e in complete]
+    cols.ts = _floats([e.ts for e in complete])
+    cols.dur = _floats([e.dur or 0 for e in complete])
+    del complete
+    cols.correlation = _ints([a.correlation for a in args])
+    cols.device = _ints([a.device for a in args])
+    cols.stream = _ints([a.stream for a in args])
+    cols.nbytes = _ints([a.bytes for a in args])
+    cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
+                                     _int(p.computeMinor), _int(p.numSms))
+                    for p in trace.deviceProperties or []]
+    return cols
+
+
+def _from_dicts(trace) -> Columns:
+    """Columns from a trace parsed into dicts (orjson or the standard library)."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents", []), list):
+        raise CaptureError("this JSON is not a Chrome trace (no traceEvents list)")
+    events = trace.get("traceEvents", [])
+    cols = Columns(base_ns=_base_ns(trace.get("baseTimeNanoseconds")), events=len(events))
+    complete = []
+    for event in events:
+        if not isinstance(event, dict):
+            raise CaptureError("a traceEvents entry is not an object; this is not a Chrome trace")
+        ph = event.get("ph")
+        if ph == "X" and isinstance(event.get("ts"), (int, float)):
+            complete.append(event)
+        elif ph == "M" and event.get("name") == "thread_name" and isinstance(event.get("args"), dict):
+            if event["args"].get("name"):
+                cols.threads[(event.get("pid"), event.get("tid"))] = str(event["args"]["name"])
+    args = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in complete]
+    cols.name = [str(e.get("name", "")) for e in complete]
+    cols.cat = [str(e.get("cat") or "") for e in complete]
+    cols.pid = [e.get("pid") for e in complete]
+    cols.tid = [e.get("tid") for e in complete]
+    number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
+    cols.ts = _floats([e["ts"] for e in complete])
+    cols.dur = _floats([number(e, "dur") or 0 for e in complete])
+    for column in ("correlation", "device", "stream", "bytes"):
+        values = _ints([-1 if number(a, column) is None else number(a, column) for a in args])
+        setattr(cols, "nbytes" if column == "bytes" else column, values)
+    props = trace.get("deviceProperties")
+    for p in props if isinstance(props, list) else []:
+        if isinstance(p, dict):
+            cols.devices.append(DeviceProperties(
+                int(number(p, "id") or 0), p.get("name") if isinstance(p.get("name"), str) else None,
+                _int(number(p, "totalGlobalMem")), _int(number(p, "computeMajor")),
+                _int(number(p, "computeMinor")), _int(number(p, "numSms"))))
+    return cols
+
+
+def decode(data: bytearray, backend: str | None = None) -> Columns:
+    """The columns of a Kineto trace (raw or gzip bytes).  BACKEND forces "msgspec", "orjson"
+    or "json" (benchmarks compare them); by default the fastest one installed.
+
+    Raises CaptureError, with one line saying what is wrong, for anything that is not a trace.
+    """
+    data = inflate(data)
+    backend = backend or ("msgspec" if msgspec is not None else "orjson" if orjson is not None else "json")
+    try:
+        if backend == "msgspec":
+            try:
+                return _typed(data)
+            except msgspec.ValidationError:
+                # Valid JSON of another shape (a field of an unexpected type): the generic
+                # path says precisely what is wrong, or reads it.
+                return _from_dicts(msgspec.json.decode(data))
+        if backend == "orjson":
+            return _from_dicts(orjson.loads(data))
+        return _from_dicts(json.loads(data))
+    except CaptureError:
+        raise
+    except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is probably "
+                           "truncated (was the profiler still writing it?) or corrupt") from None

@@ -1,0 +1,117 @@
+"""What PyTorch profiler (Kineto) event names mean.
+
+Facts read from the traces in ``../shared/corpus/pytorch-*`` (PyTorch 1.8 to 2.8, CUDA and
+ROCm): the category spellings of each Kineto version, the step annotation, the DataLoader's
+annotations, the CUDA/HIP runtime calls that launch work, the communication kernels of NCCL,
+RCCL, DeepEP and NVSHMEM, and the calls a first iteration makes (lazy module loading, kernel
+attribute queries) that a warmed-up one does not.  Calls that wait for the device
+(``cudaStreamSynchronize``, ``hipDeviceSynchronize``) are found by name by the replay
+(attribution/replay.py), whatever the framework.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+
+FRAMEWORK = "pytorch"
+
+# Kineto categories, lower-cased (older traces write "Kernel", "Runtime", "Operator", ...).
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"})
+HOST_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime",
+                             "cuda_driver", "python_function"})
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
+# Neither set holds "gpu_user_annotation", the device-side twin of an annotation: it is never the
+# step (ProfilerStep#N there spans the GPU work, not the step the user pays) nor device work.
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_SOURCE = "profiler_step"
+# torch.optim records every optimizer.step() call as "Optimizer.step#SGD.step": once per
+# training iteration, so its repeats mark iterations when prof.step() was never called.
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#\w+\.step$")
+
+# enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ (1.8+) and the Python frame of
+# the same call when the trace has stacks (torch/utils/data/dataloader.py(703): __next__).
+_INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data/dataloader\.py\(\d+\): __next__$")
+# Work of the DataLoader's own pin-memory thread and of its pinning.
+_INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
+
+# Calls that put work on a GPU stream: kernels, graphs, copies and memsets (CUDA runtime and
+# driver, HIP and its module/extension launchers).
+_LAUNCH = re.compile(r"^(cuda|cu|hip|hipModule|hipExtModule)(LaunchKernel|LaunchKernelExC|LaunchKernelEx|"
+                     r"LaunchCooperativeKernel|GraphLaunch|Memcpy|Memset)")
+# Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
+_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
+                      r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+
+# A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
+# warmed-up launch takes microseconds.
+FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
+
+# Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
+# between GPUs; counting them as compute would hide a communication bottleneck.
+_COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
+
+# Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
+HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
+
+
+def step_number(name: str) -> int | None:
+    """N of a ``ProfilerStep#N`` annotation, None for any other name."""
+    match = _STEP.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_step_marker(name: str) -> bool:
+    return step_number(name) is not None
+
+
+def is_optimizer_step(name: str) -> bool:
+    return bool(_OPTIMIZER_STEP.match(name))
+
+
+def host_event_kind(name: str, category: str) -> HostEventKind:
+    """The kind of a host event from its name and its Kineto category (either spelling)."""
+    category = category.lower()
+    if is_step_marker(name):
+        return HostEventKind.STEP_MARKER
+    if _INPUT_WAIT.search(name):
+        return HostEventKind.INPUT_WAIT
+    if _INPUT_STAGE.search(name):
+        return HostEventKind.INPUT_STAGE
+    if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
+        return HostEventKind.FIRST_USE
+    if category in RUNTIME_CATEGORIES:
+        return HostEventKind.LAUNCH if _LAUNCH.match(name) else HostEventKind.OTHER
+    if category in ("cpu_op", "operator"):
+        return HostEventKind.FRAMEWORK_OP
+    return HostEventKind.OTHER
+
+
+def loads_in_process(input_wait: str) -> bool:
+    """Whether a DataLoader wait names the single-process iterator: ``num_workers=0``, batches
+    are loaded by the training loop itself."""
+    return "_SingleProcessDataLoaderIter" in input_wait
+
+
+def device_event_kind(name: str, category: str) -> DeviceEventKind:
+    """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
+    category = category.lower()
+    if "memset" in category:
+        return DeviceEventKind.MEMSET
+    if "memcpy" in category:
+        direction = name.split(" ", 2)[1] if name.count(" ") else ""
+        return {"HtoD": DeviceEventKind.MEMCPY_H2D, "DtoH": DeviceEventKind.MEMCPY_D2H,
+                "DtoD": DeviceEventKind.MEMCPY_D2D, "PtoP": DeviceEventKind.MEMCPY_P2P
+                }.get(direction, DeviceEventKind.MEMCPY_OTHER)
+    if _COLLECTIVE.search(name):
+        return DeviceEventKind.COLLECTIVE
+    return DeviceEventKind.KERNEL
+
+
+def vendor_of(runtime_names: list[str], device_name: str | None) -> str:
+    """NVIDIA or AMD, from the GPU's name or else from the runtime API the host called."""
+    if device_name:
+        return "AMD" if re.search(r"\bAMD\b|Instinct|Radeon", device_name) else "NVIDIA"
+    return "AMD" if any(n.startswith("hip") for n in runtime_names) else "NVIDIA"

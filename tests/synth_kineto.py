@@ -1,0 +1,75 @@
+"""Synthetic PyTorch profiler (Kineto) traces, shaped like the corpus's for what it lacks.
+
+``kineto_trace`` lays out steps of a training loop on one GPU: a ``ProfilerStep#N`` annotation,
+an optional DataLoader wait at its start, then kernels, each launched by a ``cudaLaunchKernel``
+call of the same correlation id and run on the GPU right after it.  ``old`` writes the PyTorch
+1.8 spellings (``Operator``/``Runtime``/``Kernel``, integer microseconds), otherwise the newer
+ones (``cpu_op``/``user_annotation``/``cuda_runtime``/``kernel``, floats counted from
+``baseTimeNanoseconds``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+EPOCH_US = 1_700_000_000_000_000
+
+
+def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
+                 input_us: float = 0.0, old: bool = False, device: bool = True, hip: bool = False,
+                 first_step: int = 5) -> dict:
+    """A trace dict; every time in microseconds."""
+    cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
+           {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
+    launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
+    base = EPOCH_US if old else 1000.0
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+    t, corr = base, 1
+    for s in range(steps):
+        step_start = t
+        step_events = []
+        if input_us:
+            step_events.append({"ph": "X", "cat": cat["annotation"], "name":
+                                "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                                "pid": 1, "tid": 7, "ts": t, "dur": input_us})
+            t += input_us
+        gpu_free = t
+        for k in range(kernels):
+            op_start = t
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
+                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+            if device:
+                start = max(t + launch_us + 2, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": f"void gemm_kernel_{k % 3}<float>()",
+                                    "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
+                                    "args": {"device": 0, "stream": 7, "correlation": corr}})
+                gpu_free = start + kernel_us
+            t += launch_us + 3
+            step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
+                                "ts": op_start, "dur": t - op_start})
+            corr += 1
+        t = max(t, gpu_free) + 5
+        events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
+                       "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
+        events += step_events
+    if old:
+        for e in events:
+            if "ts" in e:
+                e["ts"], e["dur"] = int(round(e["ts"])), int(round(e["dur"]))
+    trace = {"schemaVersion": 1, "traceEvents": events}
+    if not old:
+        trace["baseTimeNanoseconds"] = 1_700_000_000_000_000_000
+        trace["deviceProperties"] = [{"id": 0, "name": "AMD Instinct MI300X" if hip else "NVIDIA A100-SXM4-40GB",
+                                      "totalGlobalMem": 42_505_273_344, "computeMajor": 9 if hip else 8,
+                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108}]
+    return trace
+
+
+def write_trace(path: Path, trace: dict) -> Path:
+    """TRACE as JSON at PATH (gzip when PATH ends in .gz)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(trace).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
