@@ -36,8 +36,12 @@ def _named(ref: SessionRef) -> SessionRef:
     """REF with its run named after its folder when discovery called it "." (PATH was the run
     folder itself): "train / <session>" in the output, as the user knows it."""
     paths = os.path if ref.fs is None else posixpath
+    if ref.run != ".":
+        return ref
+    if ref.files:           # PyTorch traces sit in the run folder itself
+        return dataclasses.replace(ref, run=paths.basename(ref.path.rstrip("/")) or ".")
     run_dir = paths.dirname(paths.dirname(paths.dirname(ref.path)))
-    if ref.run != "." or paths.join(run_dir, "plugins", "profile", ref.session) != ref.path:
+    if paths.join(run_dir, "plugins", "profile", ref.session) != ref.path:
         return ref
     return dataclasses.replace(ref, run=paths.basename(run_dir) or ".")
 
@@ -51,7 +55,7 @@ def _sessions(path: str) -> list[SessionRef]:
         raise UsageError(str(err)) from None
     if not refs:
         raise UsageError(f"{path}: no profile sessions found (looked for <run>/plugins/profile/<session>/"
-                         f"<host>.xplane.pb)")
+                         f"<host>.xplane.pb and <run>/<worker>.pt.trace.json[.gz])")
     return [_named(ref) for ref in refs]
 
 

@@ -23,7 +23,8 @@ from synth_kineto import kineto_trace, write_trace
 from tb_gpuadvisor.adapters import KINETO, adapter_for, kineto_worker
 from tb_gpuadvisor.adapters import kineto
 from tb_gpuadvisor.adapters.kineto_json import decode
-from tb_gpuadvisor.compare import compare_sessions
+from tb_gpuadvisor import cli
+from tb_gpuadvisor.compare import compare_sessions, render_comparison_text
 from tb_gpuadvisor.discovery import find_sessions, resolve_session
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
@@ -151,6 +152,15 @@ def test_compare_names_kernel_and_nccl_time_as_what_grew(corpus):
     assert grew["kernel compute"]["delta_ms"] == pytest.approx(44.5, abs=3)
     assert grew["collectives (NCCL/RCCL)"]["base_ms"] == pytest.approx(27.3, abs=0.5)
     assert grew["collectives (NCCL/RCCL)"]["new_ms"] == pytest.approx(41.9, abs=0.5)
+    assert "What grew: kernel compute +" in render_comparison_text(result)
+
+
+def test_cli_compare_names_pytorch_runs_by_their_folders(corpus, capsys):
+    """Two PyTorch run folders given to compare are named by their folders, not as two "trace"s."""
+    code = cli.main(["compare", str(corpus / "pytorch-a100-tracediff/control"),
+                     str(corpus / "pytorch-a100-tracediff/test")])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert code == 0 and first == "control/trace -> test/trace", first
 
 
 # --- synthetic traces -------------------------------------------------------------------------
@@ -292,9 +302,11 @@ def torch_logdir(tmp_path_factory) -> Path:
 
 def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(torch_logdir):
     """The slow loop makes each 8-sample batch in the training process at 4 ms a sample (32 ms of
-    waiting per step); the fixed one reads it from 4 workers that keep batches queued.  Measured
-    here: about 40 ms steps before, 20 ms after; the replay of the slow trace predicts most of the
-    difference (not asserted: CPU step times on a shared machine move by +-50%)."""
+    waiting per step, plus the sampler and collation); the fixed one reads it from 4 workers that
+    keep batches queued.  Measured here on the shared 2-core machine (load 5): steps of 106 ms
+    before and 41 ms after; the DataLoader's __next__ took 40.8 ms per step before and 5.2 ms
+    after (the hand-over from the worker queue, slowed by the load). Wait times are compared in
+    ms, not as shares of steps whose length moves by +-50% with the machine's load."""
     report = _report(torch_logdir)
     by_run = {s["run"]: s for s in report["sessions"]}
     assert set(by_run) == {"slow", "fixed"}
@@ -307,7 +319,7 @@ def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(t
     assert any("num_workers=" in fix["code"] for fix in first["fixes"]) and not _tf_or_jax_code(slow)
     fixed_input = next(f for f in fixed["findings"] if f["check"] == "input_bound")
     assert fixed["findings"][0]["check"] != "input_bound" and fixed_input["severity"] != "critical"
-    assert fixed_input["metrics"]["input_percent"] < first["metrics"]["input_percent"] / 3
+    assert fixed_input["metrics"]["input_ms_per_step"] < first["metrics"]["input_ms_per_step"] / 3
 
 
 def test_first_use_costs_make_the_step_a_warm_up_not_launch_overhead(tmp_path):
