@@ -203,7 +203,7 @@ class AdvisorApp {
     if (signal.aborted) return;
     if (model.unreadable(report)) {
       // Nothing was read: a header, chart or findings would describe an empty capture.
-      this.show(views.errorsView(report), views.unreadNote());
+      this.show(views.errorsView(report, true), views.unreadNote());
       return;
     }
     const steps = report.steps || {};

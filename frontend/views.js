@@ -276,12 +276,13 @@ export function warningsView(report) {
     h('ul', {}, warnings.map((warning) => h('li', {text: errorText(warning)}))));
 }
 
-export function errorsView(report) {
+/** The report's errors; UNREAD: nothing of the capture could be read (not just part of it). */
+export function errorsView(report, unread) {
   const errors = report.errors || [];
   if (!errors.length) return null;
   const box = h('div', {class: 'state state-error', role: 'alert', 'data-testid': 'report-errors'},
-    h('strong', {text: errors.length === 1 ? 'This capture could not be fully read:' :
-      `This capture has ${errors.length} problems:`}));
+    h('strong', {text: unread ? 'This capture could not be read:' :
+      errors.length === 1 ? 'This capture could not be fully read:' : `This capture has ${errors.length} problems:`}));
   box.appendChild(h('ul', {}, errors.map((error) => h('li', {text: errorText(error)}))));
   return box;
 }

@@ -240,6 +240,7 @@ def test_corrupt_session_shows_its_error(page, server):
     _select_session(frame, "train", BROKEN)
     error = frame.wait_for_selector("[data-testid=report-errors]", timeout=30000)
     assert "XSpace" in error.inner_text() or "bad-host" in error.inner_text()
+    assert error.inner_text().startswith("This capture could not be read:")
     assert frame.locator("[data-testid=unread-note]").is_visible()
     content = frame.locator("main.content").inner_text()
     for invented in ("Devices", "CPU only", "Step time", "Findings", "Mark each training step", "Fix first"):

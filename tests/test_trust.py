@@ -387,12 +387,26 @@ def test_export_never_takes_the_step_s_own_device_work(corpus):
 
 
 def test_a_step_the_export_cut_empties_is_left_out_with_the_reason(tmp_path):
-    """Issue 26.1: the demo's launch_bound run (Keras 3 fit, run_eagerly, CPU only) has eager
-    Identity ops inside its last profiled batch and the callback's WriteSummary after it; the export
-    cut left that step 0 ms, which counted. Planted here: 5 CPU steps of 20 ms, an eager Identity 1 ms
-    into the last one, WriteSummary and FlushSummaryWriter 2 ms after it. By hand: the last step is
-    the only one the cut reaches (the summary writer lies past it), and nothing of it has device or
-    launch work to keep, so it is left out; the other 4 steps keep their 20 ms."""
+    """Issue 26.1: a step whose only op after its function call is an Identity, with the callback's
+    WriteSummary after the step, is all export to the cut, which left it 0 ms, and it counted. Planted:
+    5 CPU steps of 20 ms, an eager Identity 1 ms into the last one, WriteSummary and FlushSummaryWriter
+    2 ms after it. By hand: the last step is the only one the cut reaches (the summary writer lies past
+    it), and nothing of it has device or launch work to keep, so it is left out; the other 4 steps
+    keep their 20 ms."""
+    report = report_of(_with_export(tmp_path, own_op_after_identity=False))
+    steps, trust = report["steps"], report["trust"]
+    assert (steps["count"], trust["candidate_steps"], trust["trusted_steps"]) == (4, 5, 4)
+    assert steps["min_ms"] == pytest.approx(20.0, rel=0.05) and steps["mean_ms"] == pytest.approx(20.0, rel=0.05)
+    (left_out,) = trust["excluded_steps"]
+    assert left_out["duration_ms"] == pytest.approx(20.0, rel=0.05)
+    assert left_out["reason"].startswith("cutting the profiler's trace export (from ")
+    assert left_out["reason"].endswith(" ms) left nothing of it")
+    assert all(row["duration_ms"] > 0 for row in report["breakdown"]["steps"])
+
+
+def _with_export(tmp_path: Path, own_op_after_identity: bool) -> Path:
+    """5 CPU steps of 20 ms (Keras 3 markers), an eager Identity 1 ms into the last one (with an eager
+    AddV2 of the step's own 5 ms in when asked), then the callback's export 2 ms after the step."""
     from synth import build_training_session
 
     session = build_training_session(steps=5, step_ms=20.0, gpus=0, marker="keras3")
@@ -404,15 +418,24 @@ def test_a_step_the_export_cut_empties_is_left_out_with_the_reason(tmp_path):
     end = start + last.duration_ps
     ms = 1_000_000_000
     _add_event(host, line, "EagerLocalExecute: Identity", start + ms, ms // 100)
+    if own_op_after_identity:
+        _add_event(host, line, "EagerLocalExecute: AddV2", start + 5 * ms, ms // 100)
+    _add_event(host, line, "EagerLocalExecute: LogicalAnd", end + 1 * ms, ms // 100)
     _add_event(host, line, "EagerLocalExecute: WriteSummary", end + 2 * ms, ms // 10)
     _add_event(host, line, "EagerLocalExecute: FlushSummaryWriter", end + 3 * ms, ms // 10)
     line.events.sort(key=lambda e: e.offset_ps)
-    report = report_of(session.write(tmp_path, run="train", session="s1"))
+    return session.write(tmp_path, run="train", session="s1")
+
+
+def test_an_eager_steps_own_identity_ops_are_not_the_export(tmp_path):
+    """Issue 26.1 as the demo's launch_bound run (Keras 3 fit, run_eagerly=True, CPU) showed it: its last
+    profiled batch ran eager Identity ops 30 ms in and eager ops of its own until its end; the cut
+    took the first Identity for the export's start and left the 154 ms step 0 ms long. Planted: the
+    Identity 1 ms in, an AddV2 of the step's own 5 ms in, the export (LogicalAnd, WriteSummary,
+    FlushSummaryWriter) after the step. By hand: the export starts at the LogicalAnd after the step's
+    last own op, past the step's end, so nothing is cut and all 5 steps keep their 20 ms."""
+    report = report_of(_with_export(tmp_path, own_op_after_identity=True))
     steps, trust = report["steps"], report["trust"]
-    assert (steps["count"], trust["candidate_steps"], trust["trusted_steps"]) == (4, 5, 4)
-    assert steps["min_ms"] == pytest.approx(20.0, rel=0.05) and steps["mean_ms"] == pytest.approx(20.0, rel=0.05)
-    (left_out,) = trust["excluded_steps"]
-    assert left_out["duration_ms"] == pytest.approx(20.0, rel=0.05)
-    assert left_out["reason"].startswith("cutting the profiler's trace export (from ")
-    assert left_out["reason"].endswith(" ms) left nothing of it")
-    assert all(row["duration_ms"] > 0 for row in report["breakdown"]["steps"])
+    assert (steps["count"], trust["trusted_steps"], trust["excluded_steps"]) == (5, 5, [])
+    assert "profiler_export_excluded_ms" not in trust
+    assert steps["min_ms"] == pytest.approx(20.0, rel=0.05)

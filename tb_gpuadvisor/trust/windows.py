@@ -29,6 +29,8 @@ from tb_gpuadvisor.trust.placement import step_threads
 # step's own call returned; a summary writer op always comes last. Seen in TF 2.2-2.21 captures.
 _EXPORT_SEQUENCE = re.compile(r"(^|: )(LogicalAnd|Identity|WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
 _SUMMARY_WRITER = re.compile(r"(^|: )(WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
+# An op run eagerly, as the Python thread records it ("EagerLocalExecute: AddV2").
+_EAGER_OP = re.compile(r"^Eager\w*Execute: ")
 
 
 @dataclass
@@ -138,16 +140,22 @@ def _call_end(hosts: list[HostModel], lo: int, hi: int) -> int:
 
 
 def _export_start(hosts: list[HostModel], after: int, hi: int) -> int | None:
-    """Where a post-step export sequence begins in [after, hi): its first op, provided a summary
-    writer op follows it."""
+    """Where a post-step export sequence begins in [after, hi): its first op after the last other
+    op the summary writer's thread ran before the writer. An eager step (run_eagerly) runs Identity
+    and LogicalAnd ops of its own: the export is only the run of them that leads to the writer."""
     first = None
     for host in hosts:
         act = host.activity
         rows = _span(act.start_ps, after, hi)
-        if not named_events(act, "summary_writer", _SUMMARY_WRITER.search)[rows].any():
+        writers = np.flatnonzero(named_events(act, "summary_writer", _SUMMARY_WRITER.search)[rows])
+        if not writers.size:
             continue
-        sequence = np.flatnonzero(named_events(act, "export_sequence", _EXPORT_SEQUENCE.search)[rows])
-        start = int(act.start_ps[rows.start + sequence[0]])
+        export = named_events(act, "export_sequence", _EXPORT_SEQUENCE.search)[rows]
+        ops = (act.kind[rows] == HostEventKind.FRAMEWORK_OP) | named_events(act, "eager_op", _EAGER_OP.search)[rows]
+        own = np.flatnonzero((ops & ~export & (act.thread[rows] == act.thread[rows.start + writers[0]]))[:writers[0]])
+        begin = int(own[-1]) + 1 if own.size else 0
+        sequence = np.flatnonzero(export[begin:])
+        start = int(act.start_ps[rows.start + begin + sequence[0]])
         first = start if first is None else min(first, start)
     return first
 
