@@ -125,7 +125,9 @@ def test_every_corpus_capture_loads(corpus):
     for ref in find_sessions(str(corpus)):
         model = load_session(ref)
         assert not model.errors, (ref.run, model.errors)
-        assert model.framework in ("tensorflow", "jax")
+        # PyTorch traces are read by the Kineto adapter (tests/test_pytorch.py), XPlane ones here.
+        assert model.framework == ("pytorch" if ref.run.startswith("pytorch-") else model.framework)
+        assert model.framework in ("tensorflow", "jax", "pytorch")
 
 
 def test_rtx5000_series(corpus):

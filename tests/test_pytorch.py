@@ -291,16 +291,15 @@ def torch_logdir(tmp_path_factory) -> Path:
 
 
 def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(torch_logdir):
-    """The slow loop makes each 8-sample batch in the training process at 4 ms a sample (32 ms of
-    waiting per step); the fixed one reads it from 4 workers that keep batches queued.  Measured
-    here: about 40 ms steps before, 20 ms after; the replay of the slow trace predicts most of the
-    difference (not asserted: CPU step times on a shared machine move by +-50%)."""
+    """The slow loop makes each 32-sample batch in the training process at 1.5 ms a sample (48 ms of
+    waiting per step, beside ~40 ms of compute); the fixed one reads it from 4 workers that keep
+    batches queued.  Step times are not asserted: CPU step times on a shared machine move by +-50%."""
     report = _report(torch_logdir)
     by_run = {s["run"]: s for s in report["sessions"]}
     assert set(by_run) == {"slow", "fixed"}
     slow, fixed = by_run["slow"], by_run["fixed"]
     assert slow["hosts"] == ["slow"] and slow["framework"] == "pytorch"
-    assert slow["steps"]["source"] == pytorch.STEP_SOURCE and slow["steps"]["count"] == 5
+    assert slow["steps"]["source"] == pytorch.STEP_SOURCE and slow["steps"]["count"] == 6
     first = slow["findings"][0]
     assert first["check"] == "input_bound" and first["severity"] == "critical"
     assert any("num_workers=0" in e.get("detail", "") for e in first["evidence"])
