@@ -368,3 +368,24 @@ def test_the_tab_lists_and_reports_a_pytorch_run_beside_a_tf_run(tmp_path, corpu
         assert report["framework"] == "pytorch" and report["findings"][0]["check"] == "input_bound"
     finally:
         svc.close()
+
+
+def test_host_waiting_in_synchronize_while_the_gpu_is_busy_is_not_a_stall(tmp_path):
+    """Each step launches 20 kernels of 2 ms, then waits in cudaStreamSynchronize until the GPU is
+    done (about 40 ms of the ~40.3 ms step): the GPU never idles behind the wait, so nothing blames
+    the host or the synchronisation."""
+    trace = kineto_trace(steps=4, kernels=20, kernel_us=2000)
+    events = trace["traceEvents"]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    for step in steps:
+        launches = [e for e in events if e.get("name") == "cudaLaunchKernel"
+                    and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        start = max(e["ts"] + e["dur"] for e in launches) + 1
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 7,
+                       "ts": start, "dur": step["ts"] + step["dur"] - 6 - start, "args": {"correlation": 0}})
+    write_trace(tmp_path / "run" / "w.pt.trace.json", trace)
+    session = _session(tmp_path / "run")
+    assert _idle_percent(session) < 3.0
+    by_check = {f["check"]: f for f in session["findings"]}
+    assert by_check["host_overhead"]["severity"] == "ok" and by_check["kernel_launch"]["severity"] == "ok"
+    assert all(f["severity"] in ("ok", "info", "not_applicable") for f in session["findings"])
