@@ -33,7 +33,8 @@ _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
 _MEMORY_STATS = ("allocator_name", "fragmentation", "tf_op") + _MEMORY_INTS
-_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r", "name") + _MEMORY_STATS
+_HOST_INTS = ("correlation_id", "group_id", "step_num", "_r")
+_HOST_STATS = _HOST_INTS + ("name",) + _MEMORY_STATS
 
 
 class _Interner:
@@ -278,6 +279,18 @@ def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
     return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
+@dataclass
+class _HostPart:
+    """One host plane's events in plane order; its int stats stay sparse until sorted."""
+
+    n: int
+    start_ps: np.ndarray
+    dur_ps: np.ndarray
+    name: np.ndarray
+    thread: np.ndarray
+    stats: dict[str, tuple[np.ndarray, np.ndarray]]      # stat -> (events, values)
+
+
 class _HostBuilder:
     """Accumulates host-thread lines from the CPU plane (and a CUPTI plane, if any)."""
 
@@ -287,7 +300,7 @@ class _HostBuilder:
         self.threads = _Interner()
         self.allocators = _Interner()
         self.mem_ops = _Interner()
-        self.parts: list[dict[str, np.ndarray]] = []
+        self.parts: list[_HostPart] = []
         self.memory_parts: list[dict[str, np.ndarray]] = []
         self.datasets: dict[str, str] = {}
 
@@ -300,13 +313,10 @@ class _HostBuilder:
             (self.threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
             np.int32, len(dp.lines))
         start = _starts(dp, origin_ns)
-        ints = {name: dp.stats[name].ints(n, dp.strings) for name in ("correlation_id", "group_id", "step_num", "_r")}
-        self.parts.append({
-            "start_ps": start, "dur_ps": dp.duration_ps, "name": _name_indices(dp.metadata_id, md_name, self.names),
-            "thread": line_thread[dp.line_index()] if n else np.empty(0, np.int32),
-            "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
-            "corr": ints["correlation_id"],
-        })
+        self.parts.append(_HostPart(
+            n, start, dp.duration_ps, _name_indices(dp.metadata_id, md_name, self.names),
+            np.repeat(line_thread, [line.count for line in dp.lines]),
+            {name: dp.stats[name].int_values(dp.strings) for name in _HOST_INTS}))
         self._add_datasets(dp)
         memory_md = [mid for mid, meta in metadata.items() if meta.name in classify.MEMORY_EVENTS]
         rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
@@ -343,13 +353,49 @@ class _HostBuilder:
         arrays = [p[key] for p in parts]
         return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
 
+    def _sorted(self, key: str, dtype, order: np.ndarray) -> np.ndarray:
+        """One dense column of every part, in ORDER (one copy when there is one part)."""
+        arrays = [getattr(p, key) for p in self.parts]
+        whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays) if arrays else np.empty(0, dtype)
+        return whole[order].astype(dtype, copy=False)
+
+    def _sorted_stats(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """The int stats of every part in ORDER: a stat every event of the only part carries
+        once is gathered; sparse ones are scattered straight to their sorted rows."""
+        n = order.size
+        dense: dict[str, np.ndarray] = {}
+        scattered = []
+        only = self.parts[0].stats if len(self.parts) == 1 else {}
+        for name in _HOST_INTS:
+            event, value = only.get(name, (None, None))
+            if event is not None and event.size == n and np.all(event[1:] > event[:-1]):
+                dense[name] = value[order] == 1 if name == "_r" else value[order]
+            else:
+                scattered.append(name)
+        if not scattered:
+            return dense
+        place = np.empty(n, np.int64)
+        place[order] = np.arange(n)
+        for name in scattered:
+            dense[name] = np.zeros(n, bool) if name == "_r" else np.full(n, -1, np.int64)
+        first = 0
+        for part in self.parts:
+            rows = place[first:first + part.n]
+            for name in scattered:
+                event, value = part.stats[name]
+                dense[name][rows[event]] = value == 1 if name == "_r" else value
+            first += part.n
+        return dense
+
     def finish(self) -> tuple[HostActivity, MemoryRecords]:
         cat = self._concat
-        start = cat(self.parts, "start_ps", np.int64)
+        starts = [p.start_ps for p in self.parts]
+        start = starts[0] if len(starts) == 1 else np.concatenate(starts) if starts else np.empty(0, np.int64)
         order = np.argsort(start, kind="stable")
-        col = {key: cat(self.parts, key, dtype)[order] for key, dtype in (
-            ("dur_ps", np.int64), ("name", np.int32), ("thread", np.int32), ("step_num", np.int64),
-            ("is_root", bool), ("group", np.int64), ("corr", np.int64))}
+        stats = self._sorted_stats(order)
+        col = {"dur_ps": self._sorted("dur_ps", np.int64, order), "name": self._sorted("name", np.int32, order),
+               "thread": self._sorted("thread", np.int32, order), "step_num": stats["step_num"],
+               "is_root": stats["_r"], "group": stats["group_id"], "corr": stats["correlation_id"]}
         kind_of_name = np.fromiter((classify.host_event_kind(n) for n in self.names.strings), np.int8,
                                    len(self.names.strings))
         kind = kind_of_name[col["name"]] if col["name"].size else np.empty(0, np.int8)
