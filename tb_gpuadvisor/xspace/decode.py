@@ -248,15 +248,16 @@ def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True)
     return _decode_objects(buf, span, choose)
 
 
-def count_events(buf, span: tuple[int, int], fast: bool = True) -> tuple[int, int]:
+def count_events(buf, span: tuple[int, int], fast: bool = True, stats: bool = True) -> tuple[int, int]:
     """(events, stats) in the lines of the plane at SPAN, without decoding them.
 
-    The pure-Python count stops at the events (stats would cost as much as decoding)
-    and gives -1 stats.  Counting ends quietly at malformed bytes: decoding reports those.
+    The pure-Python count, and any count without STATS, stops at the events (stats cost
+    several times more to count) and gives -1 stats.  Counting ends quietly at malformed
+    bytes: decoding reports those.
     """
     view = buf[span[0]:span[1]]
     if fast and _wire is not None:
-        return _wire.count_plane(view)
+        return _wire.count_plane(view) if stats else (_wire.count_plane(view, False)[0], -1)
     events = 0
     try:
         for number, wire, _, start, stop, _ in fields(view, 0, len(view)):
