@@ -104,7 +104,7 @@ def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     if table is None:
         rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
         table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
-    if not table.keys.size:
+    if not len(table):
         return np.full(len(dev), -1, np.int64)
     row = table.get(dev.correlation_id, -1)
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
