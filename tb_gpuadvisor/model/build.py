@@ -211,12 +211,14 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     keep = _line_mask(dp, lambda line: line.name == classify.TPU_OPS_LINE if is_tpu
                       else line.name not in classify.DERIVED_DEVICE_LINES)
     op = map_small_ints(dp.metadata_id, md_op)
-    for stat in reversed(_OP_STATS):            # preferred stats written last
-        found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
-        op = np.where(found >= 0, found, op)
+    for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
+        if dp.stats[stat].event.size:
+            found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
+            op = np.where(found >= 0, found, op)
     det = map_small_ints(dp.metadata_id, md_details)
-    found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
-    det = np.where(found >= 0, found, det)
+    if dp.stats["kernel_details"].event.size:
+        found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
+        det = np.where(found >= 0, found, det)
     copy_details = _Interner()
     copy_idx = dp.stats["memcpy_details"].interned(n, dp.stat_names, dp.strings, copy_details.add)
     sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
