@@ -91,7 +91,8 @@ POLL_S = 0.005
 
 def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = None,
             result_file: Path | None = None, cpus: set[int] | None = None,
-            rss_mb: Callable[[int], float] = _rss_mb, env: dict | None = None) -> Measurement:
+            rss_mb: Callable[[int], float] = _rss_mb, env: dict | None = None,
+            cwd: Path | None = None) -> Measurement:
     """Run CMD in its own process; wall time and its own peak RSS via wait4.
 
     The child is killed past ``timeout_s`` or when its RSS passes
@@ -106,7 +107,7 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
     with tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, preexec_fn=preexec, env=env)
+                                stderr=err, preexec_fn=preexec, env=env, cwd=cwd)
         killed = ""
         seen_mb = 0.0
         while True:
@@ -494,8 +495,10 @@ def side_by_side(xplane: Path, against: Path, workdir: Path, *, repeat: int, wit
                 continue
             tree, cmd = tools[name]
             env = dict(os.environ, PYTHONPATH=str(tree))
+            # Run from the tree: ``python -m`` puts the working directory before PYTHONPATH, so
+            # started from another checkout the child would import that checkout's code.
             runs[name].append(measure([sys.executable, "-m", "tb_gpuadvisor.cli", *cmd(copy.parent)[-4:]],
-                                      timeout_s=timeout_s, env=env))
+                                      timeout_s=timeout_s, env=env, cwd=tree))
     shutil.rmtree(scratch, ignore_errors=True)
 
     def median(values: list[float]) -> float:

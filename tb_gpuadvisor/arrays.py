@@ -37,15 +37,46 @@ def distinct_small_ints(values: np.ndarray) -> np.ndarray:
 
 
 class SortedKeys:
-    """A read-only int64 -> int map as sorted arrays: build once, look up many arrays."""
+    """A read-only int64 -> int32 map: build once, look up many arrays.
+
+    Keys that span a range not much wider than their count (correlation ids count up) go in
+    a table indexed by key, a look-up per query; other keys are sorted and searched. Either
+    way a key present several times maps to its first value.
+    """
+
+    _ABSENT = np.int64(1 << 40)     # outside every int32 value
 
     def __init__(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self.size = int(keys.size)
+        self._table: np.ndarray | None = None
+        if self.size:
+            self._lo, hi = int(keys.min()), int(keys.max())
+            span = hi - self._lo + 1
+            if span <= min(_DENSE_LIMIT, 4 * self.size + 4096):
+                at = keys - self._lo
+                self._table = np.full(span, self._ABSENT, np.int64)
+                self._table[at] = values
+                if np.count_nonzero(self._table != self._ABSENT) < self.size:  # repeated keys: first wins
+                    first = np.full(span, self.size, np.int64)
+                    np.minimum.at(first, at, np.arange(self.size))
+                    present = first < self.size
+                    self._table[:] = self._ABSENT
+                    self._table[present] = values[first[present]]
+                return
         order = np.argsort(keys, kind="stable")
         self.keys = keys[order]
         self.values = values[order]
 
+    def __len__(self) -> int:
+        return self.size
+
     def get(self, queries: np.ndarray, default: int = -1) -> np.ndarray:
-        if self.keys.size == 0 or queries.size == 0:
+        if self.size == 0 or queries.size == 0:
             return np.full(queries.shape, default, np.int32)
+        if self._table is not None:
+            at = queries - self._lo
+            found = self._table[np.clip(at, 0, self._table.size - 1)]
+            found[(at < 0) | (at >= self._table.size)] = self._ABSENT
+            return np.where(found != self._ABSENT, found, default).astype(np.int32)
         idx = np.clip(np.searchsorted(self.keys, queries), 0, self.keys.size - 1)
         return np.where(self.keys[idx] == queries, self.values[idx], default).astype(np.int32)

@@ -178,3 +178,24 @@ def test_events_the_profiler_dropped_are_counted(tmp_path):
     model = _load(tmp_path, synth)
     assert model.hosts[0].dropped_events == 15
     assert any("dropped 12" in w for w in model.warnings)
+
+
+@pytest.mark.parametrize("spread", [40, 1 << 40])
+def test_sorted_keys_first_value_wins_in_table_and_sorted_forms(spread):
+    """SortedKeys answers like a dict filled in key order with setdefault (a repeated key keeps
+    its first value), whether its keys span a small range (the table) or not (sorted search),
+    including queries outside the keys' range and at the int64 limits."""
+    from tb_gpuadvisor.arrays import SortedKeys
+    rng = np.random.default_rng(spread)
+    for _ in range(100):
+        n = int(rng.integers(1, 60))
+        keys = rng.integers(-5, spread, n)
+        values = rng.integers(-100, 100, n).astype(np.int32)
+        queries = np.concatenate([rng.integers(-20, 80, 40), keys,
+                                  [np.iinfo(np.int64).max, np.iinfo(np.int64).min]])
+        first: dict[int, int] = {}
+        for key, value in zip(keys.tolist(), values.tolist()):
+            first.setdefault(key, value)
+        table = SortedKeys(keys, values)
+        assert (table._table is not None) == (spread == 40 or len(set(keys.tolist())) == 1)
+        assert table.get(queries, -7).tolist() == [first.get(q, -7) for q in queries.tolist()]

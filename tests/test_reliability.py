@@ -189,6 +189,29 @@ print(needed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grew <= needed
 
 
+def test_events_only_count_bounds_the_exact_estimate(tmp_path):
+    """The budget check first counts events alone (stats stepped over): the bound it computes
+    from them is never below the estimate from the full count, so skipping that count is safe;
+    a budget between the two still gets the full count's refusal."""
+    if not decode.has_fast_decoder():
+        pytest.skip("C decoder not built")
+    from tb_gpuadvisor.model.build import COST_C, _check_budget, memory_needed
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(build_training_session(steps=20, gpus=2, memcpy_frac=0.05).space.SerializeToString())
+    with CaptureFile(str(path)) as cap:
+        shallow = [decode.count_events(cap.buffer, span, stats=False) for span in cap.index.plane_spans]
+        full = [decode.count_events(cap.buffer, span) for span in cap.index.plane_spans]
+        assert [e for e, _ in shallow] == [e for e, _ in full] and all(s == -1 for _, s in shallow)
+        events = sum(e for e, _ in full)
+        needed, counted = memory_needed(cap)
+        bound = COST_C.most(cap.size, events)
+        assert counted == events > 0 and needed <= bound < COST_C.most(cap.size)
+        _check_budget(cap, bound)           # the events-only bound fits: no refusal
+        _check_budget(cap, needed)
+        with pytest.raises(CaptureError, match="refused"):
+            _check_budget(cap, needed - 1)
+
+
 def test_bad_memory_limit_setting_is_ignored_with_a_warning(tmp_path, monkeypatch):
     # Item 7: TB_GPUADVISOR_MEMORY_LIMIT_MB=abc failed every session with ValueError.
     monkeypatch.setenv("TB_GPUADVISOR_MEMORY_LIMIT_MB", "abc")

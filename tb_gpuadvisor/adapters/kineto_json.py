@@ -31,9 +31,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 16 << 20
 
 
-def inflate(data: bytearray) -> bytearray:
-    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error)."""
-    if data[:2] != _GZIP_MAGIC:
+def inflate(data: "bytearray | np.ndarray") -> "bytearray | np.ndarray":
+    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error).
+    DATA is any buffer of bytes (the reader hands over a numpy array of the file)."""
+    if bytes(memoryview(data)[:2]) != _GZIP_MAGIC:
         return data
     out = bytearray()
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)

@@ -281,11 +281,14 @@ def _both(a: Intervals, b: Intervals) -> Intervals:
 
 
 def _cut(a: Intervals, b: Intervals) -> Intervals:
-    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them."""
+    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them.
+
+    Each side is a merge of two sorted runs, which the stable sort (timsort) does in one
+    linear pass."""
     if not b[0].size:
         return a
-    starts = np.insert(a[0], np.searchsorted(a[0], b[1]), b[1])
-    ends = np.insert(a[1], np.searchsorted(a[1], b[0]), b[0])
+    starts = np.sort(np.concatenate((a[0], b[1])), kind="stable")
+    ends = np.sort(np.concatenate((a[1], b[0])), kind="stable")
     keep = ends > starts
     return starts[keep], ends[keep]
 
@@ -433,7 +436,7 @@ def _input_waits(host: HostModel) -> Intervals:
 
 
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
-                   covered: Intervals | None, host_ops: np.ndarray) -> DeviceBreakdown:
+                   covered: Intervals | None, host_ops: Intervals) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
     # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
@@ -448,7 +451,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
-        host_ops=_set(activity.start_ps, activity.end_ps, host_ops),
+        host_ops=host_ops,
         launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))))
 
 
@@ -507,9 +510,11 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     steps = model.steps
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
-    # Per-host parts, before the device threads share them.
+    # Per-host parts, before the device threads share them (every GPU of a host reads the same
+    # host-op time).
     hosts = {id(h): h for dev, h in pairs if dev is not None}
-    host_ops = {key: host_ops_mask(host, steps) for key, host in hosts.items()}
+    host_ops = {key: _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
+                for key, host in hosts.items()}
 
     def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
         dev, host = pair

@@ -99,6 +99,25 @@ class _Chain:
     base_end: np.ndarray        # per step, the replayed end of its last event (-1 without events)
 
 
+@dataclass
+class _Held:
+    """A chain's events the host holds back, and its waits (scenario-independent)."""
+
+    anchored: np.ndarray        # indices of the held events
+    observed: np.ndarray        # their observed releases
+    wait: np.ndarray            # the wait each last returned from in its step, -1
+    after: np.ndarray           # wait >= 0
+    resumed: np.ndarray         # when the host last resumed before each
+    # Only when some held event follows a wait, per wait:
+    previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
+    waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
+    since: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # host resumed (step start or previous wait)
+    reached: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))   # host reached the wait
+    event: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # last event finished by then
+    base_resume: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    rounds: int = 1             # replay rounds that carry a gain across every wait of a step
+
+
 def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
     activity = host.activity
@@ -106,7 +125,7 @@ def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     if table is None:
         rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
         table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
-    if not table.keys.size:
+    if not len(table):
         return np.full(len(dev), -1, np.int64)
     row = table.get(dev.correlation_id, -1)
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
@@ -200,6 +219,7 @@ class Replay:
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}
         self._gains: dict[str, np.ndarray] = {}
         self._device_gains: dict[str, np.ndarray] = {}
+        self._held_by: dict[int, _Held] = {}
 
     def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
                  tag: str) -> np.ndarray:
@@ -239,42 +259,57 @@ class Replay:
         gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
         return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
 
+    def _held(self, chain: _Chain) -> "_Held":
+        """CHAIN's held events and waits: what does not depend on the scenario, found once."""
+        held = self._held_by.get(id(chain))
+        if held is None:
+            a = self.steps.start_ps
+            anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
+            wait = chain.sync_index[anchored]
+            after = wait >= 0
+            # Host time removed since the host last resumed: the step start, or the end of its last wait.
+            resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
+                               a[chain.step[anchored]])
+            # Stored only once complete: checks replay their scenarios from several threads.
+            held = _Held(anchored, chain.release[anchored], wait, after, resumed)
+            if after.any():
+                # Waits in step order: each one's predecessor in its step, and the host time removed between.
+                event = chain.sync_event
+                step = np.where(event >= 0, chain.step[np.clip(event, 0, None)], -1)
+                previous = np.full(step.size, -1)
+                same = np.flatnonzero(step[1:] == step[:-1]) + 1
+                previous[same] = same - 1
+                held.previous, held.waits = previous, np.flatnonzero(step >= 0)
+                held.since = np.where(previous >= 0, chain.sync_end[np.clip(previous, 0, None)],
+                                      a[np.clip(step, 0, None)])
+                held.reached = np.maximum(chain.sync_start, held.since)
+                held.event = np.clip(event, 0, None)
+                held.base_resume = np.maximum(chain.sync_start, chain.running_end[held.event])
+                held.rounds = min(int(np.bincount(step[step >= 0]).max(initial=0)) + 1, MAX_SYNC_ROUNDS)
+            self._held_by[id(chain)] = held
+        return held
+
     def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario, d: np.ndarray) -> np.ndarray:
         """Replayed ends of CHAIN's events with durations D; releases follow the host's timeline
         with the scenario's host time removed and, after a wait, the device's replayed progress."""
-        anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
-        a = self.steps.start_ps
-        observed = chain.release[anchored]
+        held = self._held(chain)
         release = chain.release.copy()
-        wait = chain.sync_index[anchored]
-        after = wait >= 0
-        # Host time removed since the host last resumed: the step start, or the end of its last wait.
-        resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
-                           a[chain.step[anchored]])
-        own_shift = self._removed(part, scenario, resumed, observed, "held")
-        if not after.any():
-            release[anchored] = observed - np.rint(own_shift).astype(np.int64)
+        own_shift = self._removed(part, scenario, held.resumed, held.observed, "held")
+        if not held.after.any():
+            release[held.anchored] = held.observed - np.rint(own_shift).astype(np.int64)
             return _solve(release, d)
-        # Waits in step order: each one's predecessor in its step, and the host time removed between.
-        event = chain.sync_event
-        step = np.where(event >= 0, chain.step[np.clip(event, 0, None)], -1)
-        previous = np.full(step.size, -1)
-        same = np.flatnonzero(step[1:] == step[:-1]) + 1
-        previous[same] = same - 1
-        since = np.where(previous >= 0, chain.sync_end[np.clip(previous, 0, None)], a[np.clip(step, 0, None)])
-        removed = self._removed(part, scenario, since, np.maximum(chain.sync_start, since), "waits")
-        base_resume = np.maximum(chain.sync_start, chain.running_end[np.clip(event, 0, None)])
-        host_cost = base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
+        removed = self._removed(part, scenario, held.since, held.reached, "waits")
+        host_cost = held.base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
-        waits_per_step = np.bincount(step[step >= 0]).max(initial=0)
-        for _ in range(min(int(waits_per_step) + 1, MAX_SYNC_ROUNDS)):
-            device = base_resume - ends[np.clip(event, 0, None)]  # how much earlier the device got there
-            shift = np.zeros(step.size)
-            for k in np.flatnonzero(step >= 0):
-                carried = shift[previous[k]] if previous[k] >= 0 else 0.0
+        wait_of = np.clip(held.wait, 0, None)
+        for _ in range(held.rounds):
+            device = held.base_resume - ends[held.event]  # how much earlier the device got there
+            shift = np.zeros(held.previous.size)
+            for k in held.waits:
+                carried = shift[held.previous[k]] if held.previous[k] >= 0 else 0.0
                 shift[k] = min(carried + host_cost[k], device[k])
-            total = own_shift + np.where(after, shift[np.clip(wait, 0, None)], 0.0)
-            release[anchored] = observed - np.rint(total).astype(np.int64)
+            total = own_shift + np.where(held.after, shift[wait_of], 0.0)
+            release[held.anchored] = held.observed - np.rint(total).astype(np.int64)
             new_ends = _solve(release, d)
             if np.array_equal(new_ends, ends):
                 break

@@ -33,7 +33,8 @@ _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
 _MEMORY_STATS = ("allocator_name", "fragmentation", "tf_op") + _MEMORY_INTS
-_HOST_STATS = ("correlation_id", "group_id", "step_num", "_r", "name") + _MEMORY_STATS
+_HOST_INTS = ("correlation_id", "group_id", "step_num", "_r")
+_HOST_STATS = _HOST_INTS + ("name",) + _MEMORY_STATS
 
 
 class _Interner:
@@ -210,12 +211,14 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     keep = _line_mask(dp, lambda line: line.name == classify.TPU_OPS_LINE if is_tpu
                       else line.name not in classify.DERIVED_DEVICE_LINES)
     op = map_small_ints(dp.metadata_id, md_op)
-    for stat in reversed(_OP_STATS):            # preferred stats written last
-        found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
-        op = np.where(found >= 0, found, op)
+    for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
+        if dp.stats[stat].event.size:
+            found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
+            op = np.where(found >= 0, found, op)
     det = map_small_ints(dp.metadata_id, md_details)
-    found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
-    det = np.where(found >= 0, found, det)
+    if dp.stats["kernel_details"].event.size:
+        found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
+        det = np.where(found >= 0, found, det)
     copy_details = _Interner()
     copy_idx = dp.stats["memcpy_details"].interned(n, dp.stat_names, dp.strings, copy_details.add)
     sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
@@ -278,6 +281,18 @@ def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
     return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
+@dataclass
+class _HostPart:
+    """One host plane's events in plane order; its int stats stay sparse until sorted."""
+
+    n: int
+    start_ps: np.ndarray
+    dur_ps: np.ndarray
+    name: np.ndarray
+    thread: np.ndarray
+    stats: dict[str, tuple[np.ndarray, np.ndarray]]      # stat -> (events, values)
+
+
 class _HostBuilder:
     """Accumulates host-thread lines from the CPU plane (and a CUPTI plane, if any)."""
 
@@ -287,7 +302,7 @@ class _HostBuilder:
         self.threads = _Interner()
         self.allocators = _Interner()
         self.mem_ops = _Interner()
-        self.parts: list[dict[str, np.ndarray]] = []
+        self.parts: list[_HostPart] = []
         self.memory_parts: list[dict[str, np.ndarray]] = []
         self.datasets: dict[str, str] = {}
 
@@ -300,13 +315,10 @@ class _HostBuilder:
             (self.threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
             np.int32, len(dp.lines))
         start = _starts(dp, origin_ns)
-        ints = {name: dp.stats[name].ints(n, dp.strings) for name in ("correlation_id", "group_id", "step_num", "_r")}
-        self.parts.append({
-            "start_ps": start, "dur_ps": dp.duration_ps, "name": _name_indices(dp.metadata_id, md_name, self.names),
-            "thread": line_thread[dp.line_index()] if n else np.empty(0, np.int32),
-            "step_num": ints["step_num"], "is_root": ints["_r"] == 1, "group": ints["group_id"],
-            "corr": ints["correlation_id"],
-        })
+        self.parts.append(_HostPart(
+            n, start, dp.duration_ps, _name_indices(dp.metadata_id, md_name, self.names),
+            np.repeat(line_thread, [line.count for line in dp.lines]),
+            {name: dp.stats[name].int_values(dp.strings) for name in _HOST_INTS}))
         self._add_datasets(dp)
         memory_md = [mid for mid, meta in metadata.items() if meta.name in classify.MEMORY_EVENTS]
         rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
@@ -343,13 +355,49 @@ class _HostBuilder:
         arrays = [p[key] for p in parts]
         return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
 
+    def _sorted(self, key: str, dtype, order: np.ndarray) -> np.ndarray:
+        """One dense column of every part, in ORDER (one copy when there is one part)."""
+        arrays = [getattr(p, key) for p in self.parts]
+        whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays) if arrays else np.empty(0, dtype)
+        return whole[order].astype(dtype, copy=False)
+
+    def _sorted_stats(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """The int stats of every part in ORDER: a stat every event of the only part carries
+        once is gathered; sparse ones are scattered straight to their sorted rows."""
+        n = order.size
+        dense: dict[str, np.ndarray] = {}
+        scattered = []
+        only = self.parts[0].stats if len(self.parts) == 1 else {}
+        for name in _HOST_INTS:
+            event, value = only.get(name, (None, None))
+            if event is not None and event.size == n and np.all(event[1:] > event[:-1]):
+                dense[name] = value[order] == 1 if name == "_r" else value[order]
+            else:
+                scattered.append(name)
+        if not scattered:
+            return dense
+        place = np.empty(n, np.int64)
+        place[order] = np.arange(n)
+        for name in scattered:
+            dense[name] = np.zeros(n, bool) if name == "_r" else np.full(n, -1, np.int64)
+        first = 0
+        for part in self.parts:
+            rows = place[first:first + part.n]
+            for name in scattered:
+                event, value = part.stats[name]
+                dense[name][rows[event]] = value == 1 if name == "_r" else value
+            first += part.n
+        return dense
+
     def finish(self) -> tuple[HostActivity, MemoryRecords]:
         cat = self._concat
-        start = cat(self.parts, "start_ps", np.int64)
+        starts = [p.start_ps for p in self.parts]
+        start = starts[0] if len(starts) == 1 else np.concatenate(starts) if starts else np.empty(0, np.int64)
         order = np.argsort(start, kind="stable")
-        col = {key: cat(self.parts, key, dtype)[order] for key, dtype in (
-            ("dur_ps", np.int64), ("name", np.int32), ("thread", np.int32), ("step_num", np.int64),
-            ("is_root", bool), ("group", np.int64), ("corr", np.int64))}
+        stats = self._sorted_stats(order)
+        col = {"dur_ps": self._sorted("dur_ps", np.int64, order), "name": self._sorted("name", np.int32, order),
+               "thread": self._sorted("thread", np.int32, order), "step_num": stats["step_num"],
+               "is_root": stats["_r"], "group": stats["group_id"], "corr": stats["correlation_id"]}
         kind_of_name = np.fromiter((classify.host_event_kind(n) for n in self.names.strings), np.int8,
                                    len(self.names.strings))
         kind = kind_of_name[col["name"]] if col["name"].size else np.empty(0, np.int8)
@@ -433,9 +481,13 @@ class MemoryCost:
     def needed(self, size: int, events: int, stats: int) -> int:
         return self.per_file_byte * size + self.per_event * events + self.per_stat * max(stats, 0)
 
-    def most(self, size: int) -> int:
-        """The most a file of SIZE bytes can need: every event and stat takes 2 bytes or more."""
-        return self.per_file_byte * size + max(self.per_event, self.per_stat) * (size // 2)
+    def most(self, size: int, events: int | None = None) -> int:
+        """The most a file of SIZE bytes (holding EVENTS, when counted) can need: every event
+        and stat takes 2 bytes or more, and stats lie inside events."""
+        if events is None:
+            return self.per_file_byte * size + max(self.per_event, self.per_stat) * (size // 2)
+        return (self.per_file_byte * size + self.per_event * events
+                + self.per_stat * max(size - 2 * events, 0) // 2)
 
 
 # Measured with captures of 2-byte events, of empty stats and of benchmark-like events
@@ -455,9 +507,15 @@ def memory_needed(capture: CaptureFile) -> tuple[int, int]:
 
 
 def _check_budget(capture: CaptureFile, budget: int | None) -> None:
-    cost = COST_C if has_fast_decoder() else COST_PYTHON
+    fast = has_fast_decoder()
+    cost = COST_C if fast else COST_PYTHON
     if budget is None or cost.most(capture.size) <= budget:
         return          # fits whatever it holds: no need to count its events
+    if fast:
+        # Counting the events alone steps over their bodies; their stats cost most of a count.
+        events = sum(count_events(capture.buffer, span, stats=False)[0] for span in capture.index.plane_spans)
+        if cost.most(capture.size, events) <= budget:
+            return
     needed, events = memory_needed(capture)
     if needed > budget:
         hint = "" if has_fast_decoder() else "; installing with a C compiler (the fast decoder) needs far less"

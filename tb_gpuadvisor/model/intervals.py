@@ -61,13 +61,20 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
             for j in range(i, k):
                 out[i, j] = out[j, i] = overlap(sets[i], sets[j])
         return out
-    points = np.concatenate([np.concatenate(s) for s in sets]) if k else np.empty(0, np.int64)
-    if points.size == 0:
+    sizes = [2 * s[0].size for s in sets]
+    if not sum(sizes):
         return out
-    delta = np.concatenate([np.concatenate((np.full(s[0].size, 1 << i), np.full(s[1].size, -(1 << i))))
-                            for i, s in enumerate(sets)])
+    # Each set's boundaries interleaved (start, end, start, ...) form one sorted run, so the
+    # stable sort merges k runs; the masks fit int32 (k <= 16).
+    points = np.empty(sum(sizes), np.int64)
+    delta = np.empty(sum(sizes), np.int32)
+    first = 0
+    for i, ((starts, ends), size) in enumerate(zip(sets, sizes)):
+        points[first:first + size:2], points[first + 1:first + size:2] = starts, ends
+        delta[first:first + size:2], delta[first + 1:first + size:2] = 1 << i, -(1 << i)
+        first += size
     order = np.argsort(points, kind="stable")
-    points, mask = points[order], np.cumsum(delta[order])
+    points, mask = points[order], np.cumsum(delta[order], dtype=np.int32)
     lengths = np.diff(points)
     by_mask = np.bincount(mask[:-1], weights=lengths, minlength=1 << k)
     bits = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1        # which sets each mask holds

@@ -30,8 +30,9 @@
  * string fields, a field with an unexpected wire type treated as unknown, and
  * the last member of a oneof wins.
  *
- * count_plane(buffer) returns (events, stats) of the plane's lines without
- * decoding them, for the memory estimate; it stops counting at malformed bytes.
+ * count_plane(buffer, with_stats=True) returns (events, stats) of the plane's lines
+ * without decoding them, for the memory estimate; it stops counting at malformed bytes.
+ * with_stats=False steps over each event whole (several times faster) and gives 0 stats.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -306,8 +307,9 @@ static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int wit
     return OK;
 }
 
-/* Events (counts[0]) and stats (counts[1]) below a plane (level 0), line (1) or event (2). */
-static void count_fields(const uint8_t *p, const uint8_t *end, int level, int64_t *counts) {
+/* Events (counts[0]) and stats (counts[1]) below a plane (level 0), line (1) or event (2);
+ * DEEPEST 1 steps over each event whole (events counted, stats left at 0). */
+static void count_fields(const uint8_t *p, const uint8_t *end, int level, int deepest, int64_t *counts) {
     static const int child[] = {3, 4, 4}; /* XPlane.lines, XLine.events, XEvent.stats */
     while (p < end) {
         const uint8_t *a, *b;
@@ -317,7 +319,7 @@ static void count_fields(const uint8_t *p, const uint8_t *end, int level, int64_
             return;
         if (wire != 2 || field != child[level]) continue;
         if (level > 0) counts[level - 1]++;
-        if (level < 2) count_fields(a, b, level + 1, counts);
+        if (level < deepest) count_fields(a, b, level + 1, deepest, counts);
     }
 }
 
@@ -462,10 +464,11 @@ done:
 
 static PyObject *count_plane(PyObject *self, PyObject *args) {
     Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    int with_stats = 1;
+    if (!PyArg_ParseTuple(args, "y*|p", &data, &with_stats)) return NULL;
     int64_t counts[2] = {0, 0};
     Py_BEGIN_ALLOW_THREADS
-    count_fields((const uint8_t *)data.buf, (const uint8_t *)data.buf + data.len, 0, counts);
+    count_fields((const uint8_t *)data.buf, (const uint8_t *)data.buf + data.len, 0, with_stats ? 2 : 1, counts);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     return Py_BuildValue("(LL)", (long long)counts[0], (long long)counts[1]);

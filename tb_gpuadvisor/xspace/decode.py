@@ -48,15 +48,29 @@ class StatColumn:
     kind: np.ndarray    # int8 value kinds (INT64, UINT64, REF, STR, DOUBLE, BYTES)
     value: np.ndarray   # int64 raw values (string index for STR, bits for DOUBLE)
 
-    def ints(self, n_events: int, strings: list[str], missing: int = -1) -> np.ndarray:
-        """Dense int64 column; numeric strings are converted, other values are missing."""
-        out = np.full(n_events, missing, np.int64)
+    def int_values(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(events, int64 values) of the integer values, numeric strings converted; a string
+        value follows the numeric ones, so it wins where an event carries both."""
         numeric = (self.kind == INT64) | (self.kind == UINT64)
-        out[self.event[numeric]] = self.value[numeric]
-        for i in np.flatnonzero(self.kind == STR):
-            text = strings[int(self.value[i])]
-            if text.lstrip("-").isdigit():
-                out[self.event[i]] = int(text)
+        texts = [(int(self.event[i]), int(text)) for i in np.flatnonzero(self.kind == STR)
+                 if (text := strings[int(self.value[i])]).lstrip("-").isdigit()]
+        if not texts:
+            if numeric.all():       # the usual case: no copies of a column every event carries
+                return self.event, self.value
+            return self.event[numeric], self.value[numeric]
+        event, value = zip(*texts)
+        return (np.concatenate([self.event[numeric], np.asarray(event, np.int64)]),
+                np.concatenate([self.value[numeric], np.asarray(value, np.int64)]))
+
+    def ints(self, n_events: int, strings: list[str], missing: int = -1,
+             place: np.ndarray | None = None) -> np.ndarray:
+        """Dense int64 column; numeric strings are converted, other values are missing.
+
+        PLACE, when given, is the row of the output each event goes to (a column reordered
+        without building it in event order first)."""
+        out = np.full(n_events, missing, np.int64)
+        event, value = self.int_values(strings)
+        out[event if place is None else place[event]] = value
         return out
 
     def interned(self, n_events: int, stat_names: dict[int, str], strings: list[str],
@@ -234,15 +248,16 @@ def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True)
     return _decode_objects(buf, span, choose)
 
 
-def count_events(buf, span: tuple[int, int], fast: bool = True) -> tuple[int, int]:
+def count_events(buf, span: tuple[int, int], fast: bool = True, stats: bool = True) -> tuple[int, int]:
     """(events, stats) in the lines of the plane at SPAN, without decoding them.
 
-    The pure-Python count stops at the events (stats would cost as much as decoding)
-    and gives -1 stats.  Counting ends quietly at malformed bytes: decoding reports those.
+    The pure-Python count, and any count without STATS, stops at the events (stats cost
+    several times more to count) and gives -1 stats.  Counting ends quietly at malformed
+    bytes: decoding reports those.
     """
     view = buf[span[0]:span[1]]
     if fast and _wire is not None:
-        return _wire.count_plane(view)
+        return _wire.count_plane(view) if stats else (_wire.count_plane(view, False)[0], -1)
     events = 0
     try:
         for number, wire, _, start, stop, _ in fields(view, 0, len(view)):

@@ -20,6 +20,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
+import numpy as np
+
 _PLANES, _ERRORS, _WARNINGS, _HOSTNAMES = 1, 2, 3, 4
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_GROUP, _WIRE_END, _WIRE_I32 = 0, 1, 2, 3, 4, 5
 # Nesting the protobuf runtime allows below the message being parsed (messages and groups).
@@ -188,7 +190,7 @@ class CaptureFile:
         self.close()
 
 
-def read_bytes(path: str, opener: Opener | None = None) -> bytearray:
+def read_bytes(path: str, opener: Opener | None = None) -> np.ndarray:
     """The bytes of a local (OPENER None) or remote capture file; any failure is a CaptureError
     saying why in the user's terms.  Every capture format reads its files through this."""
     try:
@@ -205,7 +207,7 @@ def read_bytes(path: str, opener: Opener | None = None) -> bytearray:
         raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
 
 
-def _read_local(path: str) -> bytearray:
+def _read_local(path: str) -> np.ndarray:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         before = os.fstat(fd)
@@ -213,7 +215,9 @@ def _read_local(path: str) -> bytearray:
             raise CaptureError("not a regular file (a FIFO, socket or device named like a capture); skipped")
         if before.st_size == 0:
             raise CaptureError("the file is empty (0 bytes)")
-        data = bytearray(before.st_size)
+        # Not zero-filled: the read writes every byte, and the first touch of each page is then
+        # the read's own (numpy also asks the kernel for huge pages on a buffer this large).
+        data = np.empty(before.st_size, np.uint8)
         view = memoryview(data)
         got = 0
         while got < len(data):
@@ -246,21 +250,21 @@ def _fresh_stamp(fs: Opener, path: str) -> tuple[int | None, tuple[tuple[str, st
     return remote_stamp(info)
 
 
-def _read_remote(path: str, fs: Opener) -> bytearray:
+def _read_remote(path: str, fs: Opener) -> np.ndarray:
     before = _fresh_stamp(fs, path)
     size = before[0]
     if size is None:
         raise CaptureError("the store does not report the file's size, so it cannot be read safely")
     if size == 0:
         raise CaptureError("the file is empty (0 bytes)")
-    data = bytearray(size)
+    data = np.empty(size, np.uint8)
     got = 0
     while got < size:
         end = min(got + REMOTE_CHUNK_BYTES, size)
         chunk = fs.cat_file(path, got, end)
         if not chunk or len(chunk) > end - got:
             break
-        data[got:got + len(chunk)] = chunk
+        data[got:got + len(chunk)] = np.frombuffer(chunk, np.uint8)
         got += len(chunk)
     if got != size or _fresh_stamp(fs, path) != before:
         raise CaptureError(_CHANGED)
