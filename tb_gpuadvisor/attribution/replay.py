@@ -31,7 +31,6 @@ after it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -44,10 +43,9 @@ from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
     SessionModel,
 )
+from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
 
 ANCHOR_GAP_PS = 5 * PS_PER_US
-# Host calls that block until the device has finished work queued before them.
-_SYNC = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|StreamWait", re.IGNORECASE)
 # A chain of waits is followed this many times (host -> device -> host ...) per replay.
 SYNC_ROUNDS = 6
 _FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order

@@ -31,18 +31,12 @@ import numpy as np
 from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
+from tb_gpuadvisor.vocab import tensorflow
 
 # Stage kinds (the last component of a long stage name, without "[n]" input indices).
-# Buffer stages only hand over elements another thread produced; their self time is waiting
-# for that producer, so they never count as "the slowest stage" themselves.
-BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
-_PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
 _INPUT_INDEX = re.compile(r"\[\d+\]$")
 _DATASET_ID = re.compile(r":\d+$")
 _INJECTED_PREFIX = "inject/"
-# Op types that run Python inside a dataset function (they also hold the GIL).
-PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
-              "PyFuncStateless": "tf.numpy_function"}
 
 
 def stage_kind(long_name: str) -> str:
@@ -82,7 +76,7 @@ class Pipeline:
     @property
     def slowest(self) -> Stage | None:
         for stage in self.stages:
-            if stage_kind(stage.name) not in BUFFER_STAGES:
+            if stage_kind(stage.name) not in tensorflow.BUFFER_STAGES:
                 return stage
         return self.stages[0] if self.stages else None
 
@@ -164,7 +158,7 @@ def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = 
     kinds = {stage_kind(name) for name in names}
     stages = _stage_self_times(activity, windows, idx)
     seen = Pipeline(stages=stages, prefetches=any(k.startswith("Prefetch") for k in kinds),
-                    parallel=any(k.startswith(_PARALLEL_STAGES) for k in kinds),
+                    parallel=any(k.startswith(tensorflow.PARALLEL_STAGES) for k in kinds),
                     sequential_map=any(k in ("Map", "MapV2") for k in kinds))
     if not (read_origin and stages):
         return seen
