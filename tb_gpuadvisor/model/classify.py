@@ -1,9 +1,10 @@
-"""Classifying event names, once per distinct name, into what they mean.
+"""Classifying XPlane event names, once per distinct name, into what they mean.
 
 The profiler names events after what ran: CUDA kernels and copies on device
 planes; framework ops ("scope/op:Type"), tf.data stages ("Iterator::..."),
-runtime APIs and Python functions on host threads.  These facts come from
-reading real TensorFlow (2.4-2.21) and JAX captures.
+runtime APIs and Python functions on host threads.  What each name means is a fact of
+its framework or vendor, kept in tb_gpuadvisor/vocab (tensorflow.py, xla.py, jax.py,
+gpu.py); this module decides, in order, which kind a name is.
 """
 
 from __future__ import annotations
