@@ -58,6 +58,7 @@ _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKin
                  HostEventKind.LAUNCH, HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE,
                  HostEventKind.MEMORY)
 
+
 def _jax_host_work(syncs: bool) -> Fix:
     """JAX's "keep host work out of the loop"; SYNCS names block_until_ready among the read-backs
     (not when the only calls in the capture are the profiling helper's own)."""

@@ -1,5 +1,6 @@
 """What JAX event names mean: jitted function calls, the XLA modules they run, its
-re-sharding fallback and its read-back call, as JAX 0.4-0.8 captures name them."""
+re-sharding fallback and its read-back call, as the JAX captures in ``../shared/corpus`` (ROCm
+GPUs, TPU) and the in-loop helper's own captures name them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What XLA and PjRt runtime names mean: the executables, executors and threads that run
 compiled programs, the compiler's own work and its autotuning, and XLA-side op names.
 
-Facts read from JAX (CUDA, ROCm, TPU, CPU) and TensorFlow jit_compile captures in
-``../shared/corpus``.  HLO instruction names (the device events of an XLA program) are read by
+Facts read from JAX (ROCm, TPU, CPU) and TensorFlow captures.  HLO instruction names (the device events of an XLA program) are read by
 ``vocab/hlo.py``.
 """
 
