@@ -36,7 +36,6 @@ from tb_gpuadvisor.vocab import tensorflow
 # Stage kinds (the last component of a long stage name, without "[n]" input indices).
 _INPUT_INDEX = re.compile(r"\[\d+\]$")
 _DATASET_ID = re.compile(r":\d+$")
-_INJECTED_PREFIX = "inject/"
 
 
 def stage_kind(long_name: str) -> str:
@@ -46,7 +45,8 @@ def stage_kind(long_name: str) -> str:
 
 def dataset_ops(dataset_name: str) -> list[str]:
     """"fused(MapDataset:2,BatchDatasetV2:3)" -> ["MapDataset", "BatchDatasetV2"]."""
-    inner = dataset_name[len("fused("):-1] if dataset_name.startswith("fused(") else dataset_name
+    fused = dataset_name.startswith(tensorflow.FUSED_DATASET_PREFIX)
+    inner = dataset_name[len(tensorflow.FUSED_DATASET_PREFIX):-1] if fused else dataset_name
     return [_DATASET_ID.sub("", part.strip()) for part in inner.split(",") if part.strip()]
 
 
@@ -137,14 +137,14 @@ def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, 
             continue
         ops = dataset_ops(dataset)
         kind = stage_kind(stage)
-        if kind.startswith("Prefetch"):
-            if dataset.startswith(_INJECTED_PREFIX):
+        if kind.startswith(tensorflow.PREFETCH_STAGE):
+            if dataset.startswith(tensorflow.INJECTED_DATASET_PREFIX):
                 inserted.append("prefetch (inject_prefetch)")
             else:
                 prefetches = True
-        parallel |= any(op.startswith(("ParallelMap", "ParallelInterleave", "ParallelBatch")) for op in ops)
-        sequential |= any(op in ("MapDataset", "MapDatasetV2") for op in ops)
-        if kind == "MapAndBatch" and any(op.startswith("Map") for op in ops):
+        parallel |= any(op.startswith(tensorflow.PARALLEL_DATASETS) for op in ops)
+        sequential |= any(op in tensorflow.SEQUENTIAL_MAP_DATASETS for op in ops)
+        if kind == tensorflow.MAP_AND_BATCH_STAGE and any(op.startswith(tensorflow.MAP_DATASET_PREFIX) for op in ops):
             inserted.append("MapAndBatch (your map fused with batch, still sequential)")
     return prefetches, parallel, sequential, list(dict.fromkeys(inserted))
 
@@ -157,9 +157,9 @@ def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = 
     names = {activity.names[i] for i in np.unique(activity.name[idx])}
     kinds = {stage_kind(name) for name in names}
     stages = _stage_self_times(activity, windows, idx)
-    seen = Pipeline(stages=stages, prefetches=any(k.startswith("Prefetch") for k in kinds),
+    seen = Pipeline(stages=stages, prefetches=any(k.startswith(tensorflow.PREFETCH_STAGE) for k in kinds),
                     parallel=any(k.startswith(tensorflow.PARALLEL_STAGES) for k in kinds),
-                    sequential_map=any(k in ("Map", "MapV2") for k in kinds))
+                    sequential_map=any(k in tensorflow.SEQUENTIAL_MAP_STAGES for k in kinds))
     if not (read_origin and stages):
         return seen
     seen.user_ops = _user_ops(activity, windows)

@@ -85,6 +85,17 @@ SUMMARY_WRITER = re.compile(r"(^|: )(WriteSummary|FlushSummaryWriter|CloseSummar
 BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
 # tf.data stages that run their function on several elements at once.
 PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
+# Stage kinds of a prefetch, of a sequential map, and of a map tf.data fused with its batch.
+PREFETCH_STAGE = "Prefetch"
+SEQUENTIAL_MAP_STAGES = ("Map", "MapV2")
+MAP_AND_BATCH_STAGE = "MapAndBatch"
+# A stage's dataset names the dataset ops behind it: "MapDataset:2", several fused into one stage
+# as "fused(MapDataset:2,BatchDatasetV2:3)", and "inject/..." for the ones tf.data inserted itself.
+FUSED_DATASET_PREFIX = "fused("
+INJECTED_DATASET_PREFIX = "inject/"
+MAP_DATASET_PREFIX = "Map"
+PARALLEL_DATASETS = ("ParallelMap", "ParallelInterleave", "ParallelBatch")
+SEQUENTIAL_MAP_DATASETS = ("MapDataset", "MapDatasetV2")
 # Op types that run Python inside a dataset function (they also hold the GIL), and the API that made them.
 PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
               "PyFuncStateless": "tf.numpy_function"}
