@@ -27,9 +27,12 @@ COPY_BY_NAME = {
 COPY_PREFIXES = ("memcpy", "copy")
 MEMSET_PREFIX = "memset"
 
-# A device event that moves data between GPUs: NCCL/RCCL kernels and the collective
-# instructions XLA names its own kernels after (all-reduce, collective-permute, send/recv).
-COLLECTIVE_EVENT = re.compile(r"nccl|rccl|allreduce|all_reduce|all-reduce|allgather|all-gather|"
+# Kernels of the communication libraries: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM.
+# They move data between GPUs; counting them as compute would hide a communication bottleneck.
+COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
+# A device event that moves data between GPUs: a communication library's kernel or one of the
+# collective instructions XLA names its own kernels after (all-reduce, collective-permute, send/recv).
+COLLECTIVE_EVENT = re.compile(COMMUNICATION_KERNEL.pattern + r"|allreduce|all_reduce|all-reduce|allgather|all-gather|"
                               r"reducescatter|reduce-scatter|reduce_scatter|alltoall|all-to-all|"
                               r"collective-permute|sendrecv", re.IGNORECASE)
 # Collective communication kernels (NCCL/RCCL, XLA's own collectives), as the kernel checks read them.

@@ -46,9 +46,6 @@ _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunct
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
 
-# Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
-# between GPUs; counting them as compute would hide a communication bottleneck.
-_COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
 
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
 HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
@@ -102,7 +99,7 @@ def device_event_kind(name: str, category: str) -> DeviceEventKind:
         return {"HtoD": DeviceEventKind.MEMCPY_H2D, "DtoH": DeviceEventKind.MEMCPY_D2H,
                 "DtoD": DeviceEventKind.MEMCPY_D2D, "PtoP": DeviceEventKind.MEMCPY_P2P
                 }.get(direction, DeviceEventKind.MEMCPY_OTHER)
-    if _COLLECTIVE.search(name):
+    if gpu.COMMUNICATION_KERNEL.search(name):
         return DeviceEventKind.COLLECTIVE
     return DeviceEventKind.KERNEL
 
