@@ -125,7 +125,9 @@ def test_every_corpus_capture_loads(corpus):
     for ref in find_sessions(str(corpus)):
         model = load_session(ref)
         assert not model.errors, (ref.run, model.errors)
-        assert model.framework in ("tensorflow", "jax")
+        # Each format's framework: XPlane captures are TensorFlow or JAX, Kineto traces PyTorch.
+        expected = ("pytorch",) if ref.run.startswith("pytorch-") else ("tensorflow", "jax")
+        assert model.framework in expected, (ref.run, model.framework)
 
 
 def test_rtx5000_series(corpus):

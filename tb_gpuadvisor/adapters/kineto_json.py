@@ -213,8 +213,9 @@ def _from_dicts(trace) -> Columns:
     args = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in complete]
     cols.name = [str(e.get("name", "")) for e in complete]
     cols.cat = [str(e.get("cat") or "") for e in complete]
-    cols.pid = [e.get("pid") for e in complete]
-    cols.tid = [e.get("tid") for e in complete]
+    ident = lambda v: v if v is None or isinstance(v, (int, str)) else str(v)  # noqa: E731 - hashable ids
+    cols.pid = [ident(e.get("pid")) for e in complete]
+    cols.tid = [ident(e.get("tid")) for e in complete]
     number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
     cols.ts = _floats([e["ts"] for e in complete])
     cols.dur = _floats([number(e, "dur") or 0 for e in complete])

@@ -46,8 +46,10 @@ from tb_gpuadvisor.model.timeline import (
 from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
 
 ANCHOR_GAP_PS = 5 * PS_PER_US
-# A chain of waits is followed this many times (host -> device -> host ...) per replay.
-SYNC_ROUNDS = 6
+# Each round of the replay carries a gain across one more wait (host -> device -> host ...); a step
+# with N waits needs up to N + 1 rounds (an eager PyTorch step can sync a hundred times). Rounds stop
+# when nothing moves; this bounds a pathological capture.
+MAX_SYNC_ROUNDS = 4096
 _FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
 
 
@@ -262,7 +264,8 @@ class Replay:
         base_resume = np.maximum(chain.sync_start, chain.running_end[np.clip(event, 0, None)])
         host_cost = base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
-        for _ in range(SYNC_ROUNDS):
+        waits_per_step = np.bincount(step[step >= 0]).max(initial=0)
+        for _ in range(min(int(waits_per_step) + 1, MAX_SYNC_ROUNDS)):
             device = base_resume - ends[np.clip(event, 0, None)]  # how much earlier the device got there
             shift = np.zeros(step.size)
             for k in np.flatnonzero(step >= 0):

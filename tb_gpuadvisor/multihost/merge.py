@@ -22,7 +22,7 @@ from tb_gpuadvisor.attribution.whatif import Savings
 from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.metadata import XPLANE_SUFFIX
+from tb_gpuadvisor.adapters import host_of
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
 from tb_gpuadvisor.report import finish, time_origin_ms
@@ -223,7 +223,7 @@ def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed:
 
 def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     """The session report of REF from its hosts' summaries (in REF's host order)."""
-    errors = [{"host": name[: -len(XPLANE_SUFFIX)], "file": name, "message": why} if name else {"message": why}
+    errors = [{"host": host_of(name), "file": name, "message": why} if name else {"message": why}
               for name, why in ref.skipped]
     for summary in summaries:
         errors += [dict(e, host=e.get("host", summary.host)) for e in summary.errors]
