@@ -9,6 +9,18 @@ from __future__ import annotations
 
 import re
 
+# Lines of a GPU plane that the profiler derives from the streams (in TensorFlow's and JAX's
+# captures alike); not device activity.
+DERIVED_DEVICE_LINES = frozenset({
+    "TensorFlow Ops", "TensorFlow Name Scope", "Steps", "XLA Modules", "Async XLA Ops",
+    "XLA TraceMe", "Overlay", "Framework Ops", "Framework Name Scope", "Source code",
+    "Launch Stats", "Host Offload Ops",
+})
+# The derived lines that carry facts: the step annotations, the XLA program runs, and a TPU's ops.
+STEPS_LINE = "Steps"
+XLA_MODULES_LINE = "XLA Modules"
+TPU_OPS_LINE = "XLA Ops"
+
 # Host events that run a loaded XLA executable (TPU runtimes and PjRt's C API).
 FUNCTION = re.compile(r"^TfrtTpuLoadedExecutable::Execute$|^PjRtCApiLoadedExecutable::Execute$")
 # PjRt and the XLA GPU runtime's thunks: executor work around programs, not ops.
