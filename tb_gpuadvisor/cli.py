@@ -18,14 +18,14 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from tb_gpuadvisor.checks import Severity, all_checks
+from tb_gpuadvisor.checks import all_checks
+from tb_gpuadvisor.checks.base import FAIL_ON, failing
 from tb_gpuadvisor.discovery import DiscoveryError, SessionRef, find_sessions
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.multihost.engine import Engine
 
 FORMATS = ("text", "json", "markdown")
-FAIL_ON = ("warning", "critical")
 
 
 class UsageError(Exception):
@@ -72,15 +72,6 @@ def _emit(fmt: str, result: dict, as_text, as_markdown) -> None:
     """Print RESULT as JSON, or through the text or Markdown renderer."""
     _print(json.dumps(result, indent=2) if fmt == "json" else
            as_markdown(result) if fmt == "markdown" else as_text(result))
-
-
-def failing(findings: list[dict], fail_on: str | None) -> list[dict]:
-    """The findings of at least FAIL_ON severity that are not of low confidence (those never
-    count on their own), in their order."""
-    if not fail_on:
-        return []
-    limit = Severity(fail_on).weight
-    return [f for f in findings if Severity(f["severity"]).weight >= limit and f.get("confidence") != "low"]
 
 
 def _say_reached(fail_on: str, causes: list[str]) -> int:

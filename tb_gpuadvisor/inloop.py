@@ -27,8 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
-from tb_gpuadvisor.checks.base import Severity
-from tb_gpuadvisor.cli import FAIL_ON, failing
+from tb_gpuadvisor.checks.base import FAIL_ON, Severity, failing
 
 log = logging.getLogger("tb_gpuadvisor")
 

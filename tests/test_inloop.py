@@ -7,11 +7,15 @@ when stopped, writes a synthetic capture where a real profiler would.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from synth import build_training_session, write_bad_session, write_session
 
+import tb_gpuadvisor
 from tb_gpuadvisor.inloop import (
     AUTO_WARMUP_CAP, AdvisorFindingError, BackgroundAnalysis, Phase, StepWindow, Tracer, WarmupClock,
     failing_findings,
@@ -155,3 +159,14 @@ def test_low_confidence_findings_never_fail_the_run():
     ]}]}
     assert failing_findings(report, "critical") == []
     assert [f["check"] for f in failing_findings(report, "warning")] == ["b", "c"]
+
+
+def test_the_helpers_do_not_load_the_cli():
+    """The fail-on rule sits below both the CLI and the in-loop helpers (checks/base.py): a
+    training script that imports the helpers never loads the command line (argparse, the
+    engines' flags) it does not use."""
+    root = str(Path(tb_gpuadvisor.__file__).parent.parent)
+    code = "import sys, tb_gpuadvisor.inloop; print('tb_gpuadvisor.cli' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert out.stdout.strip() == "False"

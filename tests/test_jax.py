@@ -21,7 +21,8 @@ import pytest
 from tb_gpuadvisor.checks import all_checks, fixes
 from tb_gpuadvisor.checks.base import Fix
 from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import HostEventKind, hlo
+from tb_gpuadvisor.model import HostEventKind
+from tb_gpuadvisor.vocab import hlo
 from tb_gpuadvisor.model.classify import host_event_kind
 from tb_gpuadvisor.model.kernels import is_tensor_core_kernel
 from tb_gpuadvisor.multihost import analyze_session

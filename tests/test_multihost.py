@@ -212,3 +212,30 @@ def test_memory_is_as_bad_as_the_worst_host(tmp_path):
     assert alone["memory"]["severity"] != "warning"
     memory = _by_check(merged)["memory"]
     assert memory["severity"] == "warning" and memory["metrics"]["peak_percent"] >= 90, memory["metrics"]
+
+
+def test_jobs_spread_sessions_over_the_local_engine(tmp_path, monkeypatch):
+    """--jobs N runs whole sessions on a LocalEngine of N workers (not a pool of its own) and
+    reports exactly what one process reports, sessions in their order; a session whose
+    analysis fails on every attempt is an error session beside the good one."""
+    from tb_gpuadvisor.multihost import build_report
+    from tb_gpuadvisor.multihost.engine import Engine, LocalEngine, Outcome
+
+    write_session(tmp_path, "a", "s", {"w0": build_training_session(input_wait_frac=0.15, **COMMON).space})
+    write_session(tmp_path, "b", "s", {"w0": build_training_session(**COMMON).space})
+    refs = find_sessions(str(tmp_path))
+    assert build_report(refs, jobs=2) == build_report(refs, jobs=1)
+
+    engines: list[int] = []
+
+    def failing_second(self: Engine, fn, jobs, *, in_process=False):
+        engines.append(self.workers)
+        return iter([Outcome(0, fn(jobs[0])), Outcome(1, error="RuntimeError: died")])
+
+    monkeypatch.setattr(LocalEngine, "run", failing_second)
+    report = build_report(refs, jobs=3)
+    assert engines == [3]
+    good, bad = report["sessions"]
+    assert good["run"] == "a" and good["findings"] and not good["errors"]
+    assert bad["run"] == "b" and bad["errors"] == [
+        {"message": "the analysis of this session failed twice: RuntimeError: died"}]

@@ -1,5 +1,6 @@
 """The XPlane adapter: ``<host>.xplane.pb`` files written by TensorFlow's and JAX's profilers,
-read by ``model.build`` (its name rules live in ``model/classify.py``)."""
+read by ``model.build``: ``model/classify.py`` sets each event's kind from the name rules of
+``vocab/`` (tensorflow.py, xla.py, hlo.py, jax.py, gpu.py)."""
 
 from __future__ import annotations
 

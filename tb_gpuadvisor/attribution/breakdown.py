@@ -31,7 +31,6 @@ loop over events.
 from __future__ import annotations
 
 import functools
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,6 +48,8 @@ from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
     HostModel, SessionModel, Steps,
 )
+from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
+from tb_gpuadvisor.vocab.tensorflow import INPUT_SEND as _INPUT_SEND
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.trust import Trust
@@ -410,17 +411,6 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
     for dev, row, wait in zip(devices, coll, collective_wait(coll)):
         dev.parts["collective_wait"] = wait
         dev.parts["collective_transfer"] = row - wait
-
-
-# Handing the input batch from the host to the GPU: the iterator's outputs sent to the device
-# ("IteratorGetNext/_1:_Send") and TF's host-to-device send of function inputs. The GPU idle
-# behind them waits for input, not for launches.
-_INPUT_SEND = re.compile(r"IteratorGetNext[^:]*:_Send|^_Send input \d+ from \S*CPU\S* to \S*GPU")
-
-
-# One op executed eagerly ("EagerLocalExecute: Conv2D"); calls of whole functions ("__inference_...")
-# wrap the step and are not one op.
-_EAGER_OP = re.compile(r"EagerLocalExecute: (?!__)")
 
 
 def _input_waits(host: HostModel) -> Intervals:

@@ -31,7 +31,6 @@ after it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -44,10 +43,9 @@ from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
     SessionModel,
 )
+from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
 
 ANCHOR_GAP_PS = 5 * PS_PER_US
-# Host calls that block until the device has finished work queued before them.
-_SYNC = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|StreamWait", re.IGNORECASE)
 # Each round of the replay carries a gain across one more wait (host -> device -> host ...); a step
 # with N waits needs up to N + 1 rounds (an eager PyTorch step can sync a hundred times). Rounds stop
 # when nothing moves; this bounds a pathological capture.

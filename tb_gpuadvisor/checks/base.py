@@ -47,6 +47,17 @@ class Severity(str, enum.Enum):
 ACTIONABLE = frozenset({Severity.CRITICAL, Severity.WARNING})
 # Checks with nothing to say: collapsed into one line (text) or one list (the tab).
 QUIET = frozenset({Severity.OK, Severity.NOT_APPLICABLE})
+# The severities a run can be failed on (the CLI's --fail-on, the in-loop helpers' fail_on).
+FAIL_ON = ("warning", "critical")
+
+
+def failing(findings: list[dict], fail_on: str | None) -> list[dict]:
+    """The report findings of at least FAIL_ON severity that are not of low confidence (those
+    never count on their own), in their order."""
+    if not fail_on:
+        return []
+    limit = Severity(fail_on).weight
+    return [f for f in findings if Severity(f["severity"]).weight >= limit and f.get("confidence") != "low"]
 
 
 def severity_by_threshold(value: float, critical: float | None, warning: float | None) -> Severity:

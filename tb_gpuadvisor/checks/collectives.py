@@ -43,6 +43,7 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "collectives"
 WARNING_AT = 15.0
@@ -115,9 +116,9 @@ def parameter_bytes(model: SessionModel) -> int | None:
         mem = host.memory
         if not len(mem) or not mem.ops:
             continue
-        init_ops = np.array(["/Initializer/" in op for op in mem.ops], bool)
+        init_ops = np.array([tensorflow.INITIALIZER_SCOPE in op for op in mem.ops], bool)
         for index, allocator in enumerate(mem.allocators):
-            if not allocator.startswith("GPU_"):
+            if not allocator.startswith(tensorflow.GPU_ALLOCATOR_PREFIX):
                 continue
             rows = mem.is_alloc & (mem.allocator == index) & (mem.op >= 0)
             rows &= init_ops[np.where(mem.op >= 0, mem.op, 0)]

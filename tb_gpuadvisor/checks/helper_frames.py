@@ -15,18 +15,17 @@ from __future__ import annotations
 import ast
 import functools
 import os
-import re
 
 import numpy as np
 
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import HostActivity
+from tb_gpuadvisor.vocab import jax
 
 _HELPERS = ("jax.py", "inloop.py", "keras.py")
 # The step hook (``ProfileSteps.wrap``'s inner function) calls the user's step: only its own
 # calls to block_until_ready are the helper's, the rest of what it runs is the user's.
 _HOOK = ("jax.py", "wrap")
-_SYNC = re.compile(r"^\$\S+ block_until_ready$")
 
 
 def _frames(source: str, file: str) -> tuple[set[str], set[str]]:
@@ -84,7 +83,7 @@ def helper_overhead(act: HostActivity) -> np.ndarray:
     out = helper.copy()
     if helper.any():
         out |= _inside(act, np.flatnonzero(helper & ~hook))
-        syncs = np.flatnonzero(named_events(act, "sync_call", _SYNC.match))
+        syncs = np.flatnonzero(named_events(act, "sync_call", jax.BLOCK_UNTIL_READY_FRAME.match))
         out[syncs[_parents_are(act, syncs, hook)]] = True
     act.derived["helper_overhead"] = out
     return out
@@ -107,5 +106,5 @@ def _parents_are(act: HostActivity, rows: np.ndarray, parent: np.ndarray) -> np.
 
 def user_syncs(act: HostActivity) -> bool:
     """Whether the user's own code called block_until_ready inside the steps."""
-    syncs = named_events(act, "sync_call", _SYNC.match) & (act.step >= 0)
+    syncs = named_events(act, "sync_call", jax.BLOCK_UNTIL_READY_FRAME.match) & (act.step >= 0)
     return bool((syncs & ~helper_overhead(act)).any())

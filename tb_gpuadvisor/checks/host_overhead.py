@@ -32,7 +32,6 @@ earlier, device work queued anyway does not.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
@@ -47,6 +46,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
+from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "host_overhead"
 CRITICAL, WARNING = 15.0, 3.0
@@ -57,7 +57,7 @@ TOP = 5
 _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.EXECUTOR,
                  HostEventKind.LAUNCH, HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE,
                  HostEventKind.MEMORY)
-_LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
+
 
 def _jax_host_work(syncs: bool) -> Fix:
     """JAX's "keep host work out of the loop"; SYNCS names block_until_ready among the read-backs
@@ -135,9 +135,6 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
 # Steps marked by model.fit itself (Keras 3 "Profiled batch", Keras 2 TraceContext): fit compiles
 # the step into a tf.function unless run_eagerly=True, and runs the loop over the data itself.
 _FIT_MARKERS = ("keras", "keras2")
-# A tf.function call as TensorFlow records it ("EagerLocalExecute: __inference_multi_step_on_iterator_12",
-# "FunctionRun"); an eager fit (run_eagerly=True) records none.
-_GRAPH_CALL = re.compile(r"__inference_|^FunctionRun$")
 
 
 def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
@@ -146,7 +143,7 @@ def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
     an eager fit, both for a custom loop."""
     if analysis.trust.candidates.source not in _FIT_MARKERS:
         return [fixes.TF_FUNCTION, LOOP_IN_GRAPH]
-    compiled = any((named_events(host.activity, "graph_call", _GRAPH_CALL.search) & (host.activity.step >= 0)).any()
+    compiled = any((named_events(host.activity, "graph_call", tensorflow.GRAPH_CALL.search) & (host.activity.step >= 0)).any()
                    for host in analysis.model.hosts)
     return [] if compiled else [fixes.TF_FUNCTION]
 
@@ -154,7 +151,7 @@ def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     names = [n for host in analysis.model.hosts for n in host.activity.names]
     names += [o for dev in analysis.model.devices for o in dev.ops]
-    return any(_LOSS_SCALE.search(n) for n in names)
+    return any(tensorflow.LOSS_SCALE.search(n) for n in names)
 
 
 @register(CHECK_ID, "Host overhead between launches", __doc__,

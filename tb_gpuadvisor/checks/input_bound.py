@@ -38,14 +38,14 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.model.pipeline import BUFFER_STAGES, PYTHON_OPS, Pipeline, pipeline_stages, stage_kind
+from tb_gpuadvisor.model.pipeline import Pipeline, pipeline_stages, stage_kind
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
-from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
@@ -91,7 +91,7 @@ def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
 
 
 def _op_label(op_type: str) -> str:
-    return f"{op_type} ({PYTHON_OPS[op_type]}, Python code)" if op_type in PYTHON_OPS else op_type
+    return f"{op_type} ({tensorflow.PYTHON_OPS[op_type]}, Python code)" if op_type in tensorflow.PYTHON_OPS else op_type
 
 
 def _fixes(pipeline: Pipeline) -> list:
@@ -144,7 +144,7 @@ def check(analysis: Analysis) -> Finding:
         evidence.append(Evidence(
             kind="stage", name=stage.name, value=round(stage.self_ps / PS_PER_MS / analysis.steps_count, 3),
             unit="ms/step", detail=f"self time on thread {stage.thread}"
-            + ("; waits for the stage feeding it" if stage_kind(stage.name) in BUFFER_STAGES else ""),
+            + ("; waits for the stage feeding it" if stage_kind(stage.name) in tensorflow.BUFFER_STAGES else ""),
             host=primary.host, tool="input_pipeline_analyzer"))
     for op in pipeline.user_ops[:2]:
         evidence.append(Evidence(

@@ -59,7 +59,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.trust.placement import BOOKKEEPING_OPS, host_op_mask, step_threads
+from tb_gpuadvisor.trust.placement import host_op_mask, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Fix, Replayed, Severity, needs_steps, register, severity_by_threshold,
@@ -68,6 +68,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
 )
+from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "op_placement"
 # Host ops moved to the GPU run about this much faster there (a conservative factor).
@@ -75,13 +76,6 @@ HOST_OP_GPU_SPEEDUP = 10.0
 CRITICAL, WARNING = 50.0, 10.0
 COPY_WINDOW_PS = 100 * PS_PER_US
 TOP = 5
-
-# Op types TensorFlow has no GPU kernel for (the guide's example is tf.unique).
-HOST_ONLY_OPS = frozenset({
-    "Unique", "UniqueV2", "UniqueWithCounts", "PyFunc", "EagerPyFunc", "StringSplit",
-    "StringSplitV2", "StringToNumber", "RegexReplace", "DecodeJpeg", "DecodePng", "DecodeImage",
-    "ParseExample", "ParseExampleV2",
-})
 
 FIND_CPU_OPS = fixes.Remedy(
     text="Make TensorFlow fail instead of silently falling back to the CPU, to find ops without "
@@ -128,7 +122,7 @@ def _op_evidence(activity: HostActivity, idx: np.ndarray, gpu_types: set[str], s
         name = str(uniq[i])
         if name in gpu_types:
             note = "runs on the GPU elsewhere in this capture, so a GPU kernel exists"
-        elif name in HOST_ONLY_OPS:
+        elif name in tensorflow.HOST_ONLY_OPS:
             note = "has no GPU kernel in TensorFlow"
         else:
             note = "runs only on the host in this capture"
@@ -158,8 +152,8 @@ def _host_only_ops(analysis: Analysis) -> Finding:
     for host in analysis.model.hosts:
         activity = host.activity
         types = [op_type(n) for n in activity.names]
-        counted = name_mask(types, lambda t: t not in BOOKKEEPING_OPS)
-        stuck = name_mask(types, lambda t: t in HOST_ONLY_OPS)
+        counted = name_mask(types, lambda t: t not in tensorflow.BOOKKEEPING_OPS)
+        stuck = name_mask(types, lambda t: t in tensorflow.HOST_ONLY_OPS)
         ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
                & step_threads(activity) & counted[activity.name])
         idx = np.flatnonzero(ops & stuck[activity.name])

@@ -38,13 +38,14 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_WARM_CAPTURE, Remedy
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
-_SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": "Keras TraceContext markers",
+_SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": f"Keras {tensorflow.KERAS2_STEP} markers",
             "profiler_step": "PyTorch ProfilerStep#N annotations",
-            "keras": "Keras 3 'Profiled batch' markers", "steps_line": "TensorFlow's derived Steps line",
+            "keras": f"Keras 3 '{tensorflow.KERAS3_STEP}' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",
             "window": "none repeats, so the capture is analysed as one window"}

@@ -2,7 +2,7 @@
 
 ## What it measures
 The device time of every event an XLA program ran (JAX, and TensorFlow with XLA), by HLO
-category read from the instruction names the capture carries (see model/hlo.py):
+category read from the instruction names the capture carries (see vocab/hlo.py):
 convolution, dot/GEMM, custom calls (library kernels such as fused attention), layout
 transposes, dtype converts, reductions, other fusions, collectives and copies.
 ``conversion_percent`` is the share spent in layout-transpose and dtype-convert fusions on
@@ -37,16 +37,15 @@ import numpy as np
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.model import hlo
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import device_label, in_steps, top_by_time
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.vocab import hlo, jax, xla
 
 CHECK_ID = "xla_ops"
 CONVERSION_WARNING = 20.0
 COMPUTE_BOUND_BUSY = 85.0
 TOP = 5
-RESHARD_EVENTS = frozenset({"cpp_pjit_shard_arg_fallback"})
 _DEVICE_COPIES = (DeviceEventKind.MEMCPY_D2D, DeviceEventKind.MEMCPY_P2P)
 
 
@@ -90,7 +89,7 @@ def _source(dev: DeviceActivity, i: int) -> str:
     if dev.source.size and dev.source[i] >= 0:
         return dev.sources[dev.source[i]]
     op = dev.ops[dev.op[i]] if dev.op[i] >= 0 else ""
-    return "" if op.startswith("XlaModule") else op.rstrip(":")
+    return "" if op.startswith(xla.MODULE_OP_PREFIX) else op.rstrip(":")
 
 
 def _top_ops(view: DeviceXla, mask: np.ndarray, steps: int, label: str) -> list[Evidence]:
@@ -121,7 +120,7 @@ def _reshard(analysis: Analysis) -> tuple[int, float, int, int]:
     calls, host_ps, copies, nbytes = 0, 0, 0, 0
     for host in analysis.model.hosts:
         act = host.activity
-        ids = [i for i, name in enumerate(act.names) if name in RESHARD_EVENTS]
+        ids = [i for i, name in enumerate(act.names) if name == jax.RESHARD_EVENT]
         pick = np.isin(act.name, ids) & (act.step >= 0)
         calls += int(pick.sum())
         host_ps += int(act.dur_ps[pick].sum())
@@ -192,7 +191,7 @@ def check(analysis: Analysis) -> Finding:
         fix_list += [fixes.jax_only(fixes.JAX_CONV_LAYOUT), fixes.jax_only(fixes.JAX_BF16)]
     if calls >= steps:
         savings += reshard_ms
-        parts.append(f"Arguments are re-sharded on every call: {calls} calls of cpp_pjit_shard_arg_fallback "
+        parts.append(f"Arguments are re-sharded on every call: {calls} calls of {jax.RESHARD_EVENT} "
                      f"({reshard_ms:.2f} ms of host time per step) and {copies} device-to-device copies "
                      f"({copy_bytes / 2**20:.1f} MiB, {copy_bytes / max(copies, 1) / 1024:.0f} KiB each).")
         titles.append("inputs re-sharded every call")

@@ -16,10 +16,11 @@ import numpy as np
 
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import map_small_ints
-from tb_gpuadvisor.model import classify, hlo
+from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
 )
+from tb_gpuadvisor.vocab import hlo, tensorflow
 from tb_gpuadvisor.xspace.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
 from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, Opener
 
@@ -28,7 +29,7 @@ _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
 
 _DROPPED = re.compile(r"dropped\s+(\d+)", re.IGNORECASE)
 _OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
-_XLA_STATS = ("hlo_module", "name")       # with hlo_op: the XLA view of a kernel (model/hlo.py)
+_XLA_STATS = ("hlo_module", "name")       # with hlo_op: the XLA view of a kernel (vocab/hlo.py)
 _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS + _XLA_STATS
 _MEMORY_INTS = ("bytes_allocated", "peak_bytes_in_use", "bytes_reserved", "bytes_available",
                 "requested_bytes")
@@ -320,10 +321,10 @@ class _HostBuilder:
             np.repeat(line_thread, [line.count for line in dp.lines]),
             {name: dp.stats[name].int_values(dp.strings) for name in _HOST_INTS}))
         self._add_datasets(dp)
-        memory_md = [mid for mid, meta in metadata.items() if meta.name in classify.MEMORY_EVENTS]
+        memory_md = [mid for mid, meta in metadata.items() if meta.name in tensorflow.MEMORY_EVENTS]
         rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
         if rows.size:
-            alloc_md = [mid for mid, meta in metadata.items() if meta.name == "MemoryAllocation"]
+            alloc_md = [mid for mid, meta in metadata.items() if meta.name == tensorflow.MEMORY_ALLOCATION]
             # Only the memory events' stats are needed: select them before densifying.
             stat = {name: dp.stats[name].at(rows) for name in _MEMORY_STATS}
             part = {"time_ps": start[rows], "is_alloc": np.isin(dp.metadata_id[rows], alloc_md),
@@ -338,7 +339,7 @@ class _HostBuilder:
     def _add_datasets(self, dp: DecodedPlane) -> None:
         """The ``name`` stat (the dataset op) of each tf.data stage, from its first event that has it."""
         metadata = dp.shell.event_metadata
-        stage_md = [mid for mid, meta in metadata.items() if meta.name.startswith(classify.INPUT_STAGE_PREFIX)]
+        stage_md = [mid for mid, meta in metadata.items() if meta.name.startswith(tensorflow.INPUT_STAGE_PREFIX)]
         rows = np.flatnonzero(np.isin(dp.metadata_id, stage_md))
         if not rows.size:
             return

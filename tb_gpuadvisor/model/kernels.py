@@ -18,86 +18,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, HostActivity, SessionModel
+from tb_gpuadvisor.vocab import gpu, tensorflow, xla
 
-# Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
-# h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/
-# tensorop (CUTLASS and cuDNN "xmma" engines, sm80_/sm90_ prefixes). XProf's list stops at
-# Ampere; Hopper kernels are recognised here too: warpgroup MMA ("wgmma"), cuBLAS's "nvjet"
-# GEMMs and cuDNN/CUTLASS "sm90_" xmma/gmma engines, otherwise every Hopper GEMM would be
-# reported as "not on Tensor Cores". AMD matrix cores show up in rocBLAS/hipBLASLt (Tensile)
-# names as "_MI<m>x<n>x<k>" (MFMA instruction shape, e.g. "Cijk_..._MT256x128x64_MI16x16x16x1"
-# in the MI300X JAX capture), as "mfma"/"wmma" in composable-kernel and RDNA kernel names.
-_TENSOR_CORE = re.compile(
-    r"h884|s884|h1688|s1688|16816|i8816|hmma|xmma|wgmma|gmma|tensorop|nvjet"
-    r"|sm(?:80|86|89|90|100|120)_.*(?:gemm|conv|fprop|dgrad|wgrad)|_MI\d+x\d+x\d+|mfma|wmma",
-    re.IGNORECASE)
-
-# 16-bit (and narrower) floating point and int8 kernels. XProf counts bf16 kernels as
-# 32-bit compute; bf16 is the 16-bit format Ampere/Hopper GPUs and TPUs are fed with under
-# "mixed_bfloat16", so counting it as 32-bit would tell a user who already enabled mixed
-# precision to enable it. Tokens: Eigen/CUDA half types, "fp16"/"f16"/"bf16" in cuBLAS/cuDNN
-# names, h-prefixed MMA shapes (half inputs), fp8 (e4m3/e5m2), int8 MMA, cuBLAS "nvjet_"
-# type triplets starting with h/b/e (half, bf16, fp8 inputs), and Tensile (AMD) type codes.
-_LOW_PRECISION = re.compile(
-    r"(?<![a-z])half|__half|bfloat16|bf16|(?<![a-z])fp16|(?<![a-z0-9])f16|f16f16|fp8|e4m3|e5m2"
-    r"|(?<![a-z])h884|(?<![a-z])h1688|(?<![a-z])h16816|hgemm|i8816|(?<![a-z])int8"
-    r"|nvjet_(?:sm\d+_)?[hbe][a-z]{2}_|Cijk_\w*?_(?:HH|HHS|HSS|BB|BBS|BSS|I8I\w*)_",
-    re.IGNORECASE)
-
-# Collective communication kernels (NCCL/RCCL, XLA's own collectives).
-_COLLECTIVE = re.compile(
-    r"nccl|rccl|all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all"
-    r"|collective[-_]?permute",
-    re.IGNORECASE)
-_ALLREDUCE = re.compile(r"all[-_]?reduce", re.IGNORECASE)
-
-# Layout conversion kernels and the transposes TensorFlow's layout optimizer inserts
-# around convolutions when the model's layout is not the one cuDNN prefers.
-_LAYOUT_KERNEL = re.compile(r"nhwcToNchw|nchwToNhwc|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
-_LAYOUT_OP = re.compile(r"LayoutOptimizer|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
-
-# TensorFlow op types whose GPU kernels can run on Tensor Cores.
-TENSOR_CORE_ELIGIBLE_OPS = frozenset({
-    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul",
-    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "_FusedConv2D",
-    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
-    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-    "DepthwiseConv2dNativeBackpropFilter", "Einsum", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3",
-    "CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3",
-})
-# XLA (JAX, jit_compile=True) instructions that lower to GEMM / convolution libraries.
-_XLA_ELIGIBLE = re.compile(r"^%?(?:dot|convolution|cublas|cudnn|gemm|triton_gemm)", re.IGNORECASE)
 _CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)
-# Kernels an eligible op launches that do no matrix math: FFT-based convolution (the FFTs, the
-# complex GEMM between them and the filter flip), layout shuffles and transposes, and cuDNN/
-# cuBLAS helper kernels that compute offsets, pointers or split-K reductions. Counting them
-# as eligible overstated eligible time about 1.4x on a TF 2.4 CNN against TF's own kernel_stats.
-_NOT_MATH_KERNEL = re.compile(
-    r"fft|flip_filter|cgemm|Shuffle|Transpose|SwapDimension|nhwcToNchw|nchwToNhwc"
-    r"|compute\w*Offsets|gemm_pointers|splitKreduce|generateWinogradTiles",
-    re.IGNORECASE)
-
 _SHAPE_ANNOTATION = re.compile(r"#shape=\(([^)]*)\)#")
 _TENSOR_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 
 
 def is_tensor_core_kernel(name: str) -> bool:
-    return bool(_TENSOR_CORE.search(name))
+    return bool(gpu.TENSOR_CORE_KERNEL.search(name))
 
 
 def is_low_precision_kernel(name: str) -> bool:
     """True for kernels computing in 16-bit floats (fp16/bf16) or narrower (fp8, int8)."""
-    return bool(_LOW_PRECISION.search(name))
+    return bool(gpu.LOW_PRECISION_KERNEL.search(name))
 
 
 def is_collective_kernel(name: str) -> bool:
-    return bool(_COLLECTIVE.search(name))
+    return bool(gpu.COLLECTIVE_KERNEL.search(name))
 
 
 def is_allreduce_kernel(name: str) -> bool:
     """AllReduce kernels; NCCL's generic kernels ("ncclKernel_..."/"ncclDevKernel_...")
     name the collective in their template arguments."""
-    return bool(_ALLREDUCE.search(name))
+    return bool(gpu.ALLREDUCE_KERNEL.search(name))
 
 
 def op_type(op: str) -> str:
@@ -118,14 +62,14 @@ def op_display_name(op: str) -> str:
 
 def is_math_kernel(name: str) -> bool:
     """False for the kernels of eligible ops that do no matrix math (FFT, flips, shuffles, helpers)."""
-    return not _NOT_MATH_KERNEL.search(name)
+    return not gpu.NOT_MATH_KERNEL.search(name)
 
 
 def is_tensor_core_eligible_op(op: str) -> bool:
     if not op:
         return False
     kind = op_type(op)
-    return kind in TENSOR_CORE_ELIGIBLE_OPS or bool(_XLA_ELIGIBLE.match(kind))
+    return kind in tensorflow.TENSOR_CORE_ELIGIBLE_OPS or bool(xla.TENSOR_CORE_ELIGIBLE.match(kind))
 
 
 def annotated_shapes(op: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -198,8 +142,8 @@ def _classify(dev: DeviceActivity) -> KernelClasses:
     is_kernel_kind = dev.kind == DeviceEventKind.KERNEL
     collective = (dev.kind == DeviceEventKind.COLLECTIVE) | (is_kernel_kind & names_coll[dev.name])
     kernel = is_kernel_kind & ~collective
-    layout_names = name_mask(dev.names, _LAYOUT_KERNEL.search)
-    layout_ops = name_mask(dev.ops, _LAYOUT_OP.search)
+    layout_names = name_mask(dev.names, gpu.LAYOUT_KERNEL.search)
+    layout_ops = name_mask(dev.ops, tensorflow.LAYOUT_OP.search)
     layout = kernel & (layout_names[dev.name]
                        | (has_op & (layout_ops[op_idx] if layout_ops.size else False)))
     layout |= kernel & _transposes_next_to_conv(dev, kernel, has_op, op_idx)

@@ -31,18 +31,11 @@ import numpy as np
 from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
+from tb_gpuadvisor.vocab import tensorflow
 
 # Stage kinds (the last component of a long stage name, without "[n]" input indices).
-# Buffer stages only hand over elements another thread produced; their self time is waiting
-# for that producer, so they never count as "the slowest stage" themselves.
-BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
-_PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
 _INPUT_INDEX = re.compile(r"\[\d+\]$")
 _DATASET_ID = re.compile(r":\d+$")
-_INJECTED_PREFIX = "inject/"
-# Op types that run Python inside a dataset function (they also hold the GIL).
-PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
-              "PyFuncStateless": "tf.numpy_function"}
 
 
 def stage_kind(long_name: str) -> str:
@@ -52,7 +45,8 @@ def stage_kind(long_name: str) -> str:
 
 def dataset_ops(dataset_name: str) -> list[str]:
     """"fused(MapDataset:2,BatchDatasetV2:3)" -> ["MapDataset", "BatchDatasetV2"]."""
-    inner = dataset_name[len("fused("):-1] if dataset_name.startswith("fused(") else dataset_name
+    fused = dataset_name.startswith(tensorflow.FUSED_DATASET_PREFIX)
+    inner = dataset_name[len(tensorflow.FUSED_DATASET_PREFIX):-1] if fused else dataset_name
     return [_DATASET_ID.sub("", part.strip()) for part in inner.split(",") if part.strip()]
 
 
@@ -82,7 +76,7 @@ class Pipeline:
     @property
     def slowest(self) -> Stage | None:
         for stage in self.stages:
-            if stage_kind(stage.name) not in BUFFER_STAGES:
+            if stage_kind(stage.name) not in tensorflow.BUFFER_STAGES:
                 return stage
         return self.stages[0] if self.stages else None
 
@@ -143,14 +137,14 @@ def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, 
             continue
         ops = dataset_ops(dataset)
         kind = stage_kind(stage)
-        if kind.startswith("Prefetch"):
-            if dataset.startswith(_INJECTED_PREFIX):
+        if kind.startswith(tensorflow.PREFETCH_STAGE):
+            if dataset.startswith(tensorflow.INJECTED_DATASET_PREFIX):
                 inserted.append("prefetch (inject_prefetch)")
             else:
                 prefetches = True
-        parallel |= any(op.startswith(("ParallelMap", "ParallelInterleave", "ParallelBatch")) for op in ops)
-        sequential |= any(op in ("MapDataset", "MapDatasetV2") for op in ops)
-        if kind == "MapAndBatch" and any(op.startswith("Map") for op in ops):
+        parallel |= any(op.startswith(tensorflow.PARALLEL_DATASETS) for op in ops)
+        sequential |= any(op in tensorflow.SEQUENTIAL_MAP_DATASETS for op in ops)
+        if kind == tensorflow.MAP_AND_BATCH_STAGE and any(op.startswith(tensorflow.MAP_DATASET_PREFIX) for op in ops):
             inserted.append("MapAndBatch (your map fused with batch, still sequential)")
     return prefetches, parallel, sequential, list(dict.fromkeys(inserted))
 
@@ -163,9 +157,9 @@ def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = 
     names = {activity.names[i] for i in np.unique(activity.name[idx])}
     kinds = {stage_kind(name) for name in names}
     stages = _stage_self_times(activity, windows, idx)
-    seen = Pipeline(stages=stages, prefetches=any(k.startswith("Prefetch") for k in kinds),
-                    parallel=any(k.startswith(_PARALLEL_STAGES) for k in kinds),
-                    sequential_map=any(k in ("Map", "MapV2") for k in kinds))
+    seen = Pipeline(stages=stages, prefetches=any(k.startswith(tensorflow.PREFETCH_STAGE) for k in kinds),
+                    parallel=any(k.startswith(tensorflow.PARALLEL_STAGES) for k in kinds),
+                    sequential_map=any(k in tensorflow.SEQUENTIAL_MAP_STAGES for k in kinds))
     if not (read_origin and stages):
         return seen
     seen.user_ops = _user_ops(activity, windows)

@@ -15,10 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys
-from tb_gpuadvisor.model import classify, hlo
+from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
-from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.vocab import hlo, jax, pytorch, tensorflow
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -39,7 +39,7 @@ def _collapse(number: np.ndarray, start: np.ndarray, end: np.ndarray, group: np.
 
 
 def _marker_steps(hosts: list[HostCapture]) -> Steps | None:
-    for source, name in (("custom_loop", None), ("keras2", "TraceContext"), ("keras", "Profiled batch")):
+    for source, name in (("custom_loop", None), ("keras2", tensorflow.KERAS2_STEP), ("keras", tensorflow.KERAS3_STEP)):
         parts = []
         for hc in hosts:
             act = hc.activity
@@ -171,7 +171,7 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
                 continue
             idx = fn[act.name[fn] == name_id]
             # The outer call (PjitFunction) includes argument handling the module run does not.
-            if key not in runs or name.startswith("PjitFunction"):
+            if key not in runs or name.startswith(jax.PJIT_PREFIX):
                 runs[key] = _Runs(act.start_ps[idx], act.end_ps[idx], name)
     for key, run in runs.items():
         run.device_ps = device_ps.get(key, 0) or int((run.end_ps - run.start_ps).sum())

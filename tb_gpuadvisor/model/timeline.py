@@ -133,7 +133,7 @@ class DeviceActivity(_EventColumns):
       step               int32, index into the session's Steps arrays, -1 outside any step; empty
                          in the model as built: trust's view of it (``with_steps``) fills it
       hlo_op, hlo_module, source  int32, indices into ``hlo_ops``/``hlo_modules``/``sources``
-                         (XLA instruction, XLA module, JAX source op), -1 if absent (see model/hlo.py)
+                         (XLA instruction, XLA module, JAX source op), -1 if absent (see vocab/hlo.py)
     """
 
     device: Device

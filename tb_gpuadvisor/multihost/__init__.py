@@ -64,13 +64,16 @@ def _analyze_alone(ref: SessionRef) -> dict:
 
 def build_report(refs: list[SessionRef], jobs: int = 1, engine: Engine | None = None) -> dict:
     """The contract's report for several sessions. JOBS > 1 analyses whole sessions in that many
-    processes (each session's hosts one after another); otherwise ENGINE maps each session's
-    hosts (None: this machine's processes)."""
+    local engine processes (each session's hosts one after another; a session whose process
+    dies twice is an error session, the others still report); otherwise ENGINE maps each
+    session's hosts (None: this machine's processes)."""
     if jobs > 1 and len(refs) > 1 and not any(_here_only(ref) for ref in refs):
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            return {"schema_version": SCHEMA_VERSION, "sessions": list(pool.map(_analyze_alone, refs))}
+        sessions: dict[int, dict] = {}
+        with LocalEngine(workers=jobs) as pool:
+            for outcome in pool.run(_analyze_alone, refs):
+                sessions[outcome.index] = (outcome.value if outcome.error is None else failed_session(
+                    refs[outcome.index], [{"message": f"the analysis of this session failed twice: {outcome.error}"}]))
+        return {"schema_version": SCHEMA_VERSION, "sessions": [sessions[i] for i in range(len(refs))]}
     own = engine is None
     engine = engine or LocalEngine()
     try:

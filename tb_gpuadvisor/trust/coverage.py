@@ -10,7 +10,6 @@ for the same step lies at different times cannot be compared with each other eit
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,10 +19,13 @@ from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
 )
+from tb_gpuadvisor.vocab.gpu import HEAVY_KERNEL as _HEAVY_KERNEL
+from tb_gpuadvisor.vocab.tensorflow import EIGEN_ELEMENTWISE_KERNEL as _ELEMENTWISE
+from tb_gpuadvisor.vocab.tensorflow import GPU_PRIVATE_THREAD as _GPU_THREAD
+from tb_gpuadvisor.vocab.tensorflow import REPLICA as _REPLICA
+from tb_gpuadvisor.vocab.tensorflow import gpu_private_thread, replica_scope
+from tb_gpuadvisor.vocab.xla import EXECUTE_THREAD_PREFIX as _XLA_EXECUTE_THREAD
 
-_REPLICA = re.compile(r"replica_(\d+)")
-_GPU_THREAD = re.compile(r"^tf_gpu_private_(\d+)")
-_XLA_EXECUTE_THREAD = "py_xla_execute"
 # A device whose last event comes this long before the host's last step activity stopped early.
 STOP_EARLY_MIN_PS = 5 * PS_PER_MS
 STOP_EARLY_SHARE = 0.1
@@ -148,9 +150,9 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
                 if index in allocations:
                     why.append(f"its allocator held up to {allocations[index] / 2**20:.0f} MiB")
                 if replicas.get(index):
-                    why.append(f"{replicas[index]} host events of replica_{index}")
+                    why.append(f"{replicas[index]} host events of {replica_scope(index)}")
                 if index in threads:
-                    why.append(f"the host ran its launch thread tf_gpu_private_{index}")
+                    why.append(f"the host ran its launch thread {gpu_private_thread(index)}")
             if dev.device.kind != "gpu":
                 cov = DeviceCoverage(dev.device.name, dev.device.host, len(dev), len(dev),
                                      int(dev.start_ps.min()) if len(dev) else None,
@@ -187,15 +189,6 @@ def _step_spans(dev: DeviceActivity, n: int) -> tuple[np.ndarray, np.ndarray]:
     np.minimum.at(lo, dev.step[inside], dev.start_ps[inside])
     np.maximum.at(hi, dev.step[inside], dev.end_ps[inside])
     return lo, hi
-
-
-# Kernels that do a model's heavy math, by name, when the op that ran them is not recorded
-# (cuBLAS/cuDNN/CUTLASS, XLA dot/conv fusions, AMD Tensile "Cijk" GEMMs).
-_HEAVY_KERNEL = re.compile(r"gemm|cutlass|xmma|wgmma|nvjet|Cijk|cudnn|winograd|implicit_convolve|conv[23]d|"
-                           r"convolution|wgrad|dgrad|fft2d|\bdot\b|dot_fusion|gemm_fusion|matmul",
-                           re.IGNORECASE)
-# Eigen's element-wise kernels spell their functors into the name ("scalar_conversion_op"...).
-_ELEMENTWISE = "Eigen::internal::EigenMetaKernel"
 
 
 def missing_heavy_work(model: SessionModel) -> str | None:

@@ -23,15 +23,8 @@ from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, HostEventKind, SessionModel, Steps,
 )
+from tb_gpuadvisor.vocab import tensorflow
 
-# Ops that move or describe data rather than compute; they run on the host by design.
-BOOKKEEPING_OPS = frozenset({
-    "_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
-    "Identity", "IdentityN", "NoOp", "Const", "Placeholder", "VarHandleOp", "ReadVariableOp",
-    "AssignVariableOp", "Shape", "ShapeN", "Size", "Rank", "Reshape", "ExpandDims", "Squeeze",
-    "StopGradient", "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
-    "OptionalGetValue", "OptionalHasValue", "MultiDeviceIteratorGetNextFromShard",
-})
 # Host op time (as a share of the step) above which the model, not a stray op, ran on the host.
 MODEL_ON_HOST_SHARE = 0.5
 # A model op that computes on the host runs this long or longer; a GPU op's host dispatch takes
@@ -63,7 +56,7 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
     """Framework op events on step threads that compute (not bookkeeping)."""
-    computes = name_mask(activity.names, lambda n: op_type(n) not in BOOKKEEPING_OPS)
+    computes = name_mask(activity.names, lambda n: op_type(n) not in tensorflow.BOOKKEEPING_OPS)
     return (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
 
 
@@ -83,7 +76,7 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
     device_ops = {op_key(o) for dev in gpus for o in dev.ops}
 
     def runs_on_host(name: str) -> bool:
-        return (classify.is_graph_op(name) and op_type(name) not in BOOKKEEPING_OPS
+        return (classify.is_graph_op(name) and op_type(name) not in tensorflow.BOOKKEEPING_OPS
                 and op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)

@@ -16,20 +16,16 @@ import numpy as np
 
 from tb_gpuadvisor.model.kernels import name_mask
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, HostEventKind, SessionModel, Steps
+from tb_gpuadvisor.vocab import xla
 
 # A step this many times the median of the others is not typical (compile, warm-up, checkpoint).
 OUTLIER_RATIO = 2.5
 # At most this share of the steps is ever left out as outliers: beyond it, slow steps are the norm.
 MAX_OUTLIER_SHARE = 0.34
 
-# cuDNN/XLA autotuning runs these checker kernels around every candidate algorithm.
-_AUTOTUNE_KERNEL = re.compile(r"redzone", re.IGNORECASE)
 _CONV_OP = re.compile(r"Conv(2D|3D|olution)|conv", re.IGNORECASE)
 # A convolution runs a handful of kernels; dozens in one step means candidates were timed.
 AUTOTUNE_KERNELS_PER_OP = 20
-# Host events of tracing or compiling a function (TensorFlow and JAX names seen in captures).
-_COMPILE = re.compile(r"backend_compile|::Compile$|Compiler::|trace_to_jaxpr|XlaCompile|_XlaCompile|"
-                      r"lower_jaxpr|jaxpr_to_mlir|FuncGraph|tracing", re.IGNORECASE)
 ATYPICAL_SHARE = 0.05
 
 
@@ -78,7 +74,7 @@ def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
     autotune_ps, autotune_n, per_conv = 0, 0, 0
     for dev in model.devices:
         inside = (dev.start_ps >= lo) & (dev.start_ps < hi) & (dev.kind == DeviceEventKind.KERNEL)
-        checker = inside & name_mask(dev.names, lambda n: bool(_AUTOTUNE_KERNEL.search(n)))[dev.name]
+        checker = inside & name_mask(dev.names, lambda n: bool(xla.AUTOTUNE_KERNEL.search(n)))[dev.name]
         autotune_n += int(checker.sum())
         autotune_ps += int(dev.dur_ps[checker].sum())
         conv = inside & (dev.op >= 0)
@@ -95,7 +91,7 @@ def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
     for host in model.hosts:
         act = host.activity
         inside = (act.start_ps >= lo) & (act.start_ps < hi)
-        compiling = inside & name_mask(act.names, lambda n: bool(_COMPILE.search(n)))[act.name]
+        compiling = inside & name_mask(act.names, lambda n: bool(xla.COMPILE.search(n)))[act.name]
         compile_ps += int(act.dur_ps[compiling].sum())
     if compile_ps > ATYPICAL_SHARE * step_ps:
         reasons.append(f"{compile_ps / PS_PER_MS:.1f} ms of tracing or compilation ran in it")

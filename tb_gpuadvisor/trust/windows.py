@@ -16,7 +16,6 @@ Two things make raw step windows wrong on real captures:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,13 +23,9 @@ import numpy as np
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
 from tb_gpuadvisor.trust.placement import step_threads
-
-# The callback's trace export (and any summary written after a step) runs these ops after the
-# step's own call returned; a summary writer op always comes last. Seen in TF 2.2-2.21 captures.
-_EXPORT_SEQUENCE = re.compile(r"(^|: )(LogicalAnd|Identity|WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
-_SUMMARY_WRITER = re.compile(r"(^|: )(WriteSummary|FlushSummaryWriter|CloseSummaryWriter)(:|$)")
-# An op run eagerly, as the Python thread records it ("EagerLocalExecute: AddV2").
-_EAGER_OP = re.compile(r"^Eager\w*Execute: ")
+from tb_gpuadvisor.vocab.tensorflow import EAGER_DISPATCH as _EAGER_OP
+from tb_gpuadvisor.vocab.tensorflow import EXPORT_SEQUENCE as _EXPORT_SEQUENCE
+from tb_gpuadvisor.vocab.tensorflow import SUMMARY_WRITER as _SUMMARY_WRITER
 
 
 @dataclass

@@ -5,8 +5,8 @@ ROCm): the category spellings of each Kineto version, the step annotation, the D
 annotations, the CUDA/HIP runtime calls that launch work, the communication kernels of NCCL,
 RCCL, DeepEP and NVSHMEM, and the calls a first iteration makes (lazy module loading, kernel
 attribute queries) that a warmed-up one does not.  Calls that wait for the device
-(``cudaStreamSynchronize``, ``hipDeviceSynchronize``) are found by name by the replay
-(attribution/replay.py), whatever the framework.
+(``cudaStreamSynchronize``, ``hipDeviceSynchronize``) and the calls that launch work are
+CUDA/HIP names shared by every framework (vocab/gpu.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.vocab import gpu
 
 FRAMEWORK = "pytorch"
 
@@ -37,10 +38,6 @@ _INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data
 # Work of the DataLoader's own pin-memory thread and of its pinning.
 _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
 
-# Calls that put work on a GPU stream: kernels, graphs, copies and memsets (CUDA runtime and
-# driver, HIP and its module/extension launchers).
-_LAUNCH = re.compile(r"^(cuda|cu|hip|hipModule|hipExtModule)(LaunchKernel|LaunchKernelExC|LaunchKernelEx|"
-                     r"LaunchCooperativeKernel|GraphLaunch|Memcpy|Memset)")
 # Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
@@ -49,9 +46,6 @@ _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunct
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
 
-# Communication kernels: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM. They move data
-# between GPUs; counting them as compute would hide a communication bottleneck.
-_COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
 
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
 HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
@@ -83,7 +77,7 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
     if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
         return HostEventKind.FIRST_USE
     if category in RUNTIME_CATEGORIES:
-        return HostEventKind.LAUNCH if _LAUNCH.match(name) else HostEventKind.OTHER
+        return HostEventKind.LAUNCH if gpu.LAUNCH_CALL.search(name) else HostEventKind.OTHER
     if category in ("cpu_op", "operator"):
         return HostEventKind.FRAMEWORK_OP
     return HostEventKind.OTHER
@@ -105,7 +99,7 @@ def device_event_kind(name: str, category: str) -> DeviceEventKind:
         return {"HtoD": DeviceEventKind.MEMCPY_H2D, "DtoH": DeviceEventKind.MEMCPY_D2H,
                 "DtoD": DeviceEventKind.MEMCPY_D2D, "PtoP": DeviceEventKind.MEMCPY_P2P
                 }.get(direction, DeviceEventKind.MEMCPY_OTHER)
-    if _COLLECTIVE.search(name):
+    if gpu.COMMUNICATION_KERNEL.search(name):
         return DeviceEventKind.COLLECTIVE
     return DeviceEventKind.KERNEL
 

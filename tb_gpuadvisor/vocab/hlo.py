@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from tb_gpuadvisor.vocab import jax
+
 CONVOLUTION = "convolution"
 GEMM = "dot/GEMM"
 CUSTOM_CALL = "custom call"
@@ -69,15 +71,11 @@ def base_name(hlo_op: str) -> str:
     return re.sub(r"(?:[._]\d+)+$", "", hlo_op)
 
 
-_PJIT = re.compile(r"^PjitFunction\((.*)\)$")
-_MODULE = re.compile(r"^(jit_[^:(]*)")
-
-
 def module_key(function: str) -> str | None:
     """The XLA module a JAX function event runs: "PjitFunction(f)", "jit_f:XLA GPU module",
     "jit_f(1234)" (a TPU XLA Modules run) -> "jit_f"; None for other (TensorFlow) functions."""
-    match = _PJIT.match(function)
+    match = jax.PJIT_CALL.match(function)
     if match:
-        return "jit_" + re.sub(r"\W", "_", match.group(1))
-    match = _MODULE.match(function)
+        return jax.MODULE_PREFIX + re.sub(r"\W", "_", match.group(1))
+    match = jax.MODULE.match(function)
     return match.group(1) if match else None

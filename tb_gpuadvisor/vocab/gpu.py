@@ -1,0 +1,97 @@
+"""What GPU vendor names mean, whatever framework launched the work.
+
+Kernel names are the CUDA/HIP symbols the libraries launched (cuBLAS, cuDNN, CUTLASS, rocBLAS/
+hipBLASLt "Cijk" Tensile kernels, NCCL/RCCL) and host calls are the CUDA/HIP runtime and driver
+APIs; the same names appear in TensorFlow, JAX and PyTorch captures, so every adapter and stage
+reads them from here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tb_gpuadvisor.model.timeline import DeviceEventKind
+
+# Copies and memsets as the device planes name them ("MemcpyH2D", "Memcpy HtoD", "CopyHostToDevice"),
+# keyed by the name without spaces, lower-cased.
+COPY_BY_NAME = {
+    "memcpyh2d": DeviceEventKind.MEMCPY_H2D, "memcpyhtod": DeviceEventKind.MEMCPY_H2D,
+    "copyhosttodevice": DeviceEventKind.MEMCPY_H2D,
+    "memcpyd2h": DeviceEventKind.MEMCPY_D2H, "memcpydtoh": DeviceEventKind.MEMCPY_D2H,
+    "copydevicetohost": DeviceEventKind.MEMCPY_D2H,
+    "memcpyd2d": DeviceEventKind.MEMCPY_D2D, "memcpydtod": DeviceEventKind.MEMCPY_D2D,
+    "copydevicetodevice": DeviceEventKind.MEMCPY_D2D,
+    "memcpyp2p": DeviceEventKind.MEMCPY_P2P, "memcpypeer": DeviceEventKind.MEMCPY_P2P,
+    "copypeertopeer": DeviceEventKind.MEMCPY_P2P,
+}
+COPY_PREFIXES = ("memcpy", "copy")
+MEMSET_PREFIX = "memset"
+
+# Kernels of the communication libraries: NCCL/RCCL, DeepEP (dpsk::ep / deep_ep) and NVSHMEM.
+# They move data between GPUs; counting them as compute would hide a communication bottleneck.
+COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
+# A device event that moves data between GPUs: a communication library's kernel or one of the
+# collective instructions XLA names its own kernels after (all-reduce, collective-permute, send/recv).
+COLLECTIVE_EVENT = re.compile(COMMUNICATION_KERNEL.pattern + r"|allreduce|all_reduce|all-reduce|allgather|all-gather|"
+                              r"reducescatter|reduce-scatter|reduce_scatter|alltoall|all-to-all|"
+                              r"collective-permute|sendrecv", re.IGNORECASE)
+# Collective communication kernels (NCCL/RCCL, XLA's own collectives), as the kernel checks read them.
+COLLECTIVE_KERNEL = re.compile(
+    r"nccl|rccl|all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all"
+    r"|collective[-_]?permute",
+    re.IGNORECASE)
+# AllReduce kernels; NCCL's generic kernels ("ncclKernel_..."/"ncclDevKernel_...") name the
+# collective in their template arguments.
+ALLREDUCE_KERNEL = re.compile(r"all[-_]?reduce", re.IGNORECASE)
+
+# Launch and copy APIs per vendor, as the host plane names them: CUDA driver/runtime
+# (cuLaunchKernel, cudaLaunchKernel, cuMemcpy*Async, cuGraphLaunch) and HIP (hipModuleLaunchKernel
+# for XLA's own kernels, hipLaunchKernel for library kernels, hipExtModuleLaunchKernel for
+# hipBLASLt/Tensile, hipMemcpyDtoDAsync, hipMemsetAsync), checked on the ROCm JAX captures.
+LAUNCH_CALL = re.compile(r"^(cu|cuda|hip|hipModule|hipExtModule)(Launch|Memcpy|Memset|Graph(Exec)?Launch)|"
+                         r"^(cuLaunchKernel|cudaLaunchKernel|hipLaunchKernel|hipExtLaunchKernel)")
+# Host calls that block until the device has finished work queued before them.
+SYNC_CALL = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|StreamWait", re.IGNORECASE)
+
+# Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
+# h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/
+# tensorop (CUTLASS and cuDNN "xmma" engines, sm80_/sm90_ prefixes). XProf's list stops at
+# Ampere; Hopper kernels are recognised here too: warpgroup MMA ("wgmma"), cuBLAS's "nvjet"
+# GEMMs and cuDNN/CUTLASS "sm90_" xmma/gmma engines, otherwise every Hopper GEMM would be
+# reported as "not on Tensor Cores". AMD matrix cores show up in rocBLAS/hipBLASLt (Tensile)
+# names as "_MI<m>x<n>x<k>" (MFMA instruction shape, e.g. "Cijk_..._MT256x128x64_MI16x16x16x1"
+# in the MI300X JAX capture), as "mfma"/"wmma" in composable-kernel and RDNA kernel names.
+TENSOR_CORE_KERNEL = re.compile(
+    r"h884|s884|h1688|s1688|16816|i8816|hmma|xmma|wgmma|gmma|tensorop|nvjet"
+    r"|sm(?:80|86|89|90|100|120)_.*(?:gemm|conv|fprop|dgrad|wgrad)|_MI\d+x\d+x\d+|mfma|wmma",
+    re.IGNORECASE)
+
+# 16-bit (and narrower) floating point and int8 kernels. XProf counts bf16 kernels as
+# 32-bit compute; bf16 is the 16-bit format Ampere/Hopper GPUs and TPUs are fed with under
+# "mixed_bfloat16", so counting it as 32-bit would tell a user who already enabled mixed
+# precision to enable it. Tokens: Eigen/CUDA half types, "fp16"/"f16"/"bf16" in cuBLAS/cuDNN
+# names, h-prefixed MMA shapes (half inputs), fp8 (e4m3/e5m2), int8 MMA, cuBLAS "nvjet_"
+# type triplets starting with h/b/e (half, bf16, fp8 inputs), and Tensile (AMD) type codes.
+LOW_PRECISION_KERNEL = re.compile(
+    r"(?<![a-z])half|__half|bfloat16|bf16|(?<![a-z])fp16|(?<![a-z0-9])f16|f16f16|fp8|e4m3|e5m2"
+    r"|(?<![a-z])h884|(?<![a-z])h1688|(?<![a-z])h16816|hgemm|i8816|(?<![a-z])int8"
+    r"|nvjet_(?:sm\d+_)?[hbe][a-z]{2}_|Cijk_\w*?_(?:HH|HHS|HSS|BB|BBS|BSS|I8I\w*)_",
+    re.IGNORECASE)
+
+# Kernels that convert between the NHWC and NCHW layouts.
+LAYOUT_KERNEL = re.compile(r"nhwcToNchw|nchwToNhwc|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
+
+# Kernels a GEMM or convolution launches that do no matrix math: FFT-based convolution (the FFTs,
+# the complex GEMM between them and the filter flip), layout shuffles and transposes, and cuDNN/
+# cuBLAS helper kernels that compute offsets, pointers or split-K reductions. Counting them
+# as eligible overstated eligible time about 1.4x on a TF 2.4 CNN against TF's own kernel_stats.
+NOT_MATH_KERNEL = re.compile(
+    r"fft|flip_filter|cgemm|Shuffle|Transpose|SwapDimension|nhwcToNchw|nchwToNhwc"
+    r"|compute\w*Offsets|gemm_pointers|splitKreduce|generateWinogradTiles",
+    re.IGNORECASE)
+
+# Kernels that do a model's heavy math, by name, when the op that ran them is not recorded
+# (cuBLAS/cuDNN/CUTLASS, XLA dot/conv fusions, AMD Tensile "Cijk" GEMMs).
+HEAVY_KERNEL = re.compile(r"gemm|cutlass|xmma|wgmma|nvjet|Cijk|cudnn|winograd|implicit_convolve|conv[23]d|"
+                          r"convolution|wgrad|dgrad|fft2d|\bdot\b|dot_fusion|gemm_fusion|matmul",
+                          re.IGNORECASE)

@@ -1,0 +1,92 @@
+"""TensorFlow, Keras, XLA and JAX event names are spelled only in the vocabularies (issue 22).
+
+A stage that matches a framework's names itself would silently do nothing for a capture of
+another format; the names belong to ``tb_gpuadvisor/vocab`` (read by the format adapters at
+classification time), and stages import them from there.  The test reads string literals in
+code (not docstrings or comments, which may explain the names) and fails on distinctive name
+tokens.
+
+Allowed to spell framework names:
+- ``adapters/``, ``vocab/``, ``xspace/``: the input stage and the vocabularies themselves.
+- ``keras.py``, ``jax.py``, ``inloop.py``: the profiling helpers run inside the user's
+  framework and write the names the vocabularies read (Keras 3's "Profiled batch" marker).
+- ``checks/fixes.py`` and the arguments of ``Fix(...)``/``Remedy(...)`` anywhere in checks/:
+  fix texts and their code snippets are meant to be in the framework's own words.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tb_gpuadvisor
+
+PACKAGE = Path(tb_gpuadvisor.__file__).parent
+ALLOWED_DIRS = ("adapters", "vocab", "xspace")
+ALLOWED_FILES = ("keras.py", "jax.py", "inloop.py", "checks/fixes.py")
+# Constructors whose arguments are fix texts, written for the user in the framework's words.
+FIX_CALLS = frozenset({"Fix", "Remedy"})
+# Name tokens only TensorFlow, Keras, tf.data, XLA or JAX write (case-sensitive).
+TOKENS = (
+    "tf_Compute", "Iterator::", "EagerLocalExecute", "ExecutorState", "XlaCompile", "backend_compile",
+    "PjitFunction", "jit_", "tf_gpu_private", "TraceContext", "Profiled batch", "redzone",
+    "WriteSummary", "IteratorGetNext", "_Send", "replica_", "EigenMetaKernel", "__inference_",
+    "PjRt", "py_xla_execute", "tf_data_", "XlaModule", "cpp_pjit", "EagerPyFunc", "trace_to_jaxpr",
+    "ThunkExecutor", "_bfc", "LossScale", "MemoryAllocation", "DoCompute",
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, nodes) and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _fix_texts(tree: ast.AST) -> set[int]:
+    """String constants inside a Fix(...) or Remedy(...) call."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in FIX_CALLS:
+                inside.update(id(n) for n in ast.walk(node) if isinstance(n, ast.Constant))
+    return inside
+
+
+def framework_names(source: str) -> list[tuple[int, str, str]]:
+    """(line, token, literal) of every string literal in code that spells a framework name."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree) | _fix_texts(tree)
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            hits += [(node.lineno, token, node.value) for token in TOKENS if token in node.value]
+    return sorted(hits)
+
+
+def _checked_files() -> list[Path]:
+    files = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.split("/", 1)[0] not in ALLOWED_DIRS and rel not in ALLOWED_FILES:
+            files.append(path)
+    return files
+
+
+def test_scanner_finds_names_in_code_only():
+    source = ('"""Reads tf_gpuadvisor threads named tf_gpu_private_N."""\n'
+              'THREAD = re.compile(r"^tf_gpu_private_(\\d+)")  # tf_Compute\n'
+              'FIX = Fix("Use replica_ctx", "x = TraceContext()")\n'
+              'label = f"{n} calls of cpp_pjit_shard_arg_fallback"\n')
+    assert [(line, token) for line, token, _ in framework_names(source)] == [
+        (2, "tf_gpu_private"), (4, "cpp_pjit"), (4, "jit_")]
+
+
+def test_no_framework_names_outside_the_vocabularies():
+    files = _checked_files()
+    assert len(files) > 50, "the package was not found"
+    found = [f"{path.relative_to(PACKAGE)}:{line}: {token!r} in {literal[:60]!r}"
+             for path in files for line, token, literal in framework_names(path.read_text())]
+    assert not found, "framework names outside tb_gpuadvisor/vocab:\n" + "\n".join(found)
