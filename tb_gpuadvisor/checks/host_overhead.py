@@ -105,11 +105,54 @@ STATIC_LOSS_SCALE = fixes.Remedy(
         doc=fixes.JAX_GPU_TIPS),
 )
 
+# PyTorch's memory notes: the caching allocator, empty_cache, PYTORCH_CUDA_ALLOC_CONF (ROCm reads
+# PYTORCH_HIP_ALLOC_CONF, the HIP notes say).
+TORCH_MEMORY_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
+# Allocator calls holding at least this share of the host-overhead idle time are its cause.
+ALLOCATOR_SHARE = 0.5
+
+_KEEP_ALLOCATOR_CACHE = Fix(
+    text="Device memory is allocated and freed through the driver inside the step, and freeing "
+         "waits for the GPU: PyTorch's caching allocator is being bypassed or emptied. Do not call "
+         "torch.cuda.empty_cache() in the loop, unset PYTORCH_NO_CUDA_MEMORY_CACHING, keep tensor "
+         "shapes stable from step to step, and let the allocator grow its segments instead of "
+         "returning them (expandable_segments; PYTORCH_HIP_ALLOC_CONF on ROCm).",
+    code="# shell: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py\n"
+         "#        (ROCm: PYTORCH_HIP_ALLOC_CONF=expandable_segments:True; PYTORCH_NO_CUDA_MEMORY_CACHING unset)\n"
+         "for x, y in loader:\n"
+         "    train_step(x, y)          # no torch.cuda.empty_cache() inside the loop",
+    doc=TORCH_MEMORY_DOC)
+# Only PyTorch's vocabulary marks allocator calls, so the remedy has no TensorFlow or JAX form.
+KEEP_ALLOCATOR_CACHE = fixes.Remedy(_KEEP_ALLOCATOR_CACHE.text, _KEEP_ALLOCATOR_CACHE.code,
+                                    TORCH_MEMORY_DOC, tensorflow=False, pytorch=_KEEP_ALLOCATOR_CACHE)
+
+
+def allocator_note(activity: HostActivity, gaps: Intervals, steps: int) -> str:
+    """A sentence naming the driver allocator calls (cudaFree, hipFree, ...) when they fill most of
+    the GAPS, empty otherwise: the host then stalls in memory management, not in Python."""
+    calls = (activity.kind == HostEventKind.ALLOCATOR) & (activity.step >= 0)
+    if not calls.any() or not gaps[0].size:
+        return ""
+    inside = iv.overlap(iv.union(activity.start_ps[calls], activity.end_ps[calls]), gaps)
+    share = inside / max(iv.total(gaps), 1)
+    if share < ALLOCATOR_SHARE:
+        return ""
+    rows = np.flatnonzero(calls)
+    per_name = np.bincount(activity.name[rows], weights=activity.dur_ps[rows], minlength=len(activity.names))
+    top = int(np.argmax(per_name))
+    count = int(np.count_nonzero(activity.name[rows] == top))
+    return (f" {100 * share:.0f}% of that idle time the host sat in memory allocation calls: "
+            f"{activity.names[top]} ({count / steps:.0f} calls and {per_name[top] / PS_PER_MS / steps:.1f} ms per "
+            "step) blocks the host until the device drains, so the caching allocator is being bypassed "
+            "or emptied.")
+
 
 def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP,
-             idle: str = "the device was idle") -> list[Evidence]:
-    """Host events (by thread and name) with the most time inside the gaps (while IDLE)."""
-    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS) & ~helper_overhead(activity))
+             idle: str = "the device was idle", kinds: tuple[HostEventKind, ...] = ()) -> list[Evidence]:
+    """Host events (by thread and name) with the most time inside the gaps (while IDLE); only
+    events of KINDS when given."""
+    wanted = activity.mask(*kinds) if kinds else ~activity.mask(*_NOT_CULPRITS)
+    candidates = np.flatnonzero(wanted & ~helper_overhead(activity))
     if not candidates.size or not gaps[0].size:
         return []
     start = activity.start_ps[candidates]
@@ -181,6 +224,8 @@ def check(analysis: Analysis) -> Finding:
                f"{idle} while the host was busy with something other than {busy}: "
                f"Python code, callbacks, metrics, ops run outside "
                f"{fixes.compiled_step(analysis.model.framework)}, or gaps between steps.")
+    allocator = allocator_note(host.activity, primary.sets["other_host"], analysis.steps_count)
+    summary += allocator
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
     summary += analysis.gain_note(severity, saving)
@@ -193,6 +238,9 @@ def check(analysis: Analysis) -> Finding:
 
     evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                         idle="no op of the step ran" if on_cpu else "the device was idle")
+    if allocator:       # the calls themselves first: the frames around them name no cause
+        evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
+                            top=2, kinds=(HostEventKind.ALLOCATOR,)) + evidence
     evidence += analysis.gap_evidence(primary.sets["other_host"],
                                       "no op running, host busy elsewhere" if on_cpu else "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
@@ -205,6 +253,8 @@ def check(analysis: Analysis) -> Finding:
     fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
+    if allocator:
+        fix_list.insert(0, KEEP_ALLOCATOR_CACHE)
     if on_cpu:
         fix_list.remove(fixes.GPU_PRIVATE_THREADS)
     return Finding(

@@ -52,6 +52,7 @@ class HostEventKind(enum.IntEnum):
     MEMORY = 7         # MemoryAllocation / MemoryDeallocation records
     EXECUTOR = 8       # executor scheduling (ExecutorState::Process, PjRt execute helpers)
     FIRST_USE = 9      # one-time set-up a warmed-up step does not pay (lazy kernel loading, queries)
+    ALLOCATOR = 10     # device memory allocated/freed through the driver (cudaFree, hipMalloc): may block the host
 
 
 @dataclass

@@ -45,6 +45,16 @@ _LAUNCH = re.compile(r"^(cuda|cu|hip|hipModule|hipExtModule)(LaunchKernel|Launch
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
 
+# Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
+# caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
+# the host-pinned variants) wait for the device to finish its queued work, so the host stalls
+# inside an op that would otherwise be launching.  Not launch time: GPU idle behind them is host
+# overhead of a different cause.  The async variants (cudaMallocAsync, cudaFreeAsync) enqueue on
+# a stream and do not block, so they are left out.
+_ALLOCATOR = re.compile(r"^(cuda|hip)(Malloc|MallocManaged|MallocHost|HostAlloc|HostMalloc|Free|FreeHost|HostFree|"
+                        r"HostRegister|HostUnregister)$|^cu(MemAlloc|MemFree|MemAllocHost|MemFreeHost|"
+                        r"MemHostAlloc|MemHostRegister|MemHostUnregister)(_v2)?$")
+
 # A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
@@ -82,6 +92,8 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
         return HostEventKind.INPUT_STAGE
     if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
         return HostEventKind.FIRST_USE
+    if category in RUNTIME_CATEGORIES and _ALLOCATOR.match(name):
+        return HostEventKind.ALLOCATOR
     if category in RUNTIME_CATEGORIES:
         return HostEventKind.LAUNCH if _LAUNCH.match(name) else HostEventKind.OTHER
     if category in ("cpu_op", "operator"):
