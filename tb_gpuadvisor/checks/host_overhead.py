@@ -41,7 +41,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
+    ACTIONABLE, Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
@@ -56,7 +56,12 @@ TOP = 5
 # entire step, launches and input waits are attributed to other checks.
 _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.EXECUTOR,
                  HostEventKind.LAUNCH, HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE,
-                 HostEventKind.MEMORY)
+                 HostEventKind.MEMORY, HostEventKind.SCOPE)
+# Events that wrap work rather than do it: a gap they alone cover holds no recorded host work.
+_WRAPPERS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.SCOPE)
+# Above this share of the gaps inside a phase annotation with no work recorded, "the host was
+# busy" is a guess.
+UNRECORDED_SHARE = 0.5
 _LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
 
 def _jax_host_work(syncs: bool) -> Fix:
@@ -145,6 +150,22 @@ def allocator_note(activity: HostActivity, gaps: Intervals, steps: int) -> str:
             f"{activity.names[top]} ({count / steps:.0f} calls and {per_name[top] / PS_PER_MS / steps:.1f} ms per "
             "step) blocks the host until the device drains, so the caching allocator is being bypassed "
             "or emptied.")
+
+
+def unrecorded_share(activity: HostActivity, gaps: Intervals) -> float:
+    """Share of GAPS that lies inside a phase annotation of the program ("## backward ##", a
+    record_function scope) while the host trace holds no work there, only wrappers.  Inside a phase
+    the profiler records every op the host runs, so an empty stretch means the host waited on
+    something untraced (another rank, a sync) or its events were filtered out of the trace.  Gaps
+    outside any phase are left alone: untraced Python looks like that."""
+    total = iv.total(gaps)
+    scopes = activity.kind == HostEventKind.SCOPE
+    if not total or not scopes.any():
+        return 0.0
+    work = ~activity.mask(*_WRAPPERS)
+    scoped = iv.intersect(iv.union(activity.start_ps[scopes], activity.end_ps[scopes]), gaps)
+    empty = iv.subtract(scoped, iv.union(activity.start_ps[work], activity.end_ps[work]))
+    return iv.total(empty) / total
 
 
 def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP,
@@ -257,8 +278,15 @@ def check(analysis: Analysis) -> Finding:
         fix_list.insert(0, KEEP_ALLOCATOR_CACHE)
     if on_cpu:
         fix_list.remove(fixes.GPU_PRIVATE_THREADS)
+    unrecorded = unrecorded_share(host.activity, primary.sets["other_host"])
+    doubt = []
+    if unrecorded > UNRECORDED_SHARE and severity in ACTIONABLE:
+        doubt = [f"the trace records no host activity in {100 * unrecorded:.0f}% of this idle time: the "
+                 "GPU may wait on another rank, an untraced sync, or events a trace filter removed"]
+        summary += f" But {doubt[0]}."
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
+        confidence="low" if doubt else "high", confidence_reasons=doubt,
         metrics={"other_idle_percent": round(percent, 2), "other_idle_ms_per_step": round(other_ms, 3)},
         estimated_savings_ms_per_step=saving, evidence=evidence,
         fixes=fix_list if severity is not Severity.OK else [],

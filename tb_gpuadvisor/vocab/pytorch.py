@@ -22,6 +22,9 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "
 HOST_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime",
                              "cuda_driver", "python_function"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
+# record_function / user annotations: they name a phase ("## backward ##"); wrapping other events
+# of their thread they are a scope, not work of their own.
+ANNOTATION_CATEGORIES = frozenset({"user_annotation"})
 # Neither set holds "gpu_user_annotation", the device-side twin of an annotation: it is never the
 # step (ProfilerStep#N there spans the GPU work, not the step the user pays) nor device work.
 
