@@ -498,3 +498,44 @@ def test_idle_gaps_outside_any_phase_stay_host_overhead(tmp_path):
     scoped = next(f for f in _session(tmp_path / "scoped")["findings"] if f["check"] == "host_overhead")
     assert scoped["severity"] == "critical" and scoped["confidence"] == "low"
     assert _unrecorded_percent(" ".join(scoped["confidence_reasons"])) >= 99
+
+
+def _with_kernel_names(names: list[str], major: int = 8) -> dict:
+    """A 4-step trace on a GPU of compute capability MAJOR.0 whose kernels cycle through NAMES."""
+    trace = kineto_trace(steps=4, kernels=len(names) * 4, kernel_us=400)
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    for i, event in enumerate(kernels):
+        event["name"] = names[i % len(names)]
+    trace["deviceProperties"][0]["computeMajor"] = major
+    return trace
+
+
+def test_fp32_cuda_core_gemms_on_ampere_say_tf32_is_off(tmp_path):
+    """Half the kernel time is ampere_sgemm (fp32 GEMM on CUDA cores, what cuBLAS runs when TF32
+    is off), half a TF32 Tensor Core GEMM: 8 kernels of 0.4 ms per step, 1.6 of the 3.2 ms of
+    compute.  The GPU runs back to back, so TF32 at the assumed 2x saves 0.8 ms per step.  The same
+    names on a Volta (cc 7.0), which has no TF32, say nothing about it."""
+    names = ["ampere_sgemm_128x64_nn", "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16"]
+    write_trace(tmp_path / "a100" / "w.pt.trace.json", _with_kernel_names(names))
+    finding = next(f for f in _session(tmp_path / "a100")["findings"] if f["check"] == "precision")
+    assert finding["severity"] == "warning" and finding["title"].startswith("TF32 is off")
+    assert finding["metrics"]["cuda_core_fp32_gemm_percent"] == pytest.approx(50.0, abs=0.5)
+    assert finding["estimated_savings_ms_per_step"] == pytest.approx(0.8, abs=0.05)
+    assert "allow_tf32 = True" in finding["fixes"][0]["code"] and not _tf_or_jax_code(_session(tmp_path / "a100"))
+    assert finding["evidence"][0]["name"] == "ampere_sgemm_128x64_nn"
+    write_trace(tmp_path / "v100" / "w.pt.trace.json", _with_kernel_names(names, major=7))
+    volta = next(f for f in _session(tmp_path / "v100")["findings"] if f["check"] == "precision")
+    assert "TF32" not in volta["title"] and "cuda_core_fp32_gemm_percent" not in volta["metrics"]
+
+
+def test_float64_kernels_are_a_precision_finding(tmp_path):
+    """A quarter of the kernels are float64 (cuBLAS dgemm, an ATen kernel templated on double); a
+    batch-norm kernel taking double scalars in its argument list is not float64 math."""
+    names = ["volta_dgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<double>>()",
+             "void at::native::batch_norm_collect_statistics_kernel(at::Tensor const&, double, double, long)",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>()"] * 2
+    write_trace(tmp_path / "run" / "w.pt.trace.json", _with_kernel_names(names))
+    finding = next(f for f in _session(tmp_path / "run")["findings"] if f["check"] == "precision")
+    assert finding["severity"] == "warning" and finding["title"].startswith("float64 kernels take 50%")
+    assert any(".float()" in fix["code"] for fix in finding["fixes"])
+    assert {e["name"] for e in finding["evidence"]} == set(names[:2])

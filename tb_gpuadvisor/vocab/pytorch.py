@@ -66,6 +66,39 @@ FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
 # between GPUs; counting them as compute would hide a communication bottleneck.
 _COLLECTIVE = re.compile(r"nccl|rccl|dpsk::ep|deep_ep|nvshmem", re.IGNORECASE)
 
+# Precision facts in the kernel names of PyTorch's libraries (cuBLAS, CUTLASS, cuDNN, rocBLAS):
+# float64 math (cuBLAS/rocBLAS "dgemm", Tensile "_DD" type codes, ATen kernels templated on
+# double: "AddFunctor<double>"; a "(..., double, long)" argument list is a scalar, not the data);
+# and fp32 GEMMs on CUDA cores ("ampere_sgemm_128x64_nn", CUTLASS "simt_sgemm", cuDNN's
+# "implicit_convolve_sgemm"), which Ampere and newer run only when TF32 is off: with TF32 on the
+# same work runs as "s1688gemm"/"tf32" Tensor Core kernels.
+_FP64_KERNEL = re.compile(r"[dz]gemm|<double\b|\bdouble>|_fp64|f64f64|Cijk_\w*?_(?:DD|ZZ)[SB]?_", re.IGNORECASE)
+_FP32_CUDA_CORE_GEMM = re.compile(r"(?:ampere|sm_?8\d|sm_?9\d|sm_?1\d\d|hopper|blackwell)_sgemm|simt_sgemm|"
+                                  r"implicit_convolve_sgemm", re.IGNORECASE)
+# Compute capability from which fp32 matmuls can run as TF32 on Tensor Cores (Ampere).
+TF32_MAJOR = 8
+
+
+# Assumed speed-ups when the fix is applied: float64 -> float32 (at least 2x: A100/H100 run fp64 at
+# half the fp32 rate, most other GPUs at 1/32 or less) and fp32 CUDA-core GEMMs run as TF32 (A100's
+# peak ratio is 8x, 156 vs 19.5 TFLOPS; real GEMMs gain far less).
+FP64_SPEEDUP = 2.0
+TF32_SPEEDUP = 2.0
+
+
+def runs_tf32(vendor: str | None, cc_major: int | None) -> bool:
+    """Whether a GPU has TF32 Tensor Cores (NVIDIA Ampere or newer)."""
+    return (vendor or "").upper() == "NVIDIA" and cc_major is not None and cc_major >= TF32_MAJOR
+
+
+def is_fp64_kernel(name: str) -> bool:
+    return bool(_FP64_KERNEL.search(name))
+
+
+def is_fp32_cuda_core_gemm(name: str) -> bool:
+    return bool(_FP32_CUDA_CORE_GEMM.search(name))
+
+
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
 HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
 
