@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -416,3 +417,125 @@ def test_host_waiting_in_synchronize_while_the_gpu_is_busy_is_not_a_stall(tmp_pa
     by_check = {f["check"]: f for f in session["findings"]}
     assert by_check["host_overhead"]["severity"] == "ok" and by_check["kernel_launch"]["severity"] == "ok"
     assert all(f["severity"] in ("ok", "info", "not_applicable") for f in session["findings"])
+
+
+def test_allocator_calls_are_their_own_kind_not_launches():
+    """cudaFree/hipFree and the other driver allocator calls block the host; the stream-ordered
+    ones (cudaMallocAsync, cudaFreeAsync) and launches do not."""
+    for name in ("hipFree", "hipMalloc", "cudaFree", "cudaMalloc", "hipHostMalloc", "cudaFreeHost", "cuMemFree_v2"):
+        assert pytorch.host_event_kind(name, "cuda_runtime") == HostEventKind.ALLOCATOR, name
+    for name in ("cudaMallocAsync", "cudaFreeAsync", "hipLaunchKernel"):
+        assert pytorch.host_event_kind(name, "cuda_runtime") != HostEventKind.ALLOCATOR, name
+    assert pytorch.host_event_kind("hipFree", "cpu_op") != HostEventKind.ALLOCATOR
+
+
+def test_mi300x_hipfree_inside_ops_is_allocator_overhead_not_launch(corpus):
+    """pytorch-mi300x-ddp-resnet18, by hand from the raw JSON (ph X events, ms from the first):
+    hipFree is 3346 ms of a 3393 ms trace (1,360 calls, inside aten::convolution_backward,
+    aten::miopen_convolution and autograd engine ops); hipMalloc 12 ms; every launch call together
+    under 8 ms.  Per iteration (Optimizer.step#SGD.step at 118.0, 233.7, 1248.4, 2316.8, 3392.9 ms)
+    272 hipFree calls: 107.6, 1005.4, 1059.1 and 1064.4 ms, i.e. 809.1 ms per inferred step.  The
+    short first step (115.6 ms) is not a warm-up: it pays the same 272 frees (median 0.22 ms
+    each, 1.0 ms in the later ones); the capture's lead-in before it does too (109.7 ms)."""
+    session = _session(corpus / "pytorch-mi300x-ddp-resnet18")
+    first = session["findings"][0]
+    assert first["check"] == "host_overhead" and first["severity"] == "critical", first["title"]
+    assert "hipFree (272 calls and 809.1 ms per step)" in first["summary"]
+    assert first["evidence"][0]["name"] == "hipFree"
+    assert "expandable_segments" in first["fixes"][0]["code"] and "empty_cache" in first["fixes"][0]["text"]
+    launch = next(f for f in session["findings"] if f["check"] == "kernel_launch")
+    assert launch["severity"] == "ok" and launch["metrics"]["launch_percent"] < 2.0
+    assert not _tf_or_jax_code(session)
+
+
+def _unrecorded_percent(text: str) -> int:
+    """X of "records no host activity in X%" in TEXT (-1 when absent)."""
+    match = re.search(r"records no host activity in (\d+)%", text)
+    return int(match.group(1)) if match else -1
+
+
+def test_hta_ranks_lead_with_collectives_when_idle_gaps_hold_only_phase_annotations(corpus):
+    """pytorch-hta-2ranks (HTA's trace_filter data), by hand on rank-0: the GPU is idle with no
+    input wait, launch or op of the host under it for 455.7 ms over the 2 steps.  The host events
+    over that time are user annotations that wrap other events of their thread (## backward ##
+    279.5 ms of it, ## optimizer ## 120.4 ms, Optimizer.step#Shampoo.step 93.7 ms, ...); no event
+    that wraps nothing overlaps it (0.0 ms).  NCCL SendRecv kernels take 198.1 ms per step on
+    rank-0 and 189.5 ms on rank-1, 168.5 and 151.8 ms of it with no compute alongside."""
+    model = load_session(find_sessions(str(corpus / "pytorch-hta-2ranks"))[0])
+    act = model.hosts[0].activity
+    scopes = {act.names[i] for i in np.unique(act.name[act.kind == HostEventKind.SCOPE])}
+    assert {"## backward ##", "## optimizer ##"} <= scopes
+    session = _session(corpus / "pytorch-hta-2ranks")
+    assert session["findings"][0]["check"] == "collectives"
+    host = next(f for f in session["findings"] if f["check"] == "host_overhead")
+    assert host["confidence"] == "low"
+    assert _unrecorded_percent(host["summary"]) >= 90 and "trace filter" in host["summary"]
+    assert not any(e["name"].startswith("## ") for e in host["evidence"])
+
+
+def test_idle_gaps_outside_any_phase_stay_host_overhead(tmp_path):
+    """An untraced gap (5 ms of Python at the end of each step, no event at all) is host overhead
+    as before: untraced Python looks like that.  Only a gap inside a phase annotation with nothing
+    recorded is doubted: wrapped in a record_function scope holding one 5 us op, it is."""
+    trace = kineto_trace(steps=4, kernels=10, kernel_us=200)
+    events = trace["traceEvents"]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    for step in steps:                       # 5 ms of untraced host time at the end of each step
+        later = [e for e in events if e.get("ts", 0) >= step["ts"] + step["dur"] and e["ph"] == "X"]
+        step["dur"] += 5000.0
+        for e in later:
+            e["ts"] += 5000.0
+    write_trace(tmp_path / "plain" / "w.pt.trace.json", trace)
+    plain = next(f for f in _session(tmp_path / "plain")["findings"] if f["check"] == "host_overhead")
+    assert plain["severity"] == "critical" and "records no host activity" not in plain["summary"]
+    # A phase annotation over each gap, holding one short op at its start: the rest is empty.
+    for step in steps:
+        end = step["ts"] + step["dur"] - 5000.0
+        events += [{"ph": "X", "cat": "user_annotation", "name": "## metrics ##", "pid": 1, "tid": 7,
+                    "ts": end - 10, "dur": 4990.0},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 7, "ts": end - 9, "dur": 5.0}]
+    write_trace(tmp_path / "scoped" / "w.pt.trace.json", trace)
+    scoped = next(f for f in _session(tmp_path / "scoped")["findings"] if f["check"] == "host_overhead")
+    assert scoped["severity"] == "critical" and scoped["confidence"] == "low"
+    assert _unrecorded_percent(" ".join(scoped["confidence_reasons"])) >= 99
+
+
+def _with_kernel_names(names: list[str], major: int = 8) -> dict:
+    """A 4-step trace on a GPU of compute capability MAJOR.0 whose kernels cycle through NAMES."""
+    trace = kineto_trace(steps=4, kernels=len(names) * 4, kernel_us=400)
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    for i, event in enumerate(kernels):
+        event["name"] = names[i % len(names)]
+    trace["deviceProperties"][0]["computeMajor"] = major
+    return trace
+
+
+def test_fp32_cuda_core_gemms_on_ampere_say_tf32_is_off(tmp_path):
+    """Half the kernel time is ampere_sgemm (fp32 GEMM on CUDA cores, what cuBLAS runs when TF32
+    is off), half a TF32 Tensor Core GEMM: 8 kernels of 0.4 ms per step, 1.6 of the 3.2 ms of
+    compute.  The GPU runs back to back, so TF32 at the assumed 2x saves 0.8 ms per step.  The same
+    names on a Volta (cc 7.0), which has no TF32, say nothing about it."""
+    names = ["ampere_sgemm_128x64_nn", "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16"]
+    write_trace(tmp_path / "a100" / "w.pt.trace.json", _with_kernel_names(names))
+    finding = next(f for f in _session(tmp_path / "a100")["findings"] if f["check"] == "precision")
+    assert finding["severity"] == "warning" and finding["title"].startswith("TF32 is off")
+    assert finding["metrics"]["cuda_core_fp32_gemm_percent"] == pytest.approx(50.0, abs=0.5)
+    assert finding["estimated_savings_ms_per_step"] == pytest.approx(0.8, abs=0.05)
+    assert "allow_tf32 = True" in finding["fixes"][0]["code"] and not _tf_or_jax_code(_session(tmp_path / "a100"))
+    assert finding["evidence"][0]["name"] == "ampere_sgemm_128x64_nn"
+    write_trace(tmp_path / "v100" / "w.pt.trace.json", _with_kernel_names(names, major=7))
+    volta = next(f for f in _session(tmp_path / "v100")["findings"] if f["check"] == "precision")
+    assert "TF32" not in volta["title"] and "cuda_core_fp32_gemm_percent" not in volta["metrics"]
+
+
+def test_float64_kernels_are_a_precision_finding(tmp_path):
+    """A quarter of the kernels are float64 (cuBLAS dgemm, an ATen kernel templated on double); a
+    batch-norm kernel taking double scalars in its argument list is not float64 math."""
+    names = ["volta_dgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<double>>()",
+             "void at::native::batch_norm_collect_statistics_kernel(at::Tensor const&, double, double, long)",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>()"] * 2
+    write_trace(tmp_path / "run" / "w.pt.trace.json", _with_kernel_names(names))
+    finding = next(f for f in _session(tmp_path / "run")["findings"] if f["check"] == "precision")
+    assert finding["severity"] == "warning" and finding["title"].startswith("float64 kernels take 50%")
+    assert any(".float()" in fix["code"] for fix in finding["fixes"])
+    assert {e["name"] for e in finding["evidence"]} == set(names[:2])

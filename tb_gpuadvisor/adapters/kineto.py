@@ -116,6 +116,17 @@ def _renumber(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return used, inverse.reshape(-1).astype(np.int32)
 
 
+def _wraps_others(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per event: does another event of its thread start inside it (events nest per thread, so the
+    next one by start, longer first on ties, is inside exactly when some is)."""
+    order = np.lexsort((-dur, start, thread))
+    out = np.zeros(thread.size, bool)
+    if thread.size > 1:
+        this, after = order[:-1], order[1:]
+        out[this] = (thread[after] == thread[this]) & (start[after] < start[this] + dur[this])
+    return out
+
+
 def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str) -> Device:
     p = props.get(index)
     cc = f"{p.major}.{p.minor or 0}" if p is not None and p.major is not None else None
@@ -163,13 +174,17 @@ def build(cols: Columns, host: str) -> HostCapture:
     # A launch of many ms loaded its kernel first: set-up, not the cost of launching.
     first_use = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
     kind = np.where(first_use, np.int8(HostEventKind.FIRST_USE), kind)
+    all_tids = _Interner()
+    host_tid = all_tids.indices(cols.tid)[host_rows]
+    annotation = _category_mask(cat_names, pytorch.ANNOTATION_CATEGORIES)[cat[host_rows]]
+    scope = annotation & (kind == HostEventKind.OTHER) & _wraps_others(host_tid, start[host_rows], dur[host_rows])
+    kind = np.where(scope, np.int8(HostEventKind.SCOPE), kind)
     step_num = np.full(host_rows.size, -1, np.int64)
     marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
 
     # A thread is its tid (older traces write it as a string in events, a number in metadata).
-    all_tids = _Interner()
-    tid_names, tid = _subset(all_tids.indices(cols.tid)[host_rows], [str(t) for t in all_tids.strings])
+    tid_names, tid = _subset(host_tid, [str(t) for t in all_tids.strings])
     labels = {str(t): label for (_, t), label in cols.threads.items()}
     threads = [labels.get(t, f"thread {t}") for t in tid_names]
     # Each table has its own list of names: the distinct names of its rows.

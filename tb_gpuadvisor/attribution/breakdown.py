@@ -442,7 +442,18 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
         host_ops=host_ops,
-        launch=_set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))))
+        launch=_launch_set(host, dev)))
+
+
+def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
+    """When the host launched or dispatched work for DEV, less the time it sat in allocator calls
+    (cudaFree/hipFree inside an op block until the device drains: that idle is not launch cost)."""
+    activity = host.activity
+    launch = _set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))
+    allocator = activity.kind == HostEventKind.ALLOCATOR
+    if not allocator.any():
+        return launch
+    return iv.subtract(launch, _set(activity.start_ps, activity.end_ps, allocator))
 
 
 def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:

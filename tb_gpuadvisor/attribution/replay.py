@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model import kernels
@@ -59,7 +60,7 @@ class Scenario:
 
     ``idle``: device-idle category -> fraction of its time the fix removes from the host's
     timeline; ``faster``: kernel class -> speed-up of its kernels ("fp32_eligible",
-    "off_tensor_core"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
+    "off_tensor_core", "fp64", "cuda_core_fp32"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
     ``balance``: the straggler's work brought to the median replica.
     """
 
@@ -152,6 +153,11 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int) -> _Chain:
         "fp32_eligible": fp32_eligible(cls)[idx],
         "off_tensor_core": (cls.eligible & ~cls.tensor_core)[idx],
         "copy": dev.mask(*COPY_KINDS)[idx],
+        # Precision classes of PyTorch kernel names (vocab.pytorch): float64, and fp32 GEMMs on CUDA
+        # cores of a GPU with TF32 (TF32 left off).
+        "fp64": (cls.kernel & kernels.named_events(dev, "fp64", pytorch.is_fp64_kernel))[idx],
+        "cuda_core_fp32": (cls.kernel & kernels.named_events(dev, "cuda_core_fp32", pytorch.is_fp32_cuda_core_gemm)
+                           & pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major))[idx],
     }
     sync_start, sync_end = _waits(host, dev, idx)
     # Each wait stands for the device work finished by its end; each anchored event for the last wait before it.

@@ -40,7 +40,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
+    ACTIONABLE, Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
@@ -56,7 +56,12 @@ TOP = 5
 # entire step, launches and input waits are attributed to other checks.
 _NOT_CULPRITS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.EXECUTOR,
                  HostEventKind.LAUNCH, HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE,
-                 HostEventKind.MEMORY)
+                 HostEventKind.MEMORY, HostEventKind.SCOPE)
+# Events that wrap work rather than do it: a gap they alone cover holds no recorded host work.
+_WRAPPERS = (HostEventKind.STEP_MARKER, HostEventKind.FUNCTION, HostEventKind.SCOPE)
+# Above this share of the gaps inside a phase annotation with no work recorded, "the host was
+# busy" is a guess.
+UNRECORDED_SHARE = 0.5
 
 
 def _jax_host_work(syncs: bool) -> Fix:
@@ -105,11 +110,70 @@ STATIC_LOSS_SCALE = fixes.Remedy(
         doc=fixes.JAX_GPU_TIPS),
 )
 
+# PyTorch's memory notes: the caching allocator, empty_cache, PYTORCH_CUDA_ALLOC_CONF (ROCm reads
+# PYTORCH_HIP_ALLOC_CONF, the HIP notes say).
+TORCH_MEMORY_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
+# Allocator calls holding at least this share of the host-overhead idle time are its cause.
+ALLOCATOR_SHARE = 0.5
+
+_KEEP_ALLOCATOR_CACHE = Fix(
+    text="Device memory is allocated and freed through the driver inside the step, and freeing "
+         "waits for the GPU: PyTorch's caching allocator is being bypassed or emptied. Do not call "
+         "torch.cuda.empty_cache() in the loop, unset PYTORCH_NO_CUDA_MEMORY_CACHING, keep tensor "
+         "shapes stable from step to step, and let the allocator grow its segments instead of "
+         "returning them (expandable_segments; PYTORCH_HIP_ALLOC_CONF on ROCm).",
+    code="# shell: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py\n"
+         "#        (ROCm: PYTORCH_HIP_ALLOC_CONF=expandable_segments:True; PYTORCH_NO_CUDA_MEMORY_CACHING unset)\n"
+         "for x, y in loader:\n"
+         "    train_step(x, y)          # no torch.cuda.empty_cache() inside the loop",
+    doc=TORCH_MEMORY_DOC)
+# Only PyTorch's vocabulary marks allocator calls, so the remedy has no TensorFlow or JAX form.
+KEEP_ALLOCATOR_CACHE = fixes.Remedy(_KEEP_ALLOCATOR_CACHE.text, _KEEP_ALLOCATOR_CACHE.code,
+                                    TORCH_MEMORY_DOC, tensorflow=False, pytorch=_KEEP_ALLOCATOR_CACHE)
+
+
+def allocator_note(activity: HostActivity, gaps: Intervals, steps: int) -> str:
+    """A sentence naming the driver allocator calls (cudaFree, hipFree, ...) when they fill most of
+    the GAPS, empty otherwise: the host then stalls in memory management, not in Python."""
+    calls = (activity.kind == HostEventKind.ALLOCATOR) & (activity.step >= 0)
+    if not calls.any() or not gaps[0].size:
+        return ""
+    inside = iv.overlap(iv.union(activity.start_ps[calls], activity.end_ps[calls]), gaps)
+    share = inside / max(iv.total(gaps), 1)
+    if share < ALLOCATOR_SHARE:
+        return ""
+    rows = np.flatnonzero(calls)
+    per_name = np.bincount(activity.name[rows], weights=activity.dur_ps[rows], minlength=len(activity.names))
+    top = int(np.argmax(per_name))
+    count = int(np.count_nonzero(activity.name[rows] == top))
+    return (f" {100 * share:.0f}% of that idle time the host sat in memory allocation calls: "
+            f"{activity.names[top]} ({count / steps:.0f} calls and {per_name[top] / PS_PER_MS / steps:.1f} ms per "
+            "step) blocks the host until the device drains, so the caching allocator is being bypassed "
+            "or emptied.")
+
+
+def unrecorded_share(activity: HostActivity, gaps: Intervals) -> float:
+    """Share of GAPS that lies inside a phase annotation of the program ("## backward ##", a
+    record_function scope) while the host trace holds no work there, only wrappers.  Inside a phase
+    the profiler records every op the host runs, so an empty stretch means the host waited on
+    something untraced (another rank, a sync) or its events were filtered out of the trace.  Gaps
+    outside any phase are left alone: untraced Python looks like that."""
+    total = iv.total(gaps)
+    scopes = activity.kind == HostEventKind.SCOPE
+    if not total or not scopes.any():
+        return 0.0
+    work = ~activity.mask(*_WRAPPERS)
+    scoped = iv.intersect(iv.union(activity.start_ps[scopes], activity.end_ps[scopes]), gaps)
+    empty = iv.subtract(scoped, iv.union(activity.start_ps[work], activity.end_ps[work]))
+    return iv.total(empty) / total
+
 
 def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP,
-             idle: str = "the device was idle") -> list[Evidence]:
-    """Host events (by thread and name) with the most time inside the gaps (while IDLE)."""
-    candidates = np.flatnonzero(~activity.mask(*_NOT_CULPRITS) & ~helper_overhead(activity))
+             idle: str = "the device was idle", kinds: tuple[HostEventKind, ...] = ()) -> list[Evidence]:
+    """Host events (by thread and name) with the most time inside the gaps (while IDLE); only
+    events of KINDS when given."""
+    wanted = activity.mask(*kinds) if kinds else ~activity.mask(*_NOT_CULPRITS)
+    candidates = np.flatnonzero(wanted & ~helper_overhead(activity))
     if not candidates.size or not gaps[0].size:
         return []
     start = activity.start_ps[candidates]
@@ -178,6 +242,8 @@ def check(analysis: Analysis) -> Finding:
                f"{idle} while the host was busy with something other than {busy}: "
                f"Python code, callbacks, metrics, ops run outside "
                f"{fixes.compiled_step(analysis.model.framework)}, or gaps between steps.")
+    allocator = allocator_note(host.activity, primary.sets["other_host"], analysis.steps_count)
+    summary += allocator
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
     summary += analysis.gain_note(severity, saving)
@@ -190,6 +256,9 @@ def check(analysis: Analysis) -> Finding:
 
     evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                         idle="no op of the step ran" if on_cpu else "the device was idle")
+    if allocator:       # the calls themselves first: the frames around them name no cause
+        evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
+                            top=2, kinds=(HostEventKind.ALLOCATOR,)) + evidence
     evidence += analysis.gap_evidence(primary.sets["other_host"],
                                       "no op running, host busy elsewhere" if on_cpu else "device idle, host busy elsewhere",
                                       device=primary.name, host=primary.host)
@@ -202,10 +271,19 @@ def check(analysis: Analysis) -> Finding:
     fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
+    if allocator:
+        fix_list.insert(0, KEEP_ALLOCATOR_CACHE)
     if on_cpu:
         fix_list.remove(fixes.GPU_PRIVATE_THREADS)
+    unrecorded = unrecorded_share(host.activity, primary.sets["other_host"])
+    doubt = []
+    if unrecorded > UNRECORDED_SHARE and severity in ACTIONABLE:
+        doubt = [f"the trace records no host activity in {100 * unrecorded:.0f}% of this idle time: the "
+                 "GPU may wait on another rank, an untraced sync, or events a trace filter removed"]
+        summary += f" But {doubt[0]}."
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
+        confidence="low" if doubt else "high", confidence_reasons=doubt,
         metrics={"other_idle_percent": round(percent, 2), "other_idle_ms_per_step": round(other_ms, 3)},
         estimated_savings_ms_per_step=saving, evidence=evidence,
         fixes=fix_list if severity is not Severity.OK else [],

@@ -32,7 +32,9 @@ their time once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
@@ -43,11 +45,24 @@ from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, needs_gpu, per_primary_windows,
     register,
 )
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "precision"
 WARNING_BELOW = 10.0
 TOP = 5
+# PyTorch traces: float64 kernels, or fp32 GEMMs on CUDA cores of an Ampere+ GPU (TF32 off), taking
+# at least this share of GPU compute are a finding of their own.
+WRONG_PRECISION_PERCENT = 5.0
+
+TORCH_FLOAT32 = fixes.Fix(
+    text="Keep tensors and the model in float32 (or lower): float64 runs at a fraction of float32 "
+         "speed on most GPUs. float64 usually enters through NumPy arrays (torch.from_numpy keeps "
+         "their dtype), Python floats turned into tensors with dtype=torch.double, or model.double().",
+    code="x = torch.from_numpy(array).float()      # NumPy arrays are float64 by default\n"
+         "model = model.float()\n"
+         "torch.set_default_dtype(torch.float32)",
+    doc=fixes.TORCH_TUNING_GUIDE)
 
 MIXED_PRECISION = Remedy(
     "Enable mixed precision before building the model: layers compute in float16 and keep "
@@ -85,6 +100,9 @@ class GpuPrecision:
     low_ps: int                 # fp16/bf16
     eligible32_ps: int          # 32-bit kernels of Tensor-Core-eligible ops
     offenders: list[tuple[str, int, int]]   # (kernel, ps, launches) of the largest 32-bit eligible ones
+    fp64_ps: int = 0            # float64 kernels (PyTorch traces)
+    cuda_core_fp32_ps: int = 0  # fp32 GEMMs on CUDA cores of an Ampere+ NVIDIA GPU: TF32 off (PyTorch traces)
+    wrong_kernels: list[tuple[str, int, int]] = field(default_factory=list)  # the largest of either
 
 
 @dataclass
@@ -110,11 +128,34 @@ def measure(analysis: Analysis) -> Precision | Finding:
         fp32_eligible = compute & cls.eligible & ~cls.low_precision
         offenders = [(dev.names[name_idx], int(dur), int(count)) for name_idx, dur, count in
                      kernels.top_by_time(dev.name[fp32_eligible], dev.dur_ps[fp32_eligible], TOP)]
-        rows.append(GpuPrecision(dev.device.name, dev.device.host, dev.device.compute_capability,
-                                 kernels.has_tensor_cores(dev.device), kernels.tensor_core_speedup(dev.device),
-                                 int(dev.dur_ps[compute].sum()), int(dev.dur_ps[compute & cls.low_precision].sum()),
-                                 int(dev.dur_ps[fp32_eligible].sum()), offenders))
+        row = GpuPrecision(dev.device.name, dev.device.host, dev.device.compute_capability,
+                           kernels.has_tensor_cores(dev.device), kernels.tensor_core_speedup(dev.device),
+                           int(dev.dur_ps[compute].sum()), int(dev.dur_ps[compute & cls.low_precision].sum()),
+                           int(dev.dur_ps[fp32_eligible].sum()), offenders)
+        rows.append(_torch_precision(row, dev, compute) if model.framework == pytorch.FRAMEWORK else row)
     return Precision(rows, windows)
+
+
+def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
+    """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
+    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties)."""
+    fp64 = compute & kernels.name_mask(dev.names, pytorch.is_fp64_kernel)[dev.name]
+    cuda_core = np.zeros_like(compute)
+    if pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major):
+        cuda_core = compute & kernels.name_mask(dev.names, pytorch.is_fp32_cuda_core_gemm)[dev.name]
+    wrong = fp64 | cuda_core
+    top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
+    return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),
+                   wrong_kernels=top)
+
+
+def _scenario(model: SessionModel) -> Scenario:
+    """The precision fix: 32-bit eligible work on Tensor Cores; on PyTorch traces also float64
+    kernels computed in float32 and CUDA-core fp32 GEMMs run as TF32."""
+    faster = {"fp32_eligible": 0.0}
+    if model.framework == pytorch.FRAMEWORK:
+        faster.update(fp64=pytorch.FP64_SPEEDUP, cuda_core_fp32=pytorch.TF32_SPEEDUP)
+    return Scenario(faster=faster)
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Precision | None:
@@ -123,15 +164,18 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
     if not scaled:
         return None
     gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
-                    eligible32_ps=round(g.eligible32_ps * k),
-                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders])
+                    eligible32_ps=round(g.eligible32_ps * k), fp64_ps=round(g.fp64_ps * k),
+                    cuda_core_fp32_ps=round(g.cuda_core_fp32_ps * k),
+                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders],
+                    wrong_kernels=[(name, round(ps * k), n) for name, ps, n in g.wrong_kernels])
             for k, _, p in scaled for g in p.gpus]
     return Precision(gpus, windows)
 
 
 @register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__,
-          what_if=Replayed(lambda model: Scenario(faster={"fp32_eligible": 0.0}),
-                           what="fp32 Tensor-Core-eligible kernels sped up by each GPU's Tensor Core factor"),
+          what_if=Replayed(lambda model: _scenario(model),
+                           what="fp32 Tensor-Core-eligible kernels sped up by each GPU's Tensor Core factor "
+                                "(PyTorch traces: float64 kernels and TF32-off fp32 GEMMs too)"),
           aspect="kernels", explains="device compute", explains_order=1,
           compared=Compared("low_precision_percent", "fp32_eligible_ms_per_step"),
           cross_host=CrossHost(measure, join, lambda m, scale: judge(m, scale.what_if.saving_ms(CHECK_ID), scale),
@@ -168,6 +212,9 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
     evidence = offenders[:TOP] + (per_gpu if len(per_gpu) > 1 else [])
     busy_savings = savings_ps / PS_PER_MS / steps
     metrics["kernel_savings_ms_per_step"] = round(busy_savings, 3)
+    wrong = _wrong_precision(gpus, total_ps, steps, metrics, savings, scale)
+    if wrong is not None:
+        return wrong
     if percent >= WARNING_BELOW:
         return Finding(CHECK_ID, Severity.OK, f"{percent:.0f}% of GPU compute runs in 16-bit",
                        f"{percent:.1f}% of GPU kernel time uses 16-bit (fp16/bf16) math, so mixed "
@@ -188,3 +235,36 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
         f"{capable[0].speedup:.0f}x speed-up of that work), and a replay of "
         f"the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
         metrics, round(savings, 3), evidence, FIXES)
+
+
+def _wrong_precision(gpus: list[GpuPrecision], total_ps: int, steps: int, metrics: dict, savings: float,
+                     scale: StepScale) -> Finding | None:
+    """The finding for float64 kernels or TF32 left off (PyTorch traces), None when neither takes
+    WRONG_PRECISION_PERCENT of compute; SAVINGS is the replayed gain of the precision scenario."""
+    fp64_ps = sum(g.fp64_ps for g in gpus)
+    cuda_core_ps = sum(g.cuda_core_fp32_ps for g in gpus)
+    fp64_pct, cuda_core_pct = 100.0 * fp64_ps / total_ps, 100.0 * cuda_core_ps / total_ps
+    if max(fp64_pct, cuda_core_pct) < WRONG_PRECISION_PERCENT:
+        return None
+    evidence = sorted((Evidence("kernel", name, round(ps / PS_PER_MS / steps, 3), "ms/step",
+                                detail=f"{'float64' if pytorch.is_fp64_kernel(name) else 'fp32 on CUDA cores'} "
+                                       f"kernel, {count} launch(es)", device=g.device, host=g.host)
+                       for g in gpus for name, ps, count in g.wrong_kernels), key=lambda e: -e.value)[:TOP]
+    metrics.update(fp64_percent=round(fp64_pct, 2), cuda_core_fp32_gemm_percent=round(cuda_core_pct, 2))
+    severity = scale.gated(Severity.WARNING, savings)
+    replayed = f" A replay of the step with the fix predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings)
+    if fp64_pct >= cuda_core_pct:
+        return Finding(
+            CHECK_ID, severity, f"float64 kernels take {fp64_pct:.0f}% of GPU compute",
+            f"{fp64_pct:.1f}% of GPU kernel time ({fp64_ps / PS_PER_MS / steps:.2f} ms per step) runs "
+            "float64 math, which GPUs run at a fraction of float32 speed (1/2 on A100/H100, 1/32 or "
+            f"less on most others; {pytorch.FP64_SPEEDUP:.0f}x assumed)." + replayed,
+            metrics, round(savings, 3), evidence, [TORCH_FLOAT32, fixes.TORCH_AUTOCAST])
+    cc = ", ".join(sorted({g.compute_capability or "?" for g in gpus if g.cuda_core_fp32_ps}))
+    return Finding(
+        CHECK_ID, severity, f"TF32 is off: fp32 GEMMs on CUDA cores take {cuda_core_pct:.0f}% of GPU compute",
+        f"{cuda_core_pct:.1f}% of GPU kernel time ({cuda_core_ps / PS_PER_MS / steps:.2f} ms per step) runs "
+        f"fp32 matrix multiplications on CUDA cores (sgemm kernels) on a GPU of compute capability {cc}, "
+        "whose Tensor Cores run them as TF32 when allowed; PyTorch leaves TF32 off for matmuls by "
+        f"default ({pytorch.TF32_SPEEDUP:.0f}x assumed for TF32)." + replayed,
+        metrics, round(savings, 3), evidence, [fixes.TORCH_TF32, fixes.TORCH_AUTOCAST])

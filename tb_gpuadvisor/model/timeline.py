@@ -52,6 +52,8 @@ class HostEventKind(enum.IntEnum):
     MEMORY = 7         # MemoryAllocation / MemoryDeallocation records
     EXECUTOR = 8       # executor scheduling (ExecutorState::Process, PjRt execute helpers)
     FIRST_USE = 9      # one-time set-up a warmed-up step does not pay (lazy kernel loading, queries)
+    ALLOCATOR = 10     # device memory allocated/freed through the driver (cudaFree, hipMalloc): may block the host
+    SCOPE = 11         # an annotation wrapping other events of its thread ("## backward ##"): a phase, not work
 
 
 @dataclass

@@ -23,6 +23,9 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "
 HOST_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime",
                              "cuda_driver", "python_function"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
+# record_function / user annotations: they name a phase ("## backward ##"); wrapping other events
+# of their thread they are a scope, not work of their own.
+ANNOTATION_CATEGORIES = frozenset({"user_annotation"})
 # Neither set holds "gpu_user_annotation", the device-side twin of an annotation: it is never the
 # step (ProfilerStep#N there spans the GPU work, not the step the user pays) nor device work.
 
@@ -42,9 +45,52 @@ _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_m
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
 
+# Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
+# caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
+# the host-pinned variants) wait for the device to finish its queued work, so the host stalls
+# inside an op that would otherwise be launching.  Not launch time: GPU idle behind them is host
+# overhead of a different cause.  The async variants (cudaMallocAsync, cudaFreeAsync) enqueue on
+# a stream and do not block, so they are left out.
+_ALLOCATOR = re.compile(r"^(cuda|hip)(Malloc|MallocManaged|MallocHost|HostAlloc|HostMalloc|Free|FreeHost|HostFree|"
+                        r"HostRegister|HostUnregister)$|^cu(MemAlloc|MemFree|MemAllocHost|MemFreeHost|"
+                        r"MemHostAlloc|MemHostRegister|MemHostUnregister)(_v2)?$")
+
 # A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
+
+
+# Precision facts in the kernel names of PyTorch's libraries (cuBLAS, CUTLASS, cuDNN, rocBLAS):
+# float64 math (cuBLAS/rocBLAS "dgemm", Tensile "_DD" type codes, ATen kernels templated on
+# double: "AddFunctor<double>"; a "(..., double, long)" argument list is a scalar, not the data);
+# and fp32 GEMMs on CUDA cores ("ampere_sgemm_128x64_nn", CUTLASS "simt_sgemm", cuDNN's
+# "implicit_convolve_sgemm"), which Ampere and newer run only when TF32 is off: with TF32 on the
+# same work runs as "s1688gemm"/"tf32" Tensor Core kernels.
+_FP64_KERNEL = re.compile(r"[dz]gemm|<double\b|\bdouble>|_fp64|f64f64|Cijk_\w*?_(?:DD|ZZ)[SB]?_", re.IGNORECASE)
+_FP32_CUDA_CORE_GEMM = re.compile(r"(?:ampere|sm_?8\d|sm_?9\d|sm_?1\d\d|hopper|blackwell)_sgemm|simt_sgemm|"
+                                  r"implicit_convolve_sgemm", re.IGNORECASE)
+# Compute capability from which fp32 matmuls can run as TF32 on Tensor Cores (Ampere).
+TF32_MAJOR = 8
+
+
+# Assumed speed-ups when the fix is applied: float64 -> float32 (at least 2x: A100/H100 run fp64 at
+# half the fp32 rate, most other GPUs at 1/32 or less) and fp32 CUDA-core GEMMs run as TF32 (A100's
+# peak ratio is 8x, 156 vs 19.5 TFLOPS; real GEMMs gain far less).
+FP64_SPEEDUP = 2.0
+TF32_SPEEDUP = 2.0
+
+
+def runs_tf32(vendor: str | None, cc_major: int | None) -> bool:
+    """Whether a GPU has TF32 Tensor Cores (NVIDIA Ampere or newer)."""
+    return (vendor or "").upper() == "NVIDIA" and cc_major is not None and cc_major >= TF32_MAJOR
+
+
+def is_fp64_kernel(name: str) -> bool:
+    return bool(_FP64_KERNEL.search(name))
+
+
+def is_fp32_cuda_core_gemm(name: str) -> bool:
+    return bool(_FP32_CUDA_CORE_GEMM.search(name))
 
 
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
@@ -76,6 +122,8 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
         return HostEventKind.INPUT_STAGE
     if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
         return HostEventKind.FIRST_USE
+    if category in RUNTIME_CATEGORIES and _ALLOCATOR.match(name):
+        return HostEventKind.ALLOCATOR
     if category in RUNTIME_CATEGORIES:
         return HostEventKind.LAUNCH if gpu.LAUNCH_CALL.search(name) else HostEventKind.OTHER
     if category in ("cpu_op", "operator"):
