@@ -27,6 +27,8 @@ from conftest import CORPUS
 CHROMIUM = "/usr/bin/chromium"
 # A CPU-only run, named to sort after the others (the tab opens the first run).
 CPU_RUN = "z-cpu-only"
+# A PyTorch run (torch.profiler's tensorboard_trace_handler files sit in the run folder itself).
+PYTORCH_RUN = "pytorch-resnet50"
 # Its session: months before the others, so it is never the closest base in time.
 CPU_SESSION = "2023_06_01_00_00_00"
 MALICIOUS = "<img src=x onerror=alert(1)>&amp;"
@@ -69,6 +71,10 @@ def _build_logdir(root: Path) -> Path:
     synth.build_training_session(steps=4, step_ms=20.0).write(logdir, "validation", VALIDATION)
     synth.build_training_session(steps=4, gpus=0, marker="r", input_wait_frac=0.2,
                                  host_overhead_frac=0.2).write(logdir, CPU_RUN, CPU_SESSION)
+    torch_trace = CORPUS / "pytorch-resnet50-dataloader" / "num_workers_0" / "worker0.pt.trace.json.gz"
+    if torch_trace.is_file():
+        (logdir / PYTORCH_RUN).mkdir(parents=True)
+        shutil.copy(torch_trace, logdir / PYTORCH_RUN)
     sources = sorted((CORPUS / "keras-cnn-rtx5000").glob("download8-*/train/plugins/profile/*"))
     if sources:
         target = logdir / "rtx5000" / "plugins" / "profile" / sources[0].name
@@ -546,3 +552,23 @@ def test_findings_keep_the_reports_order(page, server):
     frame.wait_for_selector("[data-testid=findings] > li.finding", timeout=30000)
     shown = frame.locator("[data-testid=findings] > li.finding").evaluate_all("items => items.map(i => i.dataset.check)")
     assert len(reversed_ids) >= 2 and shown == reversed_ids, (shown, reversed_ids)
+
+
+def test_a_pytorch_run_beside_the_tf_runs_names_file_and_time_not_xprof(page, server):
+    """The corpus's ResNet-50 trace with num_workers=0 (its DataLoader __next__ takes 46.6 of each
+    154.8 ms step, read by hand from the raw JSON) in the same logdir as the TensorFlow runs: the
+    tab lists the run, puts the DataLoader wait first with a PyTorch fix, and its evidence names
+    the trace file and ms range, with no link into XProf, which cannot open Kineto JSON."""
+    if not (server["root"] / "logdir" / PYTORCH_RUN).is_dir():
+        pytest.skip("the PyTorch corpus trace is not present")
+    frame = _advisor(page, server)
+    _select_session(frame, PYTORCH_RUN, "trace")
+    frame.wait_for_selector("[data-testid=findings]", timeout=60000)
+    first = frame.locator("[data-testid=findings] > li").first
+    assert first.get_attribute("data-check") == "input_bound", first.inner_text()[:200]
+    assert "pytorch" in frame.locator(".advisor").inner_text()
+    body = first.locator(".finding-body")
+    assert "num_workers" in body.locator(".fixes, pre, code").all_inner_texts().__str__()
+    assert "worker0.pt.trace.json.gz" in body.locator(".evidence").inner_text()
+    assert frame.locator(".evidence a.profile-link, .evidence a.range-link").count() == 0
+    _shot(page, server, "13-pytorch-run", first)
