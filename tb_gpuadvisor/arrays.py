@@ -39,12 +39,12 @@ def distinct_small_ints(values: np.ndarray) -> np.ndarray:
 class SortedKeys:
     """A read-only int64 -> int32 map: build once, look up many arrays.
 
-    Keys that span a range not much wider than their count (correlation ids count up) go in
+    Values are above the int32 minimum (indices, positions, -1). Keys that span a range not much wider than their count (correlation ids count up) go in
     a table indexed by key, a look-up per query; other keys are sorted and searched. Either
     way a key present several times maps to its first value.
     """
 
-    _ABSENT = np.int64(1 << 40)     # outside every int32 value
+    _ABSENT = np.iinfo(np.int32).min     # a value no map holds
 
     def __init__(self, keys: np.ndarray, values: np.ndarray) -> None:
         self.size = int(keys.size)
@@ -54,7 +54,7 @@ class SortedKeys:
             span = hi - self._lo + 1
             if span <= min(_DENSE_LIMIT, 4 * self.size + 4096):
                 at = keys - self._lo
-                self._table = np.full(span, self._ABSENT, np.int64)
+                self._table = np.full(span, self._ABSENT, np.int32)
                 self._table[at] = values
                 if np.count_nonzero(self._table != self._ABSENT) < self.size:  # repeated keys: first wins
                     first = np.full(span, self.size, np.int64)
@@ -77,6 +77,6 @@ class SortedKeys:
             at = queries - self._lo
             found = self._table[np.clip(at, 0, self._table.size - 1)]
             found[(at < 0) | (at >= self._table.size)] = self._ABSENT
-            return np.where(found != self._ABSENT, found, default).astype(np.int32)
+            return np.where(found != self._ABSENT, found, np.int32(default))
         idx = np.clip(np.searchsorted(self.keys, queries), 0, self.keys.size - 1)
         return np.where(self.keys[idx] == queries, self.values[idx], default).astype(np.int32)
