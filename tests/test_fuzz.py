@@ -58,32 +58,31 @@ def test_cut_capture_reports_the_host_error(tmp_path, keep):
     assert session["errors"] and session["errors"][0]["host"] == "h"
 
 
+
+def _fuzz_in_child(call: str, timeout: int) -> int:
+    """Inputs tried by benchmarks/fuzz.py's CALL in a child process (a crash in a decoder fails the
+    test instead of killing pytest); fails the test on any failing input."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = (f"import sys; sys.path.insert(0, {str(bench)!r}); import fuzz; "
+              f"tried, failures = {call}; "
+              "print('\\n'.join(failures[:5])); print(tried, len(failures))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tried, failed = map(int, result.stdout.split()[-2:])
+    assert failed == 0, result.stdout[-3000:]
+    return tried
+
 def test_both_decoders_agree_on_mutated_captures():
     """Differential fuzzing (benchmarks/fuzz.py): same columns, or both a CaptureError.
 
     A bounded batch here; `python benchmarks/fuzz.py --seconds 600` runs longer.
     A child process, so a crash in the C decoder fails the test instead of killing pytest.
     """
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = (f"import sys; sys.path.insert(0, {str(bench)!r}); import fuzz; "
-              "tried, failures = fuzz.run(inputs=4000, seconds=20, seed=0); "
-              "print('\\n'.join(failures[:5])); print(tried, len(failures))")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    tried, failed = map(int, result.stdout.split()[-2:])
-    assert failed == 0, result.stdout[-3000:]
+    tried = _fuzz_in_child("fuzz.run(inputs=4000, seconds=20, seed=0)", timeout=120)
     assert tried > 500 or not has_fast_decoder()
 
 
 def test_mutated_pytorch_traces_give_tables_or_a_capture_error():
     """The Kineto JSON reader on byte-flipped, spliced and cut traces (benchmarks/fuzz.py's second
     target): host tables or a CaptureError, never another exception."""
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = (f"import sys; sys.path.insert(0, {str(bench)!r}); import fuzz; "
-              "tried, failures = fuzz.run_kineto(inputs=300, seconds=30, seed=0); "
-              "print('\\n'.join(failures[:5])); print(tried, len(failures))")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    tried, failed = map(int, result.stdout.split()[-2:])
-    assert failed == 0, result.stdout[-3000:]
-    assert tried >= 50
+    assert _fuzz_in_child("fuzz.run_kineto(inputs=300, seconds=30, seed=0)", timeout=180) >= 50
