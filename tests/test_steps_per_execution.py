@@ -77,12 +77,14 @@ def test_per_step_time_matches_one_step_per_call(sessions):
     two standard errors of the two means, because other work on a shared 2-core machine slows one
     capture and not the other, by up to 2x in runs here), and may be faster: one call for four
     steps saves three host round trips (a clean-clone CI run measured 35.8 against 46.6 ms), but
-    not 2x faster. Undivided, the spe4 markers would read 4x the time; divided twice, a quarter.
+    not 3x faster (a loaded clean-clone run measured 15.7 against 32.4 ms: the load slowed the
+    spe1 capture more). Undivided, the spe4 markers would read 4x the time; divided twice, a
+    quarter of it (0.19x on the quiet figures), which the 0.3 bound still catches.
     Compare between the two finds no regression."""
     one, four = sessions["spe1"]["steps"], sessions["spe4"]["steps"]
     noise = 2 * (_standard_error(one) ** 2 + _standard_error(four) ** 2) ** 0.5
     assert four["mean_ms"] - one["mean_ms"] <= max(0.20 * one["mean_ms"], noise)
-    assert four["mean_ms"] >= 0.5 * one["mean_ms"]
+    assert four["mean_ms"] >= 0.3 * one["mean_ms"]
     result = compare_sessions(sessions["spe1"], sessions["spe4"])
     assert not has_regression(result, "warning")
 
