@@ -31,7 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", REPO.parent / "shared" / "corpus"))
-OURS_PY = Path(os.environ.get("TB_GPUADVISOR_PYTHON", "/work/main/.venv/bin/python"))
+# Our side runs in the interpreter that runs this script (the project venv), unless told otherwise.
+OURS_PY = Path(os.environ.get("TB_GPUADVISOR_PYTHON", sys.executable))
 HTA_VERSION = "0.5.0"
 
 # What a user of HTA runs; prints one JSON line: per-call seconds and outcome.
