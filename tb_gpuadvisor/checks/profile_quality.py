@@ -42,6 +42,8 @@ from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
+# An export cut shorter than this rounds to 0.00 ms: it changes no number, so it is not worth a line.
+EXPORT_WORTH_SAYING_MS = 0.005
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": f"Keras {tensorflow.KERAS2_STEP} markers",
             "profiler_step": "PyTorch ProfilerStep#N annotations",
@@ -220,7 +222,7 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             f"{len(trust.excluded)} of {len(trust.candidates)} steps are left out of every per-step number: "
             + "; ".join(f"step {e.number}: {e.reason}" for e in trust.excluded[:4])
             + ("; ..." if len(trust.excluded) > 4 else "") + ".", STEP_WINDOW, items))
-    if trust.export_cuts:
+    if trust.export_excluded_ms >= EXPORT_WORTH_SAYING_MS:
         issues.append(Issue(
             Severity.INFO, f"Profiler export excluded ({trust.export_excluded_ms:.2f} ms)",
             f"After the profiled step the TensorBoard callback exported the trace (an untraced stretch, then "
