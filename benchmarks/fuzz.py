@@ -104,22 +104,32 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
-def run(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
-    """(inputs tried, disagreements); stops at INPUTS or SECONDS, whichever comes first."""
-    if not decode.has_fast_decoder():
-        return 0, []
-    pool = seeds()
+def _campaign(pool: list[bytes], derive, problem, inputs: int, seconds: float, seed: int,
+              label: str) -> tuple[int, list[str]]:
+    """(inputs tried, failures): inputs DERIVEd from random members of POOL, each one that
+    PROBLEM finds something wrong with reported; stops at INPUTS or SECONDS, whichever comes first."""
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     failures: list[str] = []
     tried = 0
     while tried < inputs and time.monotonic() < deadline:
-        data = mutate(rng.choice(pool), rng)
+        data = derive(rng.choice(pool), rng)
         tried += 1
-        fast, slow = outcome(data, True), outcome(data, False)
-        if fast != slow:
-            failures.append(f"input {tried} (seed {seed}): {data.hex()[:200]}...")
+        found = problem(data)
+        if found:
+            failures.append(f"{label}input {tried} (seed {seed}): {found}")
     return tried, failures
+
+
+def _decoders_disagree(data: bytes) -> str | None:
+    return None if outcome(data, True) == outcome(data, False) else f"{data.hex()[:200]}..."
+
+
+def run(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
+    """(inputs tried, disagreements of the C and pure-Python decoders on mutated captures)."""
+    if not decode.has_fast_decoder():
+        return 0, []
+    return _campaign(seeds(), mutate, _decoders_disagree, inputs, seconds, seed, "")
 
 
 def kineto_seeds() -> list[bytes]:
@@ -150,21 +160,14 @@ def kineto_outcome(data: bytes) -> str | None:
     return None
 
 
+def _cut_or_mutated(data: bytes, rng: random.Random) -> bytes:
+    """A mutated trace, or (one time in five) a trace cut short, as a truncated download is."""
+    return mutate(data, rng) if rng.random() < 0.8 else data[:rng.randrange(len(data))]
+
+
 def run_kineto(inputs: int, seconds: float, seed: int) -> tuple[int, list[str]]:
     """(inputs tried, failures) of the Kineto reader on mutated traces."""
-    pool = kineto_seeds()
-    rng = random.Random(seed)
-    deadline = time.monotonic() + seconds
-    failures: list[str] = []
-    tried = 0
-    while tried < inputs and time.monotonic() < deadline:
-        seed_data = rng.choice(pool)
-        data = mutate(seed_data, rng) if rng.random() < 0.8 else seed_data[:rng.randrange(len(seed_data))]
-        tried += 1
-        problem = kineto_outcome(data)
-        if problem:
-            failures.append(f"kineto input {tried} (seed {seed}): {problem}")
-    return tried, failures
+    return _campaign(kineto_seeds(), _cut_or_mutated, kineto_outcome, inputs, seconds, seed, "kineto ")
 
 
 def main(argv: list[str] | None = None) -> int:
