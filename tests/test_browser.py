@@ -258,11 +258,17 @@ def test_corrupt_session_shows_its_error(page, server):
     assert frame.locator("[data-testid=report-errors]").count() == 0
 
 
-def test_compare_view(page, server):
+def _compare_tab(page, server, session: str):
+    """The Advisor tab on train/SESSION with its Compare view opened."""
     frame = _advisor(page, server)
-    _select_session(frame, "train", BETTER)
+    _select_session(frame, "train", session)
     frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
     frame.click("#tab-compare")
+    return frame
+
+
+def test_compare_view(page, server):
+    frame = _compare_tab(page, server, BETTER)
     frame.select_option("[data-testid=base-select]", f"train\u0000{GOOD}")
     compare = frame.wait_for_selector("[data-testid=compare]", timeout=30000)
     delta = frame.locator("[data-testid=step-delta]").inner_text()
@@ -277,10 +283,7 @@ def test_compare_view(page, server):
 def test_compare_says_when_the_base_is_from_another_run(page, server):
     """Issue 26.5: GOOD is the first session of "train"; the closest session in time is another run's,
     so Compare picks it and says so; choosing a base of the same run drops the note."""
-    frame = _advisor(page, server)
-    _select_session(frame, "train", GOOD)
-    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
-    frame.click("#tab-compare")
+    frame = _compare_tab(page, server, GOOD)
     frame.wait_for_selector("[data-testid=compare]", timeout=30000)
     assert frame.locator("[data-testid=base-select]").input_value() == f"validation\u0000{VALIDATION}"
     note = frame.locator("[data-testid=base-note]").inner_text()
@@ -293,10 +296,7 @@ def test_compare_says_when_the_base_is_from_another_run(page, server):
 
 def test_compare_refuses_a_session_that_could_not_be_analysed(page, server):
     """Issue 26.5: the broken capture as a base gives one error line, no table of invented changes."""
-    frame = _advisor(page, server)
-    _select_session(frame, "train", BETTER)
-    frame.wait_for_selector("[data-testid=step-chart]", timeout=30000)
-    frame.click("#tab-compare")
+    frame = _compare_tab(page, server, BETTER)
     frame.select_option("[data-testid=base-select]", f"train\u0000{BROKEN}")
     error = frame.wait_for_selector(".compare-bar ~ [role=alert]", timeout=30000)
     text = error.inner_text()
