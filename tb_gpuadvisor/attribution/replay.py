@@ -130,7 +130,7 @@ def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
 
 
-def _chain(dev: DeviceActivity, host: HostModel, n_steps: int) -> _Chain:
+def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool) -> _Chain:
     idx = np.flatnonzero(dev.step >= 0)
     start, end = dev.start_ps[idx], dev.end_ps[idx]
     running = np.maximum.accumulate(end)
@@ -153,12 +153,12 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int) -> _Chain:
         "fp32_eligible": fp32_eligible(cls)[idx],
         "off_tensor_core": (cls.eligible & ~cls.tensor_core)[idx],
         "copy": dev.mask(*COPY_KINDS)[idx],
-        # Precision classes of PyTorch kernel names (vocab.pytorch): float64, and fp32 GEMMs on CUDA
-        # cores of a GPU with TF32 (TF32 left off).
-        "fp64": (cls.kernel & kernels.named_events(dev, "fp64", pytorch.is_fp64_kernel))[idx],
-        "cuda_core_fp32": (cls.kernel & kernels.named_events(dev, "cuda_core_fp32", pytorch.is_fp32_cuda_core_gemm)
-                           & pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major))[idx],
     }
+    if torch_names:
+        # Precision classes of PyTorch kernel names: float64, and fp32 GEMMs on CUDA cores of a GPU
+        # with TF32 (TF32 left off); only PyTorch's precision scenario speeds them up.
+        fp64, cuda_core = kernels.torch_precision_masks(dev)
+        classes.update(fp64=(cls.kernel & fp64)[idx], cuda_core_fp32=(cls.kernel & cuda_core)[idx])
     sync_start, sync_end = _waits(host, dev, idx)
     # Each wait stands for the device work finished by its end; each anchored event for the last wait before it.
     sync_event = np.searchsorted(running, sync_end, side="right") - 1
@@ -213,11 +213,12 @@ class Replay:
         hosts = {host.name: host for host in model.hosts}
         by_name = {(dev.device.host, dev.device.name): dev for dev in model.devices}
         n = len(self.steps)
+        torch_names = model.framework == pytorch.FRAMEWORK
         self.chains: list[_Chain | None] = []
         for part in breakdown.devices:
             dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
             usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
-            self.chains.append(_chain(dev, hosts[part.host], n) if usable else None)
+            self.chains.append(_chain(dev, hosts[part.host], n, torch_names) if usable else None)
         # Removable time per (device, category, kind of window): the windows of a chain do not
         # depend on the scenario, so each is measured once and scenarios only weigh them.
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}

@@ -139,10 +139,7 @@ def measure(analysis: Analysis) -> Precision | Finding:
 def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
     """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
     vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties)."""
-    fp64 = compute & kernels.name_mask(dev.names, pytorch.is_fp64_kernel)[dev.name]
-    cuda_core = np.zeros_like(compute)
-    if pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major):
-        cuda_core = compute & kernels.name_mask(dev.names, pytorch.is_fp32_cuda_core_gemm)[dev.name]
+    fp64, cuda_core = (compute & mask for mask in kernels.torch_precision_masks(dev))
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
     return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),

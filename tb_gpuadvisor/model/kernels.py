@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, HostActivity, SessionModel
-from tb_gpuadvisor.vocab import gpu, tensorflow, xla
+from tb_gpuadvisor.vocab import gpu, pytorch, tensorflow, xla
 
 _CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)
 _SHAPE_ANNOTATION = re.compile(r"#shape=\(([^)]*)\)#")
@@ -106,6 +106,15 @@ def named_events(table: HostActivity | DeviceActivity, key: str, predicate: Call
         mask = table.derived[key] = name_mask(table.names, predicate)[table.name]
     return mask
 
+
+
+def torch_precision_masks(dev: DeviceActivity) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 events, fp32 GEMMs on CUDA cores where the GPU has TF32) of a PyTorch trace's
+    device, by kernel name (vocab.pytorch); the precision check and the replay both read them."""
+    fp64 = named_events(dev, "fp64", pytorch.is_fp64_kernel)
+    if not pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major):
+        return fp64, np.zeros(len(dev), bool)
+    return fp64, named_events(dev, "cuda_core_fp32", pytorch.is_fp32_cuda_core_gemm)
 
 @dataclass
 class KernelClasses:
