@@ -35,15 +35,11 @@ class UsageError(Exception):
 def _named(ref: SessionRef) -> SessionRef:
     """REF with its run named after its folder when discovery called it "." (PATH was the run
     folder itself): "train / <session>" in the output, as the user knows it."""
+    run_dir = _run_dir(ref) if ref.run == "." else None
+    if run_dir is None:
+        return ref
     paths = os.path if ref.fs is None else posixpath
-    if ref.run != ".":
-        return ref
-    if ref.files:           # PyTorch traces sit in the run folder itself
-        return dataclasses.replace(ref, run=paths.basename(ref.path.rstrip("/")) or ".")
-    run_dir = paths.dirname(paths.dirname(paths.dirname(ref.path)))
-    if paths.join(run_dir, "plugins", "profile", ref.session) != ref.path:
-        return ref
-    return dataclasses.replace(ref, run=paths.basename(run_dir) or ".")
+    return dataclasses.replace(ref, run=paths.basename(run_dir.rstrip("/")) or ".")
 
 
 def _sessions(path: str) -> list[SessionRef]:
@@ -137,7 +133,10 @@ def _one_session(path: str) -> SessionRef:
 
 
 def _run_dir(ref: SessionRef) -> str | None:
-    """The run folder holding REF (<run>/plugins/profile/<session>), or None for a loose capture."""
+    """The run folder holding REF (<run>/plugins/profile/<session>; PyTorch traces sit in the run
+    folder itself), or None for a loose capture."""
+    if ref.files:
+        return ref.path
     paths = os.path if ref.fs is None else posixpath
     run_dir = paths.dirname(paths.dirname(paths.dirname(ref.path)))
     return run_dir if paths.join(run_dir, "plugins", "profile", ref.session) == ref.path else None
