@@ -20,7 +20,7 @@ from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
 )
-from tb_gpuadvisor.vocab import hlo, tensorflow
+from tb_gpuadvisor.vocab import hlo, tensorflow, xla
 from tb_gpuadvisor.xspace.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
 from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, Opener
 
@@ -199,9 +199,9 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     steps_line = None
     modules: list[XlaModules] = []
     for line in dp.lines:
-        if line.name == classify.STEPS_LINE and line.count:
+        if line.name == xla.STEPS_LINE and line.count:
             steps_line = _steps_line(dp, slice(line.first, line.first + line.count), start)
-        elif line.name == classify.XLA_MODULES_LINE and line.count:
+        elif line.name == xla.XLA_MODULES_LINE and line.count:
             sel = slice(line.first, line.first + line.count)
             module_names = _Interner()
             ids = {mid: module_names.add(meta.name) for mid, meta in metadata.items()}
@@ -209,8 +209,8 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
                                       map_small_ints(dp.metadata_id[sel], ids), module_names.strings))
 
     is_tpu = device.kind == "tpu"
-    keep = _line_mask(dp, lambda line: line.name == classify.TPU_OPS_LINE if is_tpu
-                      else line.name not in classify.DERIVED_DEVICE_LINES)
+    keep = _line_mask(dp, lambda line: line.name == xla.TPU_OPS_LINE if is_tpu
+                      else line.name not in xla.DERIVED_DEVICE_LINES)
     op = map_small_ints(dp.metadata_id, md_op)
     for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
         if dp.stats[stat].event.size:
@@ -228,7 +228,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
                               np.int32, len(dp.lines))
 
-    xla = _xla_columns(dp, is_tpu)
+    hlo_columns = _xla_columns(dp, is_tpu)
     order = np.flatnonzero(keep)
     order = order[np.argsort(start[order], kind="stable")]
     name_idx = _name_indices(dp.metadata_id[order], md_name, names)
@@ -243,7 +243,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
         group_id=dp.stats["group_id"].ints(n, dp.strings)[order],
         nbytes=nbytes[order].astype(np.int64), details=det[order], names=names.strings,
         ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
-        **{key: column[order] for key, column in xla[0].items()}, **xla[1])
+        **{key: column[order] for key, column in hlo_columns[0].items()}, **hlo_columns[1])
     return activity, steps_line, modules
 
 

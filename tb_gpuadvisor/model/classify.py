@@ -13,9 +13,6 @@ import re
 
 from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab import gpu, jax, pytorch, tensorflow, xla
-# The device planes' line names, which model/build.py reads through this module (until the speed
-# work on build.py has landed and it can import them from vocab/xla.py itself).
-from tb_gpuadvisor.vocab.xla import DERIVED_DEVICE_LINES, STEPS_LINE, TPU_OPS_LINE, XLA_MODULES_LINE  # noqa: F401
 
 
 def device_event_kind(name: str) -> DeviceEventKind:
