@@ -62,15 +62,11 @@ class StatColumn:
         return (np.concatenate([self.event[numeric], np.asarray(event, np.int64)]),
                 np.concatenate([self.value[numeric], np.asarray(value, np.int64)]))
 
-    def ints(self, n_events: int, strings: list[str], missing: int = -1,
-             place: np.ndarray | None = None) -> np.ndarray:
-        """Dense int64 column; numeric strings are converted, other values are missing.
-
-        PLACE, when given, is the row of the output each event goes to (a column reordered
-        without building it in event order first)."""
+    def ints(self, n_events: int, strings: list[str], missing: int = -1) -> np.ndarray:
+        """Dense int64 column; numeric strings are converted, other values are missing."""
         out = np.full(n_events, missing, np.int64)
         event, value = self.int_values(strings)
-        out[event if place is None else place[event]] = value
+        out[event] = value
         return out
 
     def interned(self, n_events: int, stat_names: dict[int, str], strings: list[str],
