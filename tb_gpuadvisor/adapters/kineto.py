@@ -4,7 +4,7 @@ Each rank's (or worker's) file is one host.  Device events (``kernel``/``gpu_mem
 ``gpu_memset``, older ``Kernel``/``Memcpy``/``Memset``) become one table per GPU (``args.device``);
 host events (``cpu_op``, ``user_annotation``, ``cuda_runtime``, ``cuda_driver``,
 ``python_function``, older ``Operator``/``Runtime``) become the host table, one thread per
-(pid, tid).  Event kinds come from ``vocab.pytorch``, classified once per distinct name.  Times
+tid.  Event kinds come from ``vocab.pytorch``, classified once per distinct name.  Times
 are microseconds in the file (integers, or floats with nanosecond digits counted from
 ``baseTimeNanoseconds``), picoseconds from the first event here.
 """
@@ -84,15 +84,6 @@ def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.
     return kinds[inverse] if keys.size else np.empty(0, np.int8)
 
 
-def _carried_by(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
-    """Per id: does KNOWN hold it (negative ids, "none", never)."""
-    known = np.sort(known)
-    if not known.size:
-        return np.zeros(ids.size, bool)
-    at = np.minimum(np.searchsorted(known, ids), known.size - 1)
-    return (ids >= 0) & (known[at] == ids)
-
-
 def _category_mask(cat_names: list[str], wanted: frozenset[str]) -> np.ndarray:
     """Per category index: is it one of WANTED."""
     return np.fromiter((c in wanted for c in cat_names), bool, len(cat_names))
@@ -167,7 +158,8 @@ def build(cols: Columns, host: str) -> HostCapture:
     kind = _kinds(key[host_rows], cat_names, name_list, pytorch.host_event_kind)
     # A runtime call whose correlation id a device event carries put that work on the GPU.
     dev_rows = np.flatnonzero(is_device)
-    launched = _carried_by(correlation[host_rows], correlation[dev_rows])
+    ids = correlation[host_rows]
+    launched = (ids >= 0) & np.isin(ids, correlation[dev_rows])
     runtime = _category_mask(cat_names, pytorch.RUNTIME_CATEGORIES)[cat[host_rows]]
     kind = np.where(launched & runtime, np.int8(HostEventKind.LAUNCH), kind)
     launch_corr = np.where(kind == HostEventKind.LAUNCH, correlation[host_rows], -1)

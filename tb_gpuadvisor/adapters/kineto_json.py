@@ -77,7 +77,6 @@ class Columns:
 
     name: list[str] = field(default_factory=list)
     cat: list[str] = field(default_factory=list)
-    pid: list[Any] = field(default_factory=list)
     tid: list[Any] = field(default_factory=list)
     ts: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
     dur: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
@@ -180,7 +179,6 @@ def _typed(data: bytearray) -> Columns:
     args = [e.args or empty for e in complete]
     cols.name = [e.name for e in complete]
     cols.cat = [e.cat or "" for e in complete]
-    cols.pid = [e.pid for e in complete]
     cols.tid = [e.tid for e in complete]
     cols.ts = _floats([e.ts for e in complete])
     cols.dur = _floats([e.dur or 0 for e in complete])
@@ -215,7 +213,6 @@ def _from_dicts(trace) -> Columns:
     cols.name = [str(e.get("name", "")) for e in complete]
     cols.cat = [str(e.get("cat") or "") for e in complete]
     ident = lambda v: v if v is None or isinstance(v, (int, str)) else str(v)  # noqa: E731 - hashable ids
-    cols.pid = [ident(e.get("pid")) for e in complete]
     cols.tid = [ident(e.get("tid")) for e in complete]
     number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
     cols.ts = _floats([e["ts"] for e in complete])
