@@ -75,14 +75,7 @@ def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
     for host in hosts:
         act = host.activity
         rows = _span(act.start_ps, lo, hi)
-        launched = act.correlation_id[rows]
-        launched = launched[launched >= 0]
-        if not launched.size:
-            continue
-        for dev in host.devices:
-            mine = np.isin(dev.correlation_id, launched)
-            if mine.any():
-                end = max(end, int(dev.end_ps[mine].max()))
+        end = max(end, _launched_work_end(host, act.correlation_id[rows]))
     if end == hi:
         return steps
     ends = steps.end_ps.copy()
@@ -93,6 +86,19 @@ def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
 def _span(starts: np.ndarray, lo: int, hi: int) -> slice:
     """Rows of a start-sorted table that start in [lo, hi)."""
     return slice(int(np.searchsorted(starts, lo)), int(np.searchsorted(starts, hi)))
+
+
+def _launched_work_end(host: HostModel, correlation_ids: np.ndarray) -> int:
+    """The latest end of HOST's device work launched by calls with these correlation ids (-1:
+    none), or the lowest int when none of them launched any."""
+    launched = correlation_ids[correlation_ids >= 0]
+    end = np.iinfo(np.int64).min
+    if launched.size:
+        for dev in host.devices:
+            mine = np.isin(dev.correlation_id, launched)
+            if mine.any():
+                end = max(end, int(dev.end_ps[mine].max()))
+    return int(end)
 
 
 def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
@@ -109,15 +115,11 @@ def _own_work_end(hosts: list[HostModel], lo: int, before: int) -> int:
         launches = act.kind[rows] == HostEventKind.LAUNCH
         if launches.any():
             end = max(end, int(act.end_ps[rows][launches].max()))
-        launched = act.correlation_id[rows][launches]
-        launched = launched[launched >= 0]
+        end = max(end, _launched_work_end(host, act.correlation_id[rows][launches]))
         for dev in host.devices:
             rows = _span(dev.start_ps, lo, before)
             if rows.stop > rows.start:
                 end = max(end, int(dev.end_ps[rows].max()))
-            mine = np.isin(dev.correlation_id, launched) if launched.size else None
-            if mine is not None and mine.any():
-                end = max(end, int(dev.end_ps[mine].max()))
     return end
 
 
