@@ -311,9 +311,10 @@ def render_comparison_text(result: dict) -> str:
 def render_comparison_markdown(result: dict) -> str:
     """A pull-request comment: step time, regressions, and a table of the checks."""
     base, new = md_escape(_label(result["base"])), md_escape(_label(result["new"]))
+    grew = _device_line(result)
     lines = [f"### GPU Advisor: {base} -> {new}", "",
              f"**{_step_line(result)}**", "",
-             *([_device_line(result), ""] if _device_line(result) else []),
+             *([grew, ""] if grew else []),
              f"**Regressions: {result['regressions']}**", "",
              f"| status | check | severity | time ({result['unit']}) and share | saving change (ms/step) |",
              "|---|---|---|---|---|"]
