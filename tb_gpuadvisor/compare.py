@@ -236,11 +236,6 @@ def regressions_reaching(result: dict, fail_on: str | Severity) -> list[str]:
                      and c.get("new_confidence") != "low"]
 
 
-def has_regression(result: dict, fail_on: str | Severity) -> bool:
-    """True when ``regressions_reaching`` finds anything."""
-    return bool(regressions_reaching(result, fail_on))
-
-
 def refusal(base: dict, new: dict) -> str | None:
     """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
     A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""

@@ -9,7 +9,7 @@ import pytest
 import synth
 from tb_gpuadvisor.cli import main
 from tb_gpuadvisor.compare import (
-    NOISE_FLOOR_PERCENT, compare_sessions, has_regression, noise_band, render_comparison_markdown,
+    NOISE_FLOOR_PERCENT, compare_sessions, noise_band, regressions_reaching, render_comparison_markdown,
     refusal, render_comparison_text,
 )
 from tb_gpuadvisor.discovery import find_sessions
@@ -97,7 +97,7 @@ def test_a_share_that_rises_on_a_shorter_step_is_no_regression():
     host = by_check(result)["host_overhead"]
     assert host["status"] != "worse" and host["status"] != "new"
     assert (host["base_ms"], host["new_ms"]) == (3.91, 2.74)
-    assert result["regressions"] == 0 and not has_regression(result, "warning")
+    assert result["regressions"] == 0 and not regressions_reaching(result, "warning")
     assert "3.91 -> 2.74 ms/step" in render_comparison_text(result)
 
 
@@ -110,7 +110,7 @@ def test_noise_band_from_step_spread():
     slower = {"count": 10, "mean_ms": 23.0, "std_ms": 0.0}
     assert compare_sessions({"steps": steady}, {"steps": slower})["step_status"] == "worse"
     assert compare_sessions({"steps": noisy}, {"steps": dict(noisy, mean_ms=23.0)})["step_status"] == "unchanged"
-    assert has_regression(compare_sessions({"steps": steady}, {"steps": slower}), "critical")
+    assert regressions_reaching(compare_sessions({"steps": steady}, {"steps": slower}), "critical")
 
 
 def test_per_example_when_batch_sizes_differ():
@@ -129,16 +129,16 @@ def test_low_confidence_never_fails_on_its_own():
                confidence_reasons=["one step"])
     result = compare_sessions(session("a", 20.0), session("b", 20.0, low))
     assert by_check(result)["memcpy"]["status"] == "new"
-    assert not has_regression(result, "warning")
+    assert not regressions_reaching(result, "warning")
 
 
-def test_has_regression_threshold():
+def test_regressions_reaching_threshold():
     result = compare_sessions(BASE, NEW)
-    assert has_regression(result, "warning")
-    assert not has_regression(result, "critical")
+    assert regressions_reaching(result, "warning")
+    assert not regressions_reaching(result, "critical")
     worse = compare_sessions(BASE, session("c", 25.0, finding("input_bound", "critical", 9.0, input_percent=40.0)))
     assert by_check(worse)["input_bound"]["status"] == "worse"
-    assert has_regression(worse, "critical")
+    assert regressions_reaching(worse, "critical")
 
 
 def test_no_steps_means_no_step_delta():
@@ -178,7 +178,7 @@ def test_compare_synthetic_captures(tmp_path):
     second = compare_sessions(skewed, bigger)
     imbalance = by_check(second)["multi_gpu_imbalance"]
     assert (imbalance["base_severity"], imbalance["new_severity"]) == ("warning", "critical")
-    assert imbalance["status"] == "worse" and has_regression(second, "critical")
+    assert imbalance["status"] == "worse" and regressions_reaching(second, "critical")
     assert by_check(second)["launch_skew"]["status"] == "unchanged"
 
 
