@@ -10,9 +10,10 @@ trace is parsed into dicts by orjson or, last, the standard library.  All paths 
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 
@@ -29,6 +30,9 @@ except ImportError:             # pragma: no cover
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 16 << 20
+_RUN = 32 << 20         # bytes of JSON events decoded at once by msgspec
+_SEEK = 4 << 20         # how far past a run's end to look for the next event
+_HEAD = 1 << 20         # where the traceEvents key must be for a trace to be cut into runs
 
 
 def inflate(data: "bytearray | np.ndarray") -> "bytearray | np.ndarray":
@@ -152,6 +156,7 @@ if msgspec is not None:
         baseTimeNanoseconds: Union[int, str, None] = None
 
     _DECODER = msgspec.json.Decoder(_Trace)
+    _EVENTS = msgspec.json.Decoder(list[_Event])
 
 
 def _int(value) -> int | None:
@@ -165,32 +170,101 @@ def _base_ns(value) -> int:
         return 0
 
 
-def _typed(data: bytearray) -> Columns:
-    trace = _DECODER.decode(data)
-    cols = Columns(base_ns=_base_ns(trace.baseTimeNanoseconds), events=len(trace.traceEvents))
-    complete = []
-    for event in trace.traceEvents:
-        if event.ph == "X" and event.ts is not None:
-            complete.append(event)
-        elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
-            cols.threads[(event.pid, event.tid)] = event.args.name
-    del trace.traceEvents[:]
-    empty = _Args()
-    args = [e.args or empty for e in complete]
-    cols.name = [e.name for e in complete]
-    cols.cat = [e.cat or "" for e in complete]
-    cols.tid = [e.tid for e in complete]
-    cols.ts = _floats([e.ts for e in complete])
-    cols.dur = _floats([e.dur or 0 for e in complete])
-    del complete
-    cols.correlation = _ints([a.correlation for a in args])
-    cols.device = _ints([a.device for a in args])
-    cols.stream = _ints([a.stream for a in args])
-    cols.nbytes = _ints([a.bytes for a in args])
+def _msgspec(data) -> Columns:
+    """Columns through msgspec: a large trace a run of events at a time, else (or when a cut
+    was not between two events) in one go."""
+    if len(data) >= 2 * _RUN:
+        try:
+            return _typed(_documents(data))
+        except msgspec.MsgspecError:
+            pass
+    try:
+        return _typed(iter([("trace", data)]))
+    except msgspec.ValidationError:
+        # Valid JSON of another shape (a field of an unexpected type): the generic
+        # path says precisely what is wrong, or reads it.
+        return _from_dicts(msgspec.json.decode(data))
+
+
+def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
+    """Columns of DOCUMENTS decoded one after another: the Python objects of one are dropped
+    before the next is decoded, so a large trace never holds them all at once."""
+    cols = Columns()
+    name, cat, tid, numbers = [], [], [], []
+    headers, same = [], {}
+    for kind, document in documents:
+        if kind == "trace":
+            trace = _DECODER.decode(document)
+            headers.append(trace)
+            events = trace.traceEvents
+        else:
+            events = _EVENTS.decode(document)
+        del document
+        cols.events += len(events)
+        complete = []
+        for event in events:
+            if event.ph == "X" and event.ts is not None:
+                complete.append(event)
+            elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
+                cols.threads[(event.pid, event.tid)] = event.args.name
+        del events[:]
+        empty = _Args()
+        args = [e.args or empty for e in complete]
+        # One string (or id) object per distinct value: the per-event copies the decoder made
+        # are freed with their events, so the next run's events are packed into whole freed
+        # memory instead of the gaps between survivors (a third of the time on 1 GB).
+        name += [same.setdefault(v, v) for v in [e.name for e in complete]]
+        cat += [same.setdefault(v, v) for v in [e.cat or "" for e in complete]]
+        tid += [same.setdefault(v, v) for v in [e.tid for e in complete]]
+        numbers.append((_floats([e.ts for e in complete]), _floats([e.dur or 0 for e in complete]),
+                        _ints([a.correlation for a in args]), _ints([a.device for a in args]),
+                        _ints([a.stream for a in args]), _ints([a.bytes for a in args])))
+        del complete, args
+    cols.name, cols.cat, cols.tid = name, cat, tid
+    if numbers:
+        cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
+            np.concatenate(column) for column in zip(*numbers))
+    base = next((h.baseTimeNanoseconds for h in headers if h.baseTimeNanoseconds is not None), None)
+    props = next((h.deviceProperties for h in headers if h.deviceProperties is not None), None)
+    cols.base_ns = _base_ns(base)
     cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
                                      _int(p.computeMinor), _int(p.numSms))
-                    for p in trace.deviceProperties or []]
+                    for p in props or []]
     return cols
+
+
+# Between two elements of the traceEvents array: the end of one object and the start of the next.
+_BETWEEN = re.compile(rb"\}\s*,\s*\{")
+
+
+def _documents(data) -> Iterator[tuple[str, Any]]:
+    """DATA as JSON documents to decode one after another: the trace up to a first cut (closed
+    after it), runs of about _RUN bytes of whole events, and the rest (reopened before it); the
+    whole trace when no cut is found.  Each is copied only when its turn comes.
+
+    A cut is only a guess at where one event ends and the next begins (``}, {``); each piece is
+    then decoded whole.  A guess that falls inside a string or inside a nested object leaves its
+    piece unterminated or unbalanced, which fails to decode, and the caller then decodes the
+    file in one go: a wrong cut costs time, never a wrong column."""
+    size = len(data)
+    view = memoryview(data).cast("B")
+    key = bytes(view[:_HEAD]).find(b'"traceEvents"')
+    cuts = []                                       # (end of an event + 1, start of the next)
+    at = key + _RUN
+    while key >= 0 and at + _RUN < size:
+        found = _BETWEEN.search(bytes(view[at:at + _SEEK]))
+        if found is None:
+            at += _SEEK - 16                        # a long event: look further on
+            continue
+        cuts.append((at + found.start() + 1, at + found.end() - 1))
+        at += found.end() + _RUN
+    if not cuts:
+        yield "trace", data
+        return
+    yield "trace", b"".join((view[:cuts[0][0]], b"]}"))
+    for (_, start), (end, _) in zip(cuts, cuts[1:]):
+        yield "events", b"".join((b"[", view[start:end], b"]"))
+    yield "trace", b"".join((b'{"traceEvents":[', view[cuts[-1][1]:]))
 
 
 def _from_dicts(trace) -> Columns:
@@ -240,12 +314,7 @@ def decode(data: bytearray, backend: str | None = None) -> Columns:
     backend = backend or ("msgspec" if msgspec is not None else "orjson" if orjson is not None else "json")
     try:
         if backend == "msgspec":
-            try:
-                return _typed(data)
-            except msgspec.ValidationError:
-                # Valid JSON of another shape (a field of an unexpected type): the generic
-                # path says precisely what is wrong, or reads it.
-                return _from_dicts(msgspec.json.decode(data))
+            return _msgspec(data)
         if backend == "orjson":
             return _from_dicts(orjson.loads(data))
         return _from_dicts(json.loads(data))

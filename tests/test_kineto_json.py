@@ -1,0 +1,87 @@
+"""The Kineto JSON decoder reads a large trace a run of events at a time: the runs must give the
+very columns the whole-file decode gives, whatever the text around the cuts looks like."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from tb_gpuadvisor.adapters import kineto_json
+from tb_gpuadvisor.adapters.kineto_json import decode, inflate
+from tb_gpuadvisor.xspace.reader import read_bytes
+
+
+def _whole(data) -> kineto_json.Columns:
+    return kineto_json._typed(iter([("trace", data)]))
+
+
+def _runs(data) -> kineto_json.Columns:
+    return kineto_json._typed(kineto_json._documents(data))
+
+
+@pytest.fixture
+def small_runs(monkeypatch):
+    """Runs of 4 KiB, so that a trace of a few hundred KiB is cut many times."""
+    monkeypatch.setattr(kineto_json, "_RUN", 4096)
+    monkeypatch.setattr(kineto_json, "_SEEK", 4096)
+
+
+def _trace(events: list[dict], **head) -> bytes:
+    return json.dumps({"schemaVersion": 1, **head, "traceEvents": events,
+                       "baseTimeNanoseconds": 1700000000000000000}, indent=1).encode()
+
+
+def _kernel(k: int, name: str = "void gemm_kernel<float>()", **args) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 1000.0 + k, "dur": 0.5,
+            "args": {"correlation": k, "device": 0, "stream": 7, **args}}
+
+
+def test_runs_give_the_whole_decode_columns_on_every_corpus_trace(corpus, small_runs):
+    """Every PyTorch trace of the corpus, cut every few KiB (hundreds of cuts each, at Kineto's
+    own ``},\\n  {`` layout), decodes to columns equal to the one-go decode, and the cuts held."""
+    paths = sorted(corpus.glob("pytorch-*/**/*.pt.trace.json*"))
+    assert paths
+    for path in paths:
+        data = inflate(read_bytes(str(path)))
+        assert sum(1 for _ in kineto_json._documents(data)) > 100
+        assert _runs(data) == _whole(data), path
+
+
+def test_a_cut_inside_a_string_or_a_nested_object_falls_back_to_one_go(small_runs):
+    """Names holding the text of an event boundary and args holding arrays of objects put ``}, {``
+    inside strings and nested objects; wherever the cuts land, decode() returns the true columns."""
+    events = []
+    for k in range(3000):
+        pad = "x" * (k * 7919 % 211)            # uneven sizes, so the cuts land anywhere
+        if k % 3 == 0:
+            events.append(_kernel(k, name=f'tricky }}, {{"ph": "X", "ts": 1}} {pad}'))
+        elif k % 3 == 1:
+            events.append(_kernel(k, pad=pad, shapes=[{"a": 1}, {"b": 2}, {"c": [{"d": 3}, {"e": 4}]}]))
+        else:
+            events.append(_kernel(k, pad=pad))
+    data = bytearray(_trace(events, deviceProperties=[{"id": 0, "name": "GPU", "computeMajor": 9}]))
+    got = decode(data)
+    assert got == _whole(data)
+    assert got.events == 3000 and got.name[0].startswith("tricky")
+    assert list(got.correlation[:4]) == [0, 1, 2, 3] and got.devices[0].major == 9
+    with pytest.raises(msgspec.MsgspecError):        # the runs themselves did not hold here
+        _runs(data)
+
+
+def test_header_after_the_events_is_read_from_the_last_run(small_runs):
+    """deviceProperties and baseTimeNanoseconds written after traceEvents (keys in any order)."""
+    events = [_kernel(k) for k in range(2000)]
+    text = json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "computeMajor": 8,
+                       "totalGlobalMem": 42}], "baseTimeNanoseconds": 5}).encode()
+    got = _runs(bytearray(text))
+    assert got == _whole(bytearray(text))
+    assert got.base_ns == 5 and got.devices[0].total_memory == 42 and got.events == 2000
+
+
+def test_a_truncated_large_trace_is_still_one_clear_error(small_runs):
+    events = [_kernel(k) for k in range(2000)]
+    data = bytearray(_trace(events)[:-5000])
+    with pytest.raises(Exception, match="truncated"):
+        decode(data)
