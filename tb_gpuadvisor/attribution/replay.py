@@ -110,6 +110,7 @@ class _Held:
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
+    runs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))      # where each step's waits begin
     since: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # host resumed (step start or previous wait)
     reached: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))   # host reached the wait
     event: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # last event finished by then
@@ -196,6 +197,18 @@ def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
         return d
     total = np.cumsum(d)
     return total + np.maximum.accumulate(release - (total - d))
+
+
+def _carried_min(cost: np.ndarray, cap: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """shift[k] = min(shift[k-1] + cost[k], cap[k]) along each run of waits starting at RUNS
+    (nothing carried into a run's first), one step's run at a time: unrolled, shift[k] is the
+    run's sum of cost up to k plus the smallest of 0 and cap[j] - that sum at j, for j <= k."""
+    out = np.empty(cost.size)
+    bounds = np.append(runs, cost.size)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        total = np.cumsum(cost[a:b])
+        out[a:b] = total + np.minimum(np.minimum.accumulate(cap[a:b] - total), 0.0)
+    return out
 
 
 def _last_end(chain: _Chain, ends: np.ndarray, n_steps: int) -> np.ndarray:
@@ -285,6 +298,7 @@ class Replay:
                 same = np.flatnonzero(step[1:] == step[:-1]) + 1
                 previous[same] = same - 1
                 held.previous, held.waits = previous, np.flatnonzero(step >= 0)
+                held.runs = np.flatnonzero(previous[held.waits] < 0)
                 held.since = np.where(previous >= 0, chain.sync_end[np.clip(previous, 0, None)],
                                       a[np.clip(step, 0, None)])
                 held.reached = np.maximum(chain.sync_start, held.since)
@@ -307,12 +321,11 @@ class Replay:
         host_cost = held.base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
         wait_of = np.clip(held.wait, 0, None)
+        waits, runs = held.waits, held.runs
         for _ in range(held.rounds):
             device = held.base_resume - ends[held.event]  # how much earlier the device got there
             shift = np.zeros(held.previous.size)
-            for k in held.waits:
-                carried = shift[held.previous[k]] if held.previous[k] >= 0 else 0.0
-                shift[k] = min(carried + host_cost[k], device[k])
+            shift[waits] = _carried_min(host_cost[waits], device[waits], runs)
             total = own_shift + np.where(held.after, shift[wait_of], 0.0)
             release[held.anchored] = held.observed - np.rint(total).astype(np.int64)
             new_ends = _solve(release, d)
