@@ -539,3 +539,85 @@ def test_float64_kernels_are_a_precision_finding(tmp_path):
     assert finding["severity"] == "warning" and finding["title"].startswith("float64 kernels take 50%")
     assert any(".float()" in fix["code"] for fix in finding["fixes"])
     assert {e["name"] for e in finding["evidence"]} == set(names[:2])
+
+
+def _inference_trace(names: list[str], scope: str | None = None, backward: bool = False) -> dict:
+    """A 4-step trace whose kernels cycle through NAMES; SCOPE wraps the first half of each step's
+    launches in a user annotation of that name; BACKWARD adds an autograd op to every step (a
+    training trace)."""
+    trace = _with_kernel_names(names)
+    events = trace["traceEvents"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    for step in steps:
+        launches = [e for e in events if e.get("cat") == "cuda_runtime" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        if scope:
+            first, last = launches[0], launches[len(launches) // 2 - 1]
+            events.append({"ph": "X", "cat": "user_annotation", "name": scope, "pid": 1, "tid": 7,
+                           "ts": first["ts"] - 0.5, "dur": last["ts"] + last["dur"] - first["ts"] + 1})
+        if backward:
+            last = launches[-1]
+            events.append({"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0",
+                           "pid": 1, "tid": 7, "ts": last["ts"] - 0.2, "dur": last["dur"] + 0.4})
+    return trace
+
+
+_DROPOUT = "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>()"
+_BN_TRAIN = "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, 512, true, 1>(cudnnTensorStruct, float const*)"
+_BN_INFER = "void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, float, 512>(float, float, cudnnTensorStruct)"
+_GEMM = "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16"
+
+
+def test_inference_running_dropout_and_training_batch_norm_says_model_eval(tmp_path):
+    """Forward-only trace (no backward or optimizer op): per step 4 of its 16 kernels of 0.4 ms are
+    dropout (1.6 ms) and 4 are cuDNN's training-mode batch norm (1.6 ms), so the finding gives
+    3.2 ms per step and an estimated saving of 1.6 + 1.6 / 2 = 2.4 ms; the same trace with
+    bn_fw_inf kernels and no dropout is eval mode and passes."""
+    write_trace(tmp_path / "bad" / "w.pt.trace.json", _inference_trace([_DROPOUT, _BN_TRAIN, _GEMM, _GEMM]))
+    session = _session(tmp_path / "bad")
+    finding = next(f for f in session["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "warning" and "model.eval()" in finding["title"]
+    assert finding["metrics"]["dropout_ms_per_step"] == pytest.approx(1.6, abs=0.01)
+    assert finding["metrics"]["training_batch_norm_ms_per_step"] == pytest.approx(1.6, abs=0.01)
+    assert finding["estimated_savings_ms_per_step"] == pytest.approx(2.4, abs=0.05)
+    assert "model.eval()" in finding["fixes"][0]["code"] and "inference_mode" in finding["fixes"][0]["code"]
+    assert {e["name"] for e in finding["evidence"]} == {_DROPOUT, _BN_TRAIN}
+    write_trace(tmp_path / "good" / "w.pt.trace.json", _inference_trace([_BN_INFER, _GEMM]))
+    good = next(f for f in _session(tmp_path / "good")["findings"] if f["check"] == "eval_mode")
+    assert good["severity"] == "ok" and "eval mode" in good["title"]
+
+
+def test_training_mode_kernels_count_only_inside_an_annotated_inference_region(tmp_path):
+    """A training trace (an autograd backward op every step) with dropout in every step: dropout
+    launched inside 'model_inference' (the first half of each step's launches: 2 of its 4
+    dropout kernels, 0.8 ms per step) is flagged; the same trace without the annotation is
+    training and passes."""
+    write_trace(tmp_path / "scoped" / "w.pt.trace.json",
+                _inference_trace([_DROPOUT, _GEMM], scope="model_inference", backward=True))
+    finding = next(f for f in _session(tmp_path / "scoped")["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "warning" and "'model_inference'" in finding["summary"]
+    assert finding["metrics"]["dropout_ms_per_step"] == pytest.approx(0.8, abs=0.01)
+    write_trace(tmp_path / "train" / "w.pt.trace.json", _inference_trace([_DROPOUT, _GEMM], backward=True))
+    train = next(f for f in _session(tmp_path / "train")["findings"] if f["check"] == "eval_mode")
+    assert train["severity"] == "ok" and train["title"].startswith("Training trace")
+
+
+@pytest.mark.parametrize("folder, verdict", [
+    ("pytorch-resnet50-dataloader/num_workers_0", "Training trace"),
+    ("pytorch-resnet50-dataloader/num_workers_4", "Training trace"),
+    ("pytorch-h100-owlv2", "Inference runs in eval mode"),
+])
+def test_corpus_eval_mode_is_quiet_on_training_and_on_eval_inference(corpus, folder, verdict):
+    """Hand check (gzip + json, the raw events): the resnet50 traces run cuDNN bn_fw_tr_* kernels
+    (318 per trace) but also 'autograd::engine::evaluate_function: ...' and '*Backward*' ops:
+    training, so bn_fw_tr is right.  owlv2 has no backward or optimizer op (inference) and 180
+    aten::dropout calls, every one with 'Concrete Inputs' [.., '0.', 'False'] (train=False): no
+    dropout kernel and no training batch-norm kernel runs, so it is in eval mode."""
+    finding = next(f for f in _session(corpus / folder)["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "ok" and finding["title"].startswith(verdict)
+
+
+def test_eval_mode_is_not_listed_on_tensorflow_reports(tmp_path):
+    import synth
+    synth.build_training_session(steps=3).write(tmp_path, "train", "s1")
+    report = build_report(find_sessions(str(tmp_path)))
+    assert "eval_mode" not in [f["check"] for s in report["sessions"] for f in s["findings"]]
