@@ -19,8 +19,10 @@ EPOCH_US = 1_700_000_000_000_000
 
 def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
                  input_us: float = 0.0, old: bool = False, device: bool = True, hip: bool = False,
-                 first_step: int = 5) -> dict:
-    """A trace dict; every time in microseconds."""
+                 first_step: int = 5, copy_us: float = 0.0,
+                 copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20) -> dict:
+    """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
+    copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -36,6 +38,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
         gpu_free = t
+        if copy_us and device:
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
+                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+            step_events.append({"ph": "X", "cat": "Memcpy" if old else "gpu_memcpy", "name": copy_name,
+                                "pid": 0, "tid": 8, "ts": t + launch_us + 2, "dur": copy_us,
+                                "args": {"device": 0, "stream": 8, "correlation": corr, "bytes": copy_bytes}})
+            gpu_free = t + launch_us + 2 + copy_us
+            t += launch_us + 3
+            corr += 1
         for k in range(kernels):
             op_start = t
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,

@@ -196,3 +196,23 @@ def is_training_work(name: str) -> bool:
 def is_inference_scope(name: str) -> bool:
     """Whether an annotation's name says the code inside it is inference."""
     return bool(_INFERENCE_SCOPE.search(name))
+
+
+# Kineto names a copy by its direction and both ends: "Memcpy HtoD (Pageable -> Device)",
+# "Memcpy DtoH (Device -> Pinned)".  A copy to or from pageable host memory is staged through a
+# driver bounce buffer and blocks the host; pinned memory lets the copy engine run it async.
+_COPY_ENDS = re.compile(r"\((\w+) -> (\w+)\)")
+PAGEABLE = "Pageable"
+
+
+def copy_host_memory(name: str) -> str | None:
+    """The host end of a copy ("Pageable", "Pinned"), None when neither end is the host."""
+    match = _COPY_ENDS.search(name)
+    if not match:
+        return None
+    host = [end for end in match.groups() if end != "Device"]
+    return host[0] if host else None
+
+
+def is_pageable_copy(name: str) -> bool:
+    return copy_host_memory(name) == PAGEABLE
