@@ -216,3 +216,27 @@ def copy_host_memory(name: str) -> str | None:
 
 def is_pageable_copy(name: str) -> bool:
     return copy_host_memory(name) == PAGEABLE
+
+
+# Calls that make the host wait for the GPU: .item()/.cpu() on a CUDA tensor (ATen's
+# _local_scalar_dense), and the runtime's synchronising calls (a plain cudaMemcpy waits too).
+_SYNC_OP = re.compile(r"^(aten::item|aten::_local_scalar_dense|(cuda|hip)(Stream|Device|Event)Synchronize|"
+                      r"(cuda|hip)Memcpy|cuCtxSynchronize|cuStreamSynchronize)$")
+# Python frames of with_stack=True traces: "train.py(42): train_step"; the library's own frames
+# ("torch/nn/modules/module.py(1751): _call_impl", "<built-in method ...>") are not user code.
+_FRAME = re.compile(r"^(?P<file>[^<(][^(]*\.py)\((?P<line>\d+)\): (?P<function>.+)$")
+_LIBRARY_FRAME = re.compile(r"^(torch|torchvision|torchaudio|transformers|accelerate|lightning|pytorch_lightning|"
+                            r"numpy|triton|functorch)/|(site|dist)-packages/|/lib/python3")
+
+
+def is_sync_op(name: str) -> bool:
+    """Whether a host op or runtime call makes the host wait for the GPU."""
+    return bool(_SYNC_OP.match(name))
+
+
+def user_frame(name: str) -> str | None:
+    """"file:line in function" for a Python frame of the user's code, None for any other event."""
+    match = _FRAME.match(name)
+    if not match or _LIBRARY_FRAME.search(match["file"]):
+        return None
+    return f"{match['file']}:{match['line']} in {match['function']}"
