@@ -153,7 +153,8 @@ CHECK_THREADS = 2
 
 def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
     with ThreadPoolExecutor(max_workers=cores.threads(CHECK_THREADS)) as pool:
-        results = list(pool.map(lambda check: _run_one(check, analysis), all_checks()))
+        results = list(pool.map(lambda check: _run_one(check, analysis),
+                                [c for c in all_checks() if c.applies_to(analysis.model.framework)]))
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 

@@ -19,8 +19,14 @@ EPOCH_US = 1_700_000_000_000_000
 
 def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
                  input_us: float = 0.0, old: bool = False, device: bool = True, hip: bool = False,
-                 first_step: int = 5) -> dict:
-    """A trace dict; every time in microseconds."""
+                 first_step: int = 5, copy_us: float = 0.0,
+                 copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
+                 sync_us: float = 0.0) -> dict:
+    """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
+    copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
+    SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
+    Python frames, as ``with_stack=True`` records them), which waits for the GPU, then SYNC_US of
+    Python in ``train.py(50): log_metrics`` while the GPU has nothing to do."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -36,6 +42,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
         gpu_free = t
+        if copy_us and device:
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
+                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+            step_events.append({"ph": "X", "cat": "Memcpy" if old else "gpu_memcpy", "name": copy_name,
+                                "pid": 0, "tid": 8, "ts": t + launch_us + 2, "dur": copy_us,
+                                "args": {"device": 0, "stream": 8, "correlation": corr, "bytes": copy_bytes}})
+            gpu_free = t + launch_us + 2 + copy_us
+            t += launch_us + 3
+            corr += 1
         for k in range(kernels):
             op_start = t
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
@@ -50,6 +65,20 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
                                 "ts": op_start, "dur": t - op_start})
             corr += 1
+        if sync_us and device:
+            wait_end = max(t + 5, gpu_free)
+            frame = {"ph": "X", "cat": "python_function", "pid": 1, "tid": 7}
+            step_events += [
+                {**frame, "name": "train.py(42): train_step", "ts": t, "dur": wait_end + 3 - t},
+                {**frame, "name": "torch/_tensor.py(100): __torch_function__", "ts": t + 0.5, "dur": wait_end + 2 - t},
+                {"ph": "X", "cat": cat["op"], "name": "aten::item", "pid": 1, "tid": 7, "ts": t + 1,
+                 "dur": wait_end + 1 - t},
+                {"ph": "X", "cat": cat["op"], "name": "aten::_local_scalar_dense", "pid": 1, "tid": 7, "ts": t + 1.5,
+                 "dur": wait_end + 0.5 - t},
+                {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1, "tid": 7,
+                 "ts": t + 2, "dur": wait_end - t - 2},
+                {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
+            t = wait_end + 4 + sync_us
         t = max(t, gpu_free) + 5
         events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
                        "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})

@@ -539,3 +539,162 @@ def test_float64_kernels_are_a_precision_finding(tmp_path):
     assert finding["severity"] == "warning" and finding["title"].startswith("float64 kernels take 50%")
     assert any(".float()" in fix["code"] for fix in finding["fixes"])
     assert {e["name"] for e in finding["evidence"]} == set(names[:2])
+
+
+def _inference_trace(names: list[str], scope: str | None = None, backward: bool = False) -> dict:
+    """A 4-step trace whose kernels cycle through NAMES; SCOPE wraps the first half of each step's
+    launches in a user annotation of that name; BACKWARD adds an autograd op to every step (a
+    training trace)."""
+    trace = _with_kernel_names(names)
+    events = trace["traceEvents"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    for step in steps:
+        launches = [e for e in events if e.get("cat") == "cuda_runtime" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        if scope:
+            first, last = launches[0], launches[len(launches) // 2 - 1]
+            events.append({"ph": "X", "cat": "user_annotation", "name": scope, "pid": 1, "tid": 7,
+                           "ts": first["ts"] - 0.5, "dur": last["ts"] + last["dur"] - first["ts"] + 1})
+        if backward:
+            last = launches[-1]
+            events.append({"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0",
+                           "pid": 1, "tid": 7, "ts": last["ts"] - 0.2, "dur": last["dur"] + 0.4})
+    return trace
+
+
+_DROPOUT = "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>()"
+_BN_TRAIN = "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, 512, true, 1>(cudnnTensorStruct, float const*)"
+_BN_INFER = "void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, float, 512>(float, float, cudnnTensorStruct)"
+_GEMM = "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16"
+
+
+def test_inference_running_dropout_and_training_batch_norm_says_model_eval(tmp_path):
+    """Forward-only trace (no backward or optimizer op): per step 4 of its 16 kernels of 0.4 ms are
+    dropout (1.6 ms) and 4 are cuDNN's training-mode batch norm (1.6 ms), so the finding gives
+    3.2 ms per step and an estimated saving of 1.6 + 1.6 / 2 = 2.4 ms; the same trace with
+    bn_fw_inf kernels and no dropout is eval mode and passes."""
+    write_trace(tmp_path / "bad" / "w.pt.trace.json", _inference_trace([_DROPOUT, _BN_TRAIN, _GEMM, _GEMM]))
+    session = _session(tmp_path / "bad")
+    finding = next(f for f in session["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "warning" and "model.eval()" in finding["title"]
+    assert finding["metrics"]["dropout_ms_per_step"] == pytest.approx(1.6, abs=0.01)
+    assert finding["metrics"]["training_batch_norm_ms_per_step"] == pytest.approx(1.6, abs=0.01)
+    assert finding["estimated_savings_ms_per_step"] == pytest.approx(2.4, abs=0.05)
+    assert "model.eval()" in finding["fixes"][0]["code"] and "inference_mode" in finding["fixes"][0]["code"]
+    assert {e["name"] for e in finding["evidence"]} == {_DROPOUT, _BN_TRAIN}
+    write_trace(tmp_path / "good" / "w.pt.trace.json", _inference_trace([_BN_INFER, _GEMM]))
+    good = next(f for f in _session(tmp_path / "good")["findings"] if f["check"] == "eval_mode")
+    assert good["severity"] == "ok" and "eval mode" in good["title"]
+
+
+def test_training_mode_kernels_count_only_inside_an_annotated_inference_region(tmp_path):
+    """A training trace (an autograd backward op every step) with dropout in every step: dropout
+    launched inside 'model_inference' (the first half of each step's launches: 2 of its 4
+    dropout kernels, 0.8 ms per step) is flagged; the same trace without the annotation is
+    training and passes."""
+    write_trace(tmp_path / "scoped" / "w.pt.trace.json",
+                _inference_trace([_DROPOUT, _GEMM], scope="model_inference", backward=True))
+    finding = next(f for f in _session(tmp_path / "scoped")["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "warning" and "'model_inference'" in finding["summary"]
+    assert finding["metrics"]["dropout_ms_per_step"] == pytest.approx(0.8, abs=0.01)
+    write_trace(tmp_path / "train" / "w.pt.trace.json", _inference_trace([_DROPOUT, _GEMM], backward=True))
+    train = next(f for f in _session(tmp_path / "train")["findings"] if f["check"] == "eval_mode")
+    assert train["severity"] == "ok" and train["title"].startswith("Training trace")
+
+
+@pytest.mark.parametrize("folder, verdict", [
+    ("pytorch-resnet50-dataloader/num_workers_0", "Training trace"),
+    ("pytorch-resnet50-dataloader/num_workers_4", "Training trace"),
+    ("pytorch-h100-owlv2", "Inference runs in eval mode"),
+])
+def test_corpus_eval_mode_is_quiet_on_training_and_on_eval_inference(corpus, folder, verdict):
+    """Hand check (gzip + json, the raw events): the resnet50 traces run cuDNN bn_fw_tr_* kernels
+    (318 per trace) but also 'autograd::engine::evaluate_function: ...' and '*Backward*' ops:
+    training, so bn_fw_tr is right.  owlv2 has no backward or optimizer op (inference) and 180
+    aten::dropout calls, every one with 'Concrete Inputs' [.., '0.', 'False'] (train=False): no
+    dropout kernel and no training batch-norm kernel runs, so it is in eval mode."""
+    finding = next(f for f in _session(corpus / folder)["findings"] if f["check"] == "eval_mode")
+    assert finding["severity"] == "ok" and finding["title"].startswith(verdict)
+
+
+def test_eval_mode_is_not_listed_on_tensorflow_reports(tmp_path):
+    import synth
+    synth.build_training_session(steps=3).write(tmp_path, "train", "s1")
+    report = build_report(find_sessions(str(tmp_path)))
+    assert "eval_mode" not in [f["check"] for s in report["sessions"] for f in s["findings"]]
+
+
+def test_pageable_copies_are_named_and_pinned_ones_are_not_blamed(tmp_path):
+    """Each of 4 steps copies 1 MB host-to-device for 1 ms before 8 kernels of 0.4 ms: the copy
+    runs with no kernel beside it, 1 ms of a ~4.3 ms step (critical).  From pageable memory the
+    finding says all 1.00 ms per step of HtoD came from pageable memory and leads with
+    pin_memory=True + non_blocking=True; the same copies from pinned memory are not called
+    pageable and the pinning fix is not given."""
+    write_trace(tmp_path / "pageable" / "w.pt.trace.json", kineto_trace(kernels=8, copy_us=1000))
+    finding = next(f for f in _session(tmp_path / "pageable")["findings"] if f["check"] == "memcpy")
+    assert finding["severity"] in ("warning", "critical")
+    assert finding["metrics"]["pageable_h2d_ms_per_step"] == pytest.approx(1.0, abs=0.01)
+    assert "1.00 of its 1.00 ms of host-to-device copies per step came from pageable memory" in finding["summary"]
+    code = finding["fixes"][0]["code"]
+    assert "pin_memory=True" in code and "non_blocking=True" in code
+    assert any(e["name"] == "Memcpy HtoD from pageable memory" for e in finding["evidence"])
+    write_trace(tmp_path / "pinned" / "w.pt.trace.json",
+                kineto_trace(kernels=8, copy_us=1000, copy_name="Memcpy HtoD (Pinned -> Device)"))
+    pinned = next(f for f in _session(tmp_path / "pinned")["findings"] if f["check"] == "memcpy")
+    assert pinned["metrics"]["pageable_h2d_ms_per_step"] == 0.0 and "already come from pinned memory" in pinned["summary"]
+    assert not any("pin_memory=True" in fix["code"] for fix in pinned["fixes"])
+
+
+def test_corpus_pageable_copies_of_the_dataloader_run(corpus):
+    """Hand check (gzip + json): num_workers_0's 12 'Memcpy HtoD (Pageable -> Device)' events (two
+    per step, no pinned one) last 12.73 ms in all, 2.12 ms per step of 6: every HtoD copy is pageable."""
+    finding = next(f for f in _session(corpus / "pytorch-resnet50-dataloader/num_workers_0")["findings"]
+                   if f["check"] == "memcpy")
+    assert finding["metrics"]["pageable_h2d_ms_per_step"] == pytest.approx(2.12, abs=0.02)
+    assert "2.12 of its 2.12 ms" in finding["summary"]
+
+
+def test_sync_stall_is_named_with_its_op_and_the_users_line(tmp_path):
+    """Each of 4 steps launches 8 kernels of 0.4 ms (the GPU runs 3.2 ms behind the host), then
+    calls loss.item() at train.py:42: aten::item waits ~3.2 ms in cudaStreamSynchronize while the
+    GPU is busy (no stall), returns when the GPU runs dry, and 1 ms of Python in log_metrics
+    follows with the GPU idle: about 1.01 ms per step (1 ms + the 5-10 us between the calls) is
+    idle behind aten::item, named at train.py:42, not at the torch frame in between."""
+    write_trace(tmp_path / "run" / "w.pt.trace.json", kineto_trace(kernels=8, sync_us=1000))
+    finding = next(f for f in _session(tmp_path / "run")["findings"] if f["check"] == "host_overhead")
+    top = finding["evidence"][0]
+    assert top["name"] == "aten::item at train.py:42 in train_step"
+    assert top["value"] == pytest.approx(1.0, abs=0.03)
+    assert "aten::item at train.py:42 in train_step waits for the GPU" in finding["summary"]
+    assert finding["fixes"][0]["code"].startswith("running = torch.zeros")
+    no_stack = kineto_trace(kernels=8, sync_us=1000)
+    no_stack["traceEvents"] = [e for e in no_stack["traceEvents"] if e.get("cat") != "python_function"]
+    write_trace(tmp_path / "plain" / "w.pt.trace.json", no_stack)
+    plain = next(f for f in _session(tmp_path / "plain")["findings"] if f["check"] == "host_overhead")
+    assert plain["evidence"][0]["name"] == "aten::item"
+
+
+def test_a_real_with_stack_trace_names_the_users_frame(tmp_path):
+    """torch.profiler(with_stack=True) on the CPU records this test's own line as a python_function
+    frame 'test_pytorch.py(N): <function>' around the aten::item of loss.item(); the vocabulary
+    reads it as user code (the torch frames between are the library's)."""
+    torch = pytest.importorskip("torch")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        loss = (torch.ones(4) * 2).sum()
+        loss.item()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    item = next(e for e in events if e.get("name") == "aten::item")
+    around = [e for e in events if e.get("cat") == "python_function" and e["tid"] == item["tid"]
+              and e["ts"] <= item["ts"] and e["ts"] + e["dur"] >= item["ts"] + item["dur"]]
+    lines = [pytorch.user_frame(e["name"]) for e in around]
+    assert any(line and "test_pytorch.py:" in line and "test_a_real_with_stack_trace" in line for line in lines)
+
+
+def test_corpus_mi300x_sync_stall_names_loss_item_in_main(corpus):
+    """Hand check (gzip + json): the trace's 5 aten::item calls each sit inside the python_function
+    frames 'train_single_gpu.py(62): <module>' > 'train_single_gpu.py(41): main' > '<built-in
+    method item of Tensor ...>', so the innermost user frame is train_single_gpu.py:41 in main."""
+    finding = next(f for f in _session(corpus / "pytorch-mi300x-ddp-resnet18")["findings"]
+                   if f["check"] == "host_overhead")
+    assert any(e["name"] == "aten::item at train_single_gpu.py:41 in main" and e["value"] > 0
+               for e in finding["evidence"])

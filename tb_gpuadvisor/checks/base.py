@@ -228,6 +228,12 @@ class Check:
     # A per-host check whose many-host session is as bad as its worst host (each host judges its
     # own devices or capture), not the primary host's verdict.
     worst_host: bool = False
+    # The frameworks whose captures the check reads (empty: all): a check of one framework's API
+    # (PyTorch's model.eval()) is not listed on another framework's report.
+    frameworks: tuple[str, ...] = ()
+
+    def applies_to(self, framework: str) -> bool:
+        return not self.frameworks or framework in self.frameworks
 
     def run(self, analysis: "Analysis") -> Finding:
         return self.function(analysis)
@@ -248,7 +254,8 @@ class Check:
         return [("what-if", scenario), ("confidence aspect", self.aspect),
                 ("explains bound", self.explains or "-"), ("compare metric", compared),
                 ("cross-host join", self.cross_host.what if self.cross_host
-                 else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host")]
+                 else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host"),
+                ("frameworks", ", ".join(self.frameworks) or "all")]
 
 
 REGISTRY: dict[str, Check] = {}
@@ -256,7 +263,8 @@ REGISTRY: dict[str, Check] = {}
 
 def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | NoReplay, aspect: str = "idle",
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
-             cross_host: CrossHost | None = None, worst_host: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+             cross_host: CrossHost | None = None, worst_host: bool = False,
+             frameworks: tuple[str, ...] = ()) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
     if aspect not in ASPECTS:
@@ -268,7 +276,7 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
         if check_id in REGISTRY:
             raise ValueError(f"check {check_id!r} registered twice")
         REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
-                                   explains, explains_order, compared, cross_host, worst_host)
+                                   explains, explains_order, compared, cross_host, worst_host, frameworks)
         return function
 
     return decorate

@@ -302,6 +302,16 @@ TORCH_DDP_BUCKETS = Fix(
     doc=TORCH_DDP_DOC,
 )
 
+TORCH_EVAL_MODE = Fix(
+    text="Switch the model to eval mode before inference (dropout off, batch norm on its running "
+         "statistics) and run it under inference_mode; switch back with model.train() to train.",
+    code="model.eval()\n"
+         "with torch.inference_mode():\n"
+         "    predictions = model(x)\n"
+         "model.train()   # before the next training step",
+    doc="https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval",
+)
+
 TORCH_WARM_CAPTURE = Fix(
     text="Profile warmed-up steps: skip the first iterations (CUDA context, cuDNN/cuBLAS set-up, "
          "lazily loaded kernels) and record a few ordinary ones, marking each with prof.step().",

@@ -39,6 +39,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
+from tb_gpuadvisor.checks.sync_stalls import idle_gaps, stall_evidence, stall_sentence, sync_stalls
 from tb_gpuadvisor.checks.base import (
     ACTIONABLE, Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
@@ -46,7 +47,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "host_overhead"
 CRITICAL, WARNING = 15.0, 3.0
@@ -244,6 +245,9 @@ def check(analysis: Analysis) -> Finding:
                f"{fixes.compiled_step(analysis.model.framework)}, or gaps between steps.")
     allocator = allocator_note(host.activity, primary.sets["other_host"], analysis.steps_count)
     summary += allocator
+    stalls = (sync_stalls(host.activity, idle_gaps(primary.sets))
+              if analysis.model.framework == pytorch.FRAMEWORK and not on_cpu else [])
+    summary += stall_sentence(stalls, analysis.steps_count)
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
     summary += analysis.gain_note(severity, saving)
@@ -256,6 +260,7 @@ def check(analysis: Analysis) -> Finding:
 
     evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                         idle="no op of the step ran" if on_cpu else "the device was idle")
+    evidence = stall_evidence(stalls, analysis.steps_count, primary.name, primary.host) + evidence
     if allocator:       # the calls themselves first: the frames around them name no cause
         evidence = culprits(host.activity, primary.sets["other_host"], analysis.steps_count,
                             top=2, kinds=(HostEventKind.ALLOCATOR,)) + evidence
@@ -271,6 +276,8 @@ def check(analysis: Analysis) -> Finding:
     fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
+    if stalls:
+        fix_list.insert(0, fixes.TORCH_NO_HOST_SYNC)
     if allocator:
         fix_list.insert(0, KEEP_ALLOCATOR_CACHE)
     if on_cpu:

@@ -35,7 +35,9 @@ from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Fix, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "memcpy"
 CRITICAL, WARNING = 15.0, 5.0
@@ -115,6 +117,14 @@ def copy_evidence(dev: DeviceActivity, exposed: iv.Intervals, steps: int) -> lis
     return out
 
 
+def _pageable_h2d(analysis: Analysis, dev: DeviceActivity) -> tuple[float, float]:
+    """(ms per step of host-to-device copies from pageable memory, of all host-to-device copies):
+    PyTorch traces name each copy's host memory (vocab.pytorch)."""
+    h2d = (dev.kind == DeviceEventKind.MEMCPY_H2D) & (dev.step >= 0)
+    pageable = h2d & named_events(dev, "pageable_copy", pytorch.is_pageable_copy)
+    return analysis.ms_per_step(dev.dur_ps[pageable].sum()), analysis.ms_per_step(dev.dur_ps[h2d].sum())
+
+
 def _megabytes_per_step(dev: DeviceActivity, kind: DeviceEventKind, steps: int) -> float:
     return float(dev.nbytes[(dev.kind == kind) & (dev.step >= 0)].sum()) / 1e6 / steps
 
@@ -145,6 +155,13 @@ def check(analysis: Analysis) -> Finding:
     d2h_exposed = int(iv.per_bin_total(primary.sets["copy"], dev.start_ps[d2h_events], dev.end_ps[d2h_events]).sum())
     if severity is not Severity.OK and d2h_exposed > 0.2 * primary.total("copy"):
         summary += " Device-to-host copies inside a step usually mean a value is read on the host mid-step."
+    torch = analysis.model.framework == pytorch.FRAMEWORK
+    pageable_ms, h2d_ms = _pageable_h2d(analysis, dev) if torch else (0.0, 0.0)
+    if h2d_ms:
+        summary += (f" {pageable_ms:.2f} of its {h2d_ms:.2f} ms of host-to-device copies per step came from "
+                    "pageable memory, which the driver stages and the host waits for: pin it and copy "
+                    "with non_blocking=True." if pageable_ms else
+                    f" Its {h2d_ms:.2f} ms of host-to-device copies per step already come from pinned memory.")
     summary += analysis.gain_note(severity, saving)
     title = (f"Copies stall the GPU {percent:.1f}% of step time" if severity is not Severity.OK
              else f"Copies are hidden behind compute ({percent:.1f}% of step time exposed)")
@@ -155,14 +172,21 @@ def check(analysis: Analysis) -> Finding:
     evidence += [Evidence(kind="device", name=other.name, value=round(other.percent("copy"), 2), unit="%",
                           detail="exposed copy time on this GPU", device=other.name, host=other.host)
                  for other in breakdown.devices if other is not primary]
+    if pageable_ms:
+        evidence.append(Evidence(kind="op", name="Memcpy HtoD from pageable memory", value=round(pageable_ms, 3),
+                                 unit="ms/step", detail=f"of {h2d_ms:.2f} ms of host-to-device copies per step",
+                                 device=primary.name, host=primary.host))
 
     fix_list = [PREFETCH_TO_DEVICE, COMPACT_INPUT, NO_ROUND_TRIPS]
-    if d2h_exposed > 0.5 * primary.total("copy"):
+    if d2h_exposed > 0.5 * primary.total("copy") and pageable_ms <= 0.5 * h2d_ms:
         fix_list = [NO_ROUND_TRIPS, PREFETCH_TO_DEVICE, COMPACT_INPUT]
+    if h2d_ms and not pageable_ms:
+        fix_list.remove(PREFETCH_TO_DEVICE)     # its PyTorch form pins copies that are pinned already
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"memcpy_percent": round(percent, 2), "memcpy_ms_per_step": round(copy_ms, 3),
-                 "h2d_mb_per_step": round(h2d, 3), "d2h_mb_per_step": round(d2h, 3)},
+                 "h2d_mb_per_step": round(h2d, 3), "d2h_mb_per_step": round(d2h, 3),
+                 **({"pageable_h2d_ms_per_step": round(pageable_ms, 3)} if torch else {})},
         estimated_savings_ms_per_step=saving, evidence=evidence,
         fixes=fix_list if severity is not Severity.OK else [],
     )

@@ -157,3 +157,86 @@ def vendor_of(runtime_names: list[str], device_name: str | None) -> str:
     if device_name:
         return "AMD" if re.search(r"\bAMD\b|Instinct|Radeon", device_name) else "NVIDIA"
     return "AMD" if any(n.startswith("hip") for n in runtime_names) else "NVIDIA"
+
+
+# Work that only runs in training mode.  Dropout kernels run only when a module is in training
+# mode (in eval mode F.dropout returns its input and launches nothing): ATen's fused_dropout
+# kernels, the ops aten::native_dropout (train=True only) and aten::_fused_dropout.  Batch norm in
+# training mode computes the batch's statistics: cuDNN's "bn_fw_tr_*" kernels (eval mode runs
+# "bn_fw_inf_*"), ATen's batch_norm_collect_statistics kernels (eval mode only transforms),
+# MIOpen's BatchNormFwdTrain* kernels (eval: BatchNormFwdInfer*).
+_DROPOUT_KERNEL = re.compile(r"fused_dropout|native_dropout|dropout_kernel", re.IGNORECASE)
+_TRAINING_BATCH_NORM_KERNEL = re.compile(r"\bbn_fw_tr_|batch_norm_collect_statistics|BatchNormFwdTrain", re.IGNORECASE)
+DROPOUT = "dropout"
+TRAINING_BATCH_NORM = "training-mode batch norm"
+# Backward and optimizer work: the autograd engine's functions, "*Backward0" nodes, aten
+# "*_backward" ops and torch.optim's recorded calls.  A trace with none of them is inference.
+_TRAINING_WORK = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^aten::\w+_backward$|"
+                            r"^Optimizer\.(step|zero_grad)#")
+# Annotations (torch.profiler.record_function) that name an inference phase: the tutorials'
+# "model_inference", or eval/validation/predict/no_grad/inference_mode as a word of the name.
+_INFERENCE_SCOPE = re.compile(r"(?<![a-z])(inference|inference_mode|no_grad|eval|evaluation|validation|"
+                              r"evaluate|validate|predict|prediction)(?![a-z])", re.IGNORECASE)
+
+
+def training_mode_kernel(name: str) -> str | None:
+    """DROPOUT or TRAINING_BATCH_NORM for a kernel that only runs in a module's training mode."""
+    if _DROPOUT_KERNEL.search(name):
+        return DROPOUT
+    if _TRAINING_BATCH_NORM_KERNEL.search(name):
+        return TRAINING_BATCH_NORM
+    return None
+
+
+def is_training_work(name: str) -> bool:
+    """Whether a host op is backward-pass or optimizer work (a training step runs it)."""
+    return bool(_TRAINING_WORK.search(name))
+
+
+def is_inference_scope(name: str) -> bool:
+    """Whether an annotation's name says the code inside it is inference."""
+    return bool(_INFERENCE_SCOPE.search(name))
+
+
+# Kineto names a copy by its direction and both ends: "Memcpy HtoD (Pageable -> Device)",
+# "Memcpy DtoH (Device -> Pinned)".  A copy to or from pageable host memory is staged through a
+# driver bounce buffer and blocks the host; pinned memory lets the copy engine run it async.
+_COPY_ENDS = re.compile(r"\((\w+) -> (\w+)\)")
+PAGEABLE = "Pageable"
+
+
+def copy_host_memory(name: str) -> str | None:
+    """The host end of a copy ("Pageable", "Pinned"), None when neither end is the host."""
+    match = _COPY_ENDS.search(name)
+    if not match:
+        return None
+    host = [end for end in match.groups() if end != "Device"]
+    return host[0] if host else None
+
+
+def is_pageable_copy(name: str) -> bool:
+    return copy_host_memory(name) == PAGEABLE
+
+
+# Calls that make the host wait for the GPU: .item()/.cpu() on a CUDA tensor (ATen's
+# _local_scalar_dense), and the runtime's synchronising calls (a plain cudaMemcpy waits too).
+_SYNC_OP = re.compile(r"^(aten::item|aten::_local_scalar_dense|(cuda|hip)(Stream|Device|Event)Synchronize|"
+                      r"(cuda|hip)Memcpy|cuCtxSynchronize|cuStreamSynchronize)$")
+# Python frames of with_stack=True traces: "train.py(42): train_step"; the library's own frames
+# ("torch/nn/modules/module.py(1751): _call_impl", "<built-in method ...>") are not user code.
+_FRAME = re.compile(r"^(?P<file>[^<(][^(]*\.py)\((?P<line>\d+)\): (?P<function>.+)$")
+_LIBRARY_FRAME = re.compile(r"^(torch|torchvision|torchaudio|transformers|accelerate|lightning|pytorch_lightning|"
+                            r"numpy|triton|functorch)/|(site|dist)-packages/|/lib/python3")
+
+
+def is_sync_op(name: str) -> bool:
+    """Whether a host op or runtime call makes the host wait for the GPU."""
+    return bool(_SYNC_OP.match(name))
+
+
+def user_frame(name: str) -> str | None:
+    """"file:line in function" for a Python frame of the user's code, None for any other event."""
+    match = _FRAME.match(name)
+    if not match or _LIBRARY_FRAME.search(match["file"]):
+        return None
+    return f"{match['file']}:{match['line']} in {match['function']}"
