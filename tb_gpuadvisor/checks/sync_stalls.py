@@ -42,23 +42,43 @@ class Stall:
 def _outermost(act: HostActivity, rows: np.ndarray) -> np.ndarray:
     """ROWS (start order) not inside an earlier one of the same thread."""
     keep = np.ones(rows.size, bool)
-    open_until: dict[int, int] = {}
-    for i, (thread, start, end) in enumerate(zip(act.thread[rows].tolist(), act.start_ps[rows].tolist(),
-                                                 (act.start_ps[rows] + act.dur_ps[rows]).tolist())):
-        if start < open_until.get(thread, -1):
-            keep[i] = False
-        else:
-            open_until[thread] = end
+    thread = act.thread[rows]
+    for t in np.unique(thread).tolist():
+        mine = np.flatnonzero(thread == t)
+        ends = np.maximum.accumulate((act.start_ps + act.dur_ps)[rows[mine]])
+        keep[mine[1:]] = act.start_ps[rows[mine[1:]]] >= ends[:-1]
     return rows[keep]
 
 
-def _user_line(act: HostActivity, frames: np.ndarray, row: int) -> str | None:
-    """The innermost user frame (FRAMES: start order) of ROW's thread that encloses ROW."""
-    start, end = act.start_ps[row], act.start_ps[row] + act.dur_ps[row]
-    same = frames[act.thread[frames] == act.thread[row]]
-    before = same[: np.searchsorted(act.start_ps[same], start, side="right")]
-    enclosing = before[act.start_ps[before] + act.dur_ps[before] >= end]
-    return pytorch.user_frame(act.names[act.name[enclosing[-1]]]) if enclosing.size else None
+def _innermost(act: HostActivity, frames: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per row of ROWS, the innermost of FRAMES (rows of ACT) on its thread open when it starts
+    and still open when it ends; -1 where none is.
+
+    Python frames nest, so the frame open at a time t at depth d (the number of frames open at
+    t) is the last frame of depth d that started by t: one sorted search per row instead of a
+    walk over the frames."""
+    found = np.full(rows.size, -1)
+    for t in np.unique(act.thread[rows]).tolist():
+        mine = np.flatnonzero(act.thread[rows] == t)
+        own = frames[act.thread[frames] == t]
+        if not own.size:
+            continue
+        fs, fe = act.start_ps[own], act.start_ps[own] + act.dur_ps[own]
+        order = np.lexsort((-fe, fs))               # by start, an enclosing frame before those it holds
+        own, fs, fe = own[order], fs[order], fe[order]
+        ends = np.sort(fe)
+        depth = np.arange(1, own.size + 1) - np.searchsorted(ends, fs, side="right")
+        by_level = np.lexsort((fs, depth))
+        span = int(fs.max() - fs.min()) + 1
+        level_keys = depth[by_level] * span + (fs[by_level] - fs.min())
+        s = act.start_ps[rows[mine]]
+        e = s + act.dur_ps[rows[mine]]
+        open_now = np.searchsorted(fs, s, side="right") - np.searchsorted(ends, s, side="right")
+        at = np.searchsorted(level_keys, open_now * span + np.clip(s - fs.min(), None, span - 1), side="right") - 1
+        frame = by_level[np.clip(at, 0, None)]
+        ok = (open_now > 0) & (at >= 0) & (depth[frame] == open_now) & (fe[frame] >= e)
+        found[mine[ok]] = own[frame[ok]]
+    return found
 
 
 # The device-idle categories of the breakdown a sync can leave behind it (not input waits).
@@ -84,14 +104,24 @@ def sync_stalls(act: HostActivity, idle: Intervals) -> list[Stall]:
     inside = (at >= 0) & (starts <= (act.start_ps[syncs] + act.dur_ps[syncs])[np.clip(at, 0, None)])
     per_sync = np.bincount(at[inside], weights=(ends - starts)[inside], minlength=syncs.size)
     frames = np.flatnonzero(named_events(act, "user_frame", pytorch.user_frame))
+    stalled = np.flatnonzero(per_sync > 0)
+    rows = syncs[stalled]
+    frame = _innermost(act, frames, rows)
     stalls: dict[tuple[str, str | None], Stall] = {}
-    for i in np.flatnonzero(per_sync > 0).tolist():
-        row = int(syncs[i])
-        key = (act.names[act.name[row]], _user_line(act, frames, row) if frames.size else None)
+    for op, line, idle, calls in _grouped(act.name[rows], np.where(frame >= 0, act.name[frame], -1), per_sync[stalled]):
+        key = (act.names[op], pytorch.user_frame(act.names[line]) if line >= 0 else None)
         stall = stalls.setdefault(key, Stall(key[0], key[1], 0, 0))
-        stall.idle_ps += int(per_sync[i])
-        stall.calls += 1
+        stall.idle_ps += idle
+        stall.calls += calls
     return sorted(stalls.values(), key=lambda s: -s.idle_ps)
+
+
+def _grouped(op: np.ndarray, line: np.ndarray, idle: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(op name id, frame name id or -1, idle ps, calls) per distinct pair."""
+    pairs, which = np.unique(np.stack((op, line), axis=1), axis=0, return_inverse=True)
+    which = which.ravel()
+    total, calls = np.bincount(which, weights=idle), np.bincount(which)
+    return [(int(o), int(n), int(t), int(c)) for (o, n), t, c in zip(pairs.tolist(), total, calls)]
 
 
 def stall_evidence(stalls: list[Stall], steps: int, device: str, host: str) -> list[Evidence]:
