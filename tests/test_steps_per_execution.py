@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_gpuadvisor.compare import compare_sessions, has_regression
+from tb_gpuadvisor.compare import compare_sessions, regressions_reaching
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
@@ -86,7 +86,7 @@ def test_per_step_time_matches_one_step_per_call(sessions):
     assert four["mean_ms"] - one["mean_ms"] <= max(0.20 * one["mean_ms"], noise)
     assert four["mean_ms"] >= 0.3 * one["mean_ms"]
     result = compare_sessions(sessions["spe1"], sessions["spe4"])
-    assert not has_regression(result, "warning")
+    assert not regressions_reaching(result, "warning")
 
 
 if __name__ == "__main__":

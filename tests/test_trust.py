@@ -266,7 +266,7 @@ def test_trace_export_appended_to_a_multi_step_capture(corpus, tmp_path, gap_ms)
     with the callback's export appended after a 100 ms or 5 s untraced gap, the way TF 2.4 writes
     it (its ops carry the last step's group, so the derived Steps line runs to its end): per-step
     numbers and savings stay within 5% of the capture without it, and compare sees no regression."""
-    from tb_gpuadvisor.compare import compare_sessions, has_regression
+    from tb_gpuadvisor.compare import compare_sessions, regressions_reaching
 
     (run,) = (corpus / "keras-cnn-rtx5000").glob("download64-*")
     (original,) = run.rglob("*.xplane.pb")
@@ -280,7 +280,7 @@ def test_trace_export_appended_to_a_multi_step_capture(corpus, tmp_path, gap_ms)
     for f in base["findings"]:
         saving = f["estimated_savings_ms_per_step"]
         assert finding(new, f["check"])["estimated_savings_ms_per_step"] == pytest.approx(saving, rel=0.05, abs=0.02)
-    assert not has_regression(compare_sessions(base, new), "warning")
+    assert not regressions_reaching(compare_sessions(base, new), "warning")
 
 
 def _one_step_session(tmp_path: Path, autotune: bool) -> dict:
