@@ -196,7 +196,22 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
-    return HostCapture(host, activity, _empty_memory(host), devices, None, [], warnings, origin_ns)
+    return HostCapture(host, activity, _empty_memory(host), devices, None, [], warnings, origin_ns,
+                       _sampled(correlation[host_rows[runtime]]))
+
+
+def _sampled(ids: np.ndarray) -> str | None:
+    """Why a trace whose runtime calls hold few of the correlation ids in their range was
+    sampled or filtered after capture (vocab.pytorch.SAMPLED_ID_DENSITY), or None."""
+    ids = ids[ids >= 0]
+    if not ids.size:
+        return None
+    held, span = np.unique(ids).size, int(ids.max() - ids.min()) + 1
+    if span < pytorch.SAMPLED_MIN_IDS or held >= pytorch.SAMPLED_ID_DENSITY * span:
+        return None
+    return (f"the trace records {held:,} of about {span:,} runtime calls made in its time range "
+            f"({100 * held / span:.1f}%): it was sampled or filtered after capture, and the GPU work "
+            "of the calls left out is missing too")
 
 
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,

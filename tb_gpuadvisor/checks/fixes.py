@@ -312,6 +312,20 @@ TORCH_EVAL_MODE = Fix(
     doc="https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval",
 )
 
+TORCH_FULL_TRACE = Fix(
+    text="Record the CPU and the GPU on every rank for the same few steps, and analyse the trace files "
+         "as the profiler wrote them: a trace sampled or filtered afterwards has lost the GPU work of "
+         "every call it left out, so its idle time is unknown.",
+    code="from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler\n"
+         "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],\n"
+         "             schedule=schedule(wait=1, warmup=3, active=3),\n"
+         "             on_trace_ready=tensorboard_trace_handler(logdir)) as prof:   # on every rank\n"
+         "    for x, y in loader:\n"
+         "        train_step(x, y)\n"
+         "        prof.step()",
+    doc=TORCH_PROFILER_DOC,
+)
+
 TORCH_WARM_CAPTURE = Fix(
     text="Profile warmed-up steps: skip the first iterations (CUDA context, cuDNN/cuBLAS set-up, "
          "lazily loaded kernels) and record a few ordinary ones, marking each with prof.step().",

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.fixes import JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_WARM_CAPTURE, Remedy
+from tb_gpuadvisor.checks.fixes import (
+    JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,
+)
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
 from tb_gpuadvisor.vocab import tensorflow
@@ -108,6 +110,7 @@ FULL_DEVICE_TRACE = Remedy(
              "loss.block_until_ready()\n"
              "jax.profiler.stop_trace()",
         doc=JAX_PROFILING_GUIDE),
+    pytorch=TORCH_FULL_TRACE,
 )
 
 
@@ -205,11 +208,13 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
                   for name in trust.misaligned]
         parts += [trust.missing_work] if trust.missing_work else []
         used = f" The host drove {trust.expected_devices} device(s)." if trust.expected_devices else ""
+        effect = (" Missing device time is not counted as idle: steps without device data are left out, "
+                  "and findings that compare devices are low confidence." if partial or trust.misaligned else "")
+        effect += (" Device idle time may be unrecorded work: findings that rest on it or on kernel shares "
+                   "are low confidence." if trust.missing_work else "")
         issues.append(Issue(
             Severity.WARNING, "Partial device trace",
-            "The device trace is partial: " + "; ".join(parts) + "." + used + " Missing device time is "
-            "not counted as idle: steps without device data are left out, and findings that compare "
-            "devices are low confidence.", FULL_DEVICE_TRACE,
+            "The device trace is partial: " + "; ".join(parts) + "." + used + effect, FULL_DEVICE_TRACE,
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
     if trust.excluded:

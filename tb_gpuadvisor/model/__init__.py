@@ -131,7 +131,8 @@ def load_session(ref: SessionRef) -> SessionModel:
     host_captures = [c for c, _ in captures]
     with timed("model"):
         steps = find_steps(host_captures)
-    hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events)
+    hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events,
+                       c.partial_trace)
              for c, path in captures]
     model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)
     if budget_warning:

@@ -94,6 +94,8 @@ class HostCapture:
     xla_modules: list[XlaModules]
     warnings: list[str]
     origin_ns: int
+    # Why the trace holds only part of what ran (sampled or filtered after capture), or None.
+    partial_trace: str | None = None
 
     def shift(self, delta_ps: int) -> None:
         """Move every time by DELTA_PS (onto a session-wide origin)."""

@@ -285,6 +285,7 @@ class HostModel:
     origin_ns: int                   # timestamp of this host's earliest line
     warnings: list[str] = field(default_factory=list)
     dropped_events: int = 0
+    partial_trace: str | None = None     # why the trace holds only part of what ran, or None
 
 
 @dataclass

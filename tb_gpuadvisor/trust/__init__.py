@@ -29,7 +29,7 @@ from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.steps import step_columns
 from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
 from tb_gpuadvisor.trust.coverage import (
-    DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work,
+    DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work, partial_trace,
 )
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
@@ -214,7 +214,8 @@ def assess(model: SessionModel) -> Trust:
     return Trust(candidates=candidates, view=view, devices=devices,
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
                  placement=where_it_ran(view, trusted), single_step_atypical=single_step_evidence(view, trusted),
-                 expected_devices=expected_device_count(view), missing_work=missing_heavy_work(view))
+                 expected_devices=expected_device_count(view),
+                 missing_work=missing_heavy_work(view) or partial_trace(view))
 
 
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,

@@ -211,6 +211,12 @@ def missing_heavy_work(model: SessionModel) -> str | None:
             "only part of the steps' device work")
 
 
+def partial_trace(model: SessionModel) -> str | None:
+    """Why a host's trace holds only part of what ran (its adapter can tell a trace that was
+    sampled or filtered after capture), or None."""
+    return next((f"{h.name}: {h.partial_trace}" for h in model.hosts if h.partial_trace), None)
+
+
 def expected_device_count(model: SessionModel) -> int:
     """How many accelerators the host evidence says the job drove."""
     count = 0
