@@ -245,8 +245,8 @@ TORCH_CUDA_GRAPHS = Fix(
 )
 
 TORCH_LARGER_BATCH = Fix(
-    text="Use a larger batch (scaling the learning rate accordingly): the same kernel launches and "
-         "collectives then do more work each, so their fixed costs shrink relative to compute.",
+    text="Use a larger batch (in training, scale the learning rate with it): the same kernel launches "
+         "and collectives then do more work each, so their fixed costs shrink relative to compute.",
     code="loader = torch.utils.data.DataLoader(dataset, batch_size=256, num_workers=8, pin_memory=True)",
     doc=TORCH_TUNING_GUIDE,
 )

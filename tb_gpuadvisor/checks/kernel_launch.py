@@ -47,6 +47,7 @@ from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, SessionModel
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "kernel_launch"
 # Host cost per kernel left when launches are batched (a CUDA graph replays many kernels for
@@ -142,7 +143,16 @@ def check(analysis: Analysis) -> Finding:
                  "tiny_kernel_percent": round(tiny_share, 1), "launch_cost_us": round(cost_us, 2),
                  "launch_cost_measured": measured},
         estimated_savings_ms_per_step=saving, evidence=evidence,
-        # Of the tf.function remedies only the step itself matters here: launches happen inside it.
-        fixes=[fixes.LARGER_BATCH, fixes.XLA_JIT, *graph_remedies(analysis)[:1]] if severity is not Severity.OK
-        else [],
+        fixes=_remedies(analysis) if severity is not Severity.OK else [],
     )
+
+
+def _remedies(analysis: Analysis) -> list[fixes.Remedy]:
+    """Of the tf.function remedies only the step itself matters here: launches happen inside it.
+    An eager PyTorch loop (training or inference) loses its launches to CUDA graphs and fewer
+    kernels to torch.compile, whatever its batch; a graph-compiled TF or JAX step has already
+    fused what it can, so there a larger batch comes first."""
+    compiled = [fixes.XLA_JIT, *graph_remedies(analysis)[:1]]
+    if analysis.model.framework == pytorch.FRAMEWORK:
+        return [*compiled, fixes.LARGER_BATCH]
+    return [fixes.LARGER_BATCH, *compiled]
