@@ -136,13 +136,13 @@ def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apar
 
 @measurement
 def measure(analysis: Analysis) -> Replicas | Finding:
-    """The comparable GPUs' busy time per step, or the not-applicable finding."""
+    """The comparable GPUs' busy time per step (one GPU too: a host of one GPU is one replica of
+    a many-host job, which the merge compares), or the not-applicable finding."""
     model = analysis.model
     active = analysis.comparable_gpus
     planes = model.gpus
-    if len(active) < 2:
-        return not_applicable([d.device.name for d in active], len(planes), len(model.active_gpus),
-                              list(analysis.trust.misaligned))
+    if not active:
+        return _alone(analysis)
     lo, hi, _ = kernels.step_windows(model)
     busy = [busy_intervals(dev, model) for dev in active]
     per_step = np.vstack([intervals.per_bin_total(b, lo, hi) for b in busy])    # GPU x step
@@ -190,7 +190,15 @@ def judge_joined(r: Replicas, scale) -> Finding | None:
           cross_host=CrossHost(measure, join, judge_joined,
                                "every host's replicas stacked per session step; judged with the balance all hosts allow"))
 def check(analysis: Analysis) -> Finding:
-    return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis))
+    return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis)
+                  if len(r.labels) >= 2 else _alone(analysis))
+
+
+def _alone(analysis: Analysis) -> Finding:
+    """Not applicable: fewer than two of this capture's GPUs can be compared."""
+    model = analysis.model
+    return not_applicable([d.device.name for d in analysis.comparable_gpus], len(model.gpus),
+                          len(model.active_gpus), list(analysis.trust.misaligned))
 
 
 def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
