@@ -4,7 +4,11 @@
 For every GPU that ran kernels, its busy time per step outside collectives: the union of
 its kernel and copy intervals (all streams) inside the step periods, with NCCL/AllReduce
 kernels left out because they wait for the slowest replica. ``imbalance_percent`` =
-(max - min) / max of those per-GPU times; ``straggler_device`` is the busiest GPU. Also
+(max - min) / max of those per-GPU times; ``straggler_device`` is the busiest GPU. The GPU
+that spends notably the least time in collectives (``late_device``) is the one the others
+wait for there; ``straggler_reason`` says why it arrives last: ``compute`` (it works longer)
+or ``host`` (its GPU idles longer outside collectives, waiting on its host). Ranks of a
+many-host job (one GPU per trace file) are compared in the merge. Also
 the overlap of the GPUs' busy time (``min_overlap_percent``: the least-overlapping pair,
 as a share of the less busy GPU's time) to spot GPUs that run one after another instead of
 together, and GPU planes of the capture that ran no kernels at all.
@@ -40,18 +44,23 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
-from tb_gpuadvisor.checks.fixes import DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, Remedy
+from tb_gpuadvisor.checks.fixes import (
+    DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, TORCH_DDP_DOC, Remedy,
+)
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, measured_parts, register,
     severity_by_threshold,
 )
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.model import intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
 
 CHECK_ID = "multi_gpu_imbalance"
 CRITICAL_AT, WARNING_AT = 20.0, 10.0
 SERIAL_OVERLAP_BELOW = 30.0   # pairwise overlap (percent of the less busy GPU) that means "serial"
+# A replica arrives notably last at the collectives when it waits in them at least this much less
+# than the longest waiter (share of that wait, and at least this many ps).
+LATE_WAIT_SHARE, LATE_WAIT_MIN_PS = 0.1, 50 * PS_PER_US
 
 ALL_DEVICES_FIX = Remedy(
     "If the job should use every GPU, check which devices the strategy sees.",
@@ -77,7 +86,16 @@ FIXES = [
             "all devices so every device gets the same slice.",
             "mesh = jax.make_mesh((jax.device_count(),), ('data',))\n"
             "batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec('data')))   # N divisible by devices",
-            JAX_SHARDING_GUIDE)),
+            JAX_SHARDING_GUIDE),
+        pytorch=Fix(
+            "Give every rank the same share of the data and the same batch: a DistributedSampler "
+            "with drop_last, and one per-rank batch size everywhere.",
+            "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)\n"
+            "loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler,\n"
+            "                                     num_workers=8, pin_memory=True, persistent_workers=True)\n"
+            "for epoch in range(epochs):\n"
+            "    sampler.set_epoch(epoch)",
+            TORCH_DDP_DOC)),
     Remedy("Give each GPU its own kernel-launch threads so one busy GPU does not starve the others "
         "of host time (set before TensorFlow starts).",
         "export TF_GPU_THREAD_MODE=gpu_private\nexport TF_GPU_THREAD_COUNT=2",
@@ -93,7 +111,16 @@ FIXES = [
             "device 0, so metrics and inputs built there make it do more than the others.",
             "print(x.sharding)                  # SingleDeviceSharding -> everything on device 0\n"
             "x = jax.device_put(x, NamedSharding(mesh, PartitionSpec('data')))",
-            JAX_SHARDING_GUIDE)),
+            JAX_SHARDING_GUIDE),
+        pytorch=Fix(
+            "Keep extra work off rank 0: logging, metrics, evaluation and checkpoints run there alone "
+            "make every other rank wait at the next collective; do them every N steps, reduce "
+            "metrics on all ranks, and save checkpoints asynchronously.",
+            "if step % 100 == 0:\n"
+            "    torch.distributed.all_reduce(metric)        # every rank takes part\n"
+            "    if torch.distributed.get_rank() == 0:\n"
+            "        log(metric.item())",
+            TORCH_DDP_DOC)),
 ]
 
 
@@ -102,6 +129,16 @@ def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Interv
     cls = kernels.classify(dev)
     keep = kernels.in_steps(dev, model) & ~cls.collective
     return intervals.union(dev.start_ps[keep], dev.end_ps[keep])
+
+
+def _collective_and_idle(dev: DeviceActivity, model: SessionModel, lo: np.ndarray,
+                         hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step window: the GPU's time in collective kernels, and its time with nothing running."""
+    in_steps = kernels.in_steps(dev, model)
+    coll = in_steps & kernels.classify(dev).collective
+    collective = intervals.per_bin_total(intervals.union(dev.start_ps[coll], dev.end_ps[coll]), lo, hi)
+    busy = intervals.per_bin_total(intervals.union(dev.start_ps[in_steps], dev.end_ps[in_steps]), lo, hi)
+    return collective, (hi - lo) - busy
 
 
 @dataclass
@@ -120,6 +157,8 @@ class Replicas:
     idle: list[tuple[str, str, str, int]]     # label, device, host, events of planes with no kernels
     planes: int
     partial_used: list[str]                   # devices the host used but the trace does not hold
+    collective: np.ndarray                    # GPU x step window: ps in collective kernels
+    idle_ps: np.ndarray                       # GPU x step window: ps with nothing running
 
 
 def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apart: list[str]) -> Finding:
@@ -153,10 +192,12 @@ def measure(analysis: Analysis) -> Replicas | Finding:
                                                    np.concatenate([b[1] for b in busy])))
     idle = [(kernels.device_label(model, dev), dev.device.name, dev.device.host, len(dev))
             for dev in planes if dev not in active]
+    waits = [_collective_and_idle(dev, model, lo, hi) for dev in active]
     return Replicas([kernels.device_label(model, dev) for dev in active],
                     [(dev.device.name, dev.device.host) for dev in active], per_step, lo, hi,
                     min_overlap, serial_pairs, int(combined), idle, len(planes),
-                    [d.name for d in analysis.trust.partial_devices])
+                    [d.name for d in analysis.trust.partial_devices],
+                    np.vstack([c for c, _ in waits]), np.vstack([i for _, i in waits]))
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Replicas | None:
@@ -175,7 +216,9 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
         *alignment.windows(first_host, first.lo, first.hi),
         min(r.min_overlap for _, r in measured), serial, max(r.combined_busy_ps for _, r in measured),
         [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
-        [d for _, r in measured for d in r.partial_used])
+        [d for _, r in measured for d in r.partial_used],
+        np.vstack([alignment.take(h, r.collective) for h, r in measured]),
+        np.vstack([alignment.take(h, r.idle_ps) for h, r in measured]))
 
 
 def judge_joined(r: Replicas, scale) -> Finding | None:
@@ -222,6 +265,9 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
         "min_busy_ms_per_step": round(float(means[bottom]) / PS_PER_MS, 3),
         "min_overlap_percent": round(r.min_overlap, 1),
     }
+    late = _late_arrival(r, means)
+    if late is not None:
+        metrics.update(late_device=labels[late.index], straggler_reason=late.reason)
     evidence = _device_evidence(r, means, top)
     for a, b, share in r.serial_pairs:
         evidence.append(Evidence("device", f"{labels[a]} / {labels[b]}", round(share, 1),
@@ -244,6 +290,7 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
                f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
                f"for the straggler at every gradient AllReduce; evening out the work would save about "
                f"{balance_ms:.2f} ms per step.")
+    summary += late.sentence if late is not None else ""
     if r.serial_pairs:
         summary += (f" Some GPUs overlap only {r.min_overlap:.0f}% of their busy time, so they run one "
                     f"after another instead of in parallel; running them together would save about "
@@ -269,6 +316,40 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
         fixes = fixes + [ALL_DEVICES_FIX]
     return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
                    evidence, fixes)
+
+
+@dataclass
+class _Late:
+    """The replica the others wait for in their collectives, and why it arrives last."""
+
+    index: int
+    reason: str         # "compute": it works longest; "host": its GPU idles longest outside them
+    sentence: str
+
+
+def _late_arrival(r: Replicas, means: np.ndarray) -> _Late | None:
+    """The replica that spends least time in collectives arrived last at them (the others wait
+    there for it): late because it computes longer than the others, or because its GPU sits idle
+    longer outside them, waiting on its host, whichever of the two is the larger excess."""
+    steps = r.collective.shape[1]
+    waits = r.collective.sum(axis=1) / steps
+    if steps == 0 or np.count_nonzero(waits) < 2:
+        return None
+    late = int(np.argmin(waits))
+    if waits.max() - waits[late] < max(LATE_WAIT_SHARE * waits.max(), LATE_WAIT_MIN_PS):
+        return None         # every replica waits about as long: none arrives notably last
+    idle = r.idle_ps.sum(axis=1) / steps
+    extra_work, extra_idle = means[late] - means.min(), idle[late] - idle.min()
+    ms = PS_PER_MS
+    spent = (f"{r.labels[late]} spends the least time in collectives ({waits[late] / ms:.2f} ms per step, "
+             f"against up to {waits.max() / ms:.2f} ms): the others wait there for it")
+    if extra_idle > extra_work:
+        return _Late(late, "host", (
+            f" {spent}. It arrives late because its GPU sits idle {idle[late] / ms:.2f} ms per step outside "
+            f"them against {idle.min() / ms:.2f} ms on the least idle replica, waiting on its host (input, "
+            "Python, launches): see that host's own findings."))
+    return _Late(late, "compute", f" {spent}. It arrives late because it computes "
+                                  f"{extra_work / ms:.2f} ms per step more than the least busy replica.")
 
 
 def _overlaps(busy: list[intervals.Intervals]) -> tuple[float, list[tuple[int, int, float]]]:
