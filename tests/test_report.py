@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
@@ -77,6 +79,16 @@ def test_amd_gpus_show_their_gfx_version_not_a_compute_capability(corpus):
     for text in (render_text(report, width=100), render_markdown(report)):
         assert "/device:GPU:0, gfx95x, 256 CUs," in text
         assert "cc 9.5" not in text and "SMs" not in text
+
+
+@pytest.mark.parametrize("case", ["jax-mi355x-amd", "jax-mi300x-amd", "pytorch-mi300x-ddp-resnet18"])
+def test_amd_matrix_units_are_called_matrix_cores(corpus, case):
+    """AMD's Instinct GPUs multiply matrices on Matrix Cores (MFMA); NVIDIA's Tensor Cores are not
+    theirs. Every GPU of these captures has device vendor AMD."""
+    finding = next(f for f in analyze_session(find_sessions(str(corpus / case))[0])["findings"]
+                   if f["check"] == "tensor_core")
+    assert "Matrix Core" in finding["title"] + finding["summary"]
+    assert "Tensor Core" not in finding["title"] + finding["summary"]
 
 
 def test_time_origin_is_the_capture_clock_at_the_reports_zero(tmp_path):

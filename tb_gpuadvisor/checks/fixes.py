@@ -327,8 +327,9 @@ TORCH_FULL_TRACE = Fix(
 )
 
 TORCH_WARM_CAPTURE = Fix(
-    text="Profile warmed-up steps: skip the first iterations (CUDA context, cuDNN/cuBLAS set-up, "
-         "lazily loaded kernels) and record a few ordinary ones, marking each with prof.step().",
+    text="Profile warmed-up steps: skip the first iterations (the GPU context, cuDNN/cuBLAS or "
+         "MIOpen/rocBLAS set-up, lazily loaded kernels) and record a few ordinary ones, marking each "
+         "with prof.step().",
     code="with torch.profiler.profile(\n"
          "        schedule=torch.profiler.schedule(wait=1, warmup=3, active=5),\n"
          "        on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir)) as prof:\n"

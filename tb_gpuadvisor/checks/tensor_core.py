@@ -48,6 +48,7 @@ from tb_gpuadvisor.checks.base import (
     register,
 )
 from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
+from tb_gpuadvisor.vocab import gpu
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "tensor_core"
@@ -115,6 +116,7 @@ class GpuTensorCores:
     layout_first_ps: int          # start of the first layout conversion (0 without one)
     ops: dict[str, _OffTensorCores]         # op display name -> its kernels off Tensor Cores
     misaligned: dict[str, list[int]]        # op display name -> dimensions not a multiple of 8
+    vendor: str | None = None
 
 
 @dataclass
@@ -154,7 +156,8 @@ def _measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuTensorCores:
         dev.device.name, dev.device.host, dev.device.cc_major, kernels.tensor_core_speedup(dev.device),
         int(dev.dur_ps[eligible].sum()), int(dev.dur_ps[eligible & cls.tensor_core].sum()),
         int(dev.dur_ps[missing].sum()), int(dev.dur_ps[cls.kernel & keep].sum()), int(dev.dur_ps[layout].sum()),
-        int(layout.sum()), int(dev.start_ps[np.flatnonzero(layout)[0]]) if layout.any() else 0, ops, misaligned)
+        int(layout.sum()), int(dev.start_ps[np.flatnonzero(layout)[0]]) if layout.any() else 0, ops, misaligned,
+        vendor=dev.device.vendor)
 
 
 @measurement
@@ -208,6 +211,8 @@ def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale
     """The finding from every Tensor Core GPU's eligible work; SHARED is the precision fix's
     replayed saving (the same fix for 32-bit kernels)."""
     gpus, steps = measured.gpus, measured.windows
+    units = gpu.matrix_units({g.vendor for g in gpus})        # Tensor Cores, or AMD's Matrix Cores
+    eligible_word = units[:-1].replace(" ", "-") + "-eligible"
     eligible_ps = sum(g.eligible_ps for g in gpus)
     tc_ps = sum(g.tc_ps for g in gpus)
     not_using_ps = sum(g.missing_ps for g in gpus)
@@ -249,18 +254,18 @@ def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale
     metrics["kernel_savings_ms_per_step"] = round(savings_ps / PS_PER_MS / steps, 3)
     severity = scale.gated(Severity.WARNING if missing_percent >= WARNING_AT else Severity.OK, savings)
     if severity is Severity.OK:
-        return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on Tensor Cores",
+        return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on {units}",
                        f"Matrix multiplications and convolutions spend {tc_percent:.1f}% of their GPU "
-                       "time in Tensor Core kernels.", metrics, round(savings, 3), evidence, [])
+                       f"time in {units[:-1]} kernels.", metrics, round(savings, 3), evidence, [])
     fixes = [MIXED_PRECISION, DIMS_FIX]
     if layout_ps:
         fixes.append(LAYOUT_FIX)
     if any((g.cc_major or 0) >= 8 for g in gpus):
         fixes.append(TF32_FIX)
     count = metrics["eligible_ops_not_using"]
-    summary = (f"{count} Tensor-Core-eligible op(s) (MatMul, convolution, Einsum, RNN) spend "
+    summary = (f"{count} {eligible_word} op(s) (MatMul, convolution, Einsum, RNN) spend "
                f"{missing_percent:.0f}% of their {metrics['eligible_ms_per_step']:.2f} ms per step in "
-               f"kernels that do not use Tensor Cores. Running them on Tensor Cores would shorten the "
+               f"kernels that do not use {units}. Running them on {units} would shorten the "
                f"step by about {savings:.2f} ms (replayed).")
     if shared > 0:
         summary += (" For their 32-bit kernels this is the same fix as mixed precision (the precision "
@@ -270,7 +275,7 @@ def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale
         summary += (f" Another {metrics['layout_conversion_ms_per_step']:.2f} ms per step goes to "
                     "converting tensors between NHWC and NCHW layouts.")
     return Finding(CHECK_ID, severity,
-                   f"{missing_percent:.0f}% of Tensor-Core-eligible time misses Tensor Cores",
+                   f"{missing_percent:.0f}% of {eligible_word} time misses {units}",
                    summary, metrics, round(savings, 3), evidence, fixes)
 
 

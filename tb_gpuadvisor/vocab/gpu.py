@@ -95,3 +95,9 @@ NOT_MATH_KERNEL = re.compile(
 HEAVY_KERNEL = re.compile(r"gemm|cutlass|xmma|wgmma|nvjet|Cijk|cudnn|winograd|implicit_convolve|conv[23]d|"
                           r"convolution|wgrad|dgrad|fft2d|\bdot\b|dot_fusion|gemm_fusion|matmul",
                           re.IGNORECASE)
+
+
+def matrix_units(vendors: set[str | None]) -> str:
+    """What a capture's GPUs call their matrix-multiply units: Matrix Cores on AMD, Tensor Cores
+    on NVIDIA (and whenever the vendors are mixed or unknown)."""
+    return "Matrix Cores" if vendors and all((v or "").upper() == "AMD" for v in vendors) else "Tensor Cores"
