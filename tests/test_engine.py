@@ -180,6 +180,21 @@ def test_dask_tasks_run_their_stages_on_one_thread(dask_engine):
     assert {o.value for o in dask_engine.run(stage_threads, [0.2, 0.2])} == {1}
 
 
+def test_pytorch_ranks_map_on_dask_as_on_the_local_pool(dask_engine, local, tmp_path):
+    """Issue 23: the ranks of a PyTorch session (one trace file each) go through the per-host map
+    like XPlane hosts; the Dask cluster and the local pool give the same session."""
+    from synth_kineto import kineto_trace, write_trace
+    from tb_gpuadvisor.discovery import find_sessions
+
+    for rank, kernel_us in ((0, 400.0), (1, 500.0)):
+        write_trace(tmp_path / "run" / f"rank-{rank}.pt.trace.json", kineto_trace(steps=4, kernel_us=kernel_us))
+    (ref,) = find_sessions(str(tmp_path))
+    on_dask = multihost.analyze_session(ref, dask_engine)
+    assert on_dask["framework"] == "pytorch" and on_dask["hosts"] == ["rank-0", "rank-1"]
+    assert on_dask["errors"] == []
+    assert on_dask == multihost.analyze_session(ref, local)
+
+
 def test_dask_engine_never_starts_a_scheduler(monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
