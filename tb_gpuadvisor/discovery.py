@@ -428,23 +428,28 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
     run_dir = root if run == "." else join(root, *run.split("/"))
     profile_dir = join(run_dir, *PROFILE_DIR)
     session_dir = join(profile_dir, session)
-    pytorch = _pytorch_session(fs, root, run, session, run_dir)
-    if pytorch is not None:
-        return pytorch
+    # An XPlane session folder is looked up first (the common case costs no listing of the run's
+    # folder, which on a remote store is a round trip); a PyTorch cycle is sought only without one.
     real_root = None
     if fs is None:
         real_root = os.path.realpath(root)
         real_session = os.path.realpath(session_dir)
         if os.path.commonpath([real_root, real_session]) != real_root:
             raise UnsafePathError("run/session resolves outside the logdir")
-        if not os.path.isdir(session_dir):
+        found = os.path.isdir(session_dir)
+    else:
+        with _store_errors(logdir, fs):
+            found = fs.isdir(session_dir)
+    if not found:
+        pytorch = _pytorch_session(fs, root, run, session, run_dir)
+        if pytorch is None:
             raise LookupError(f"no session {session!r} in run {run!r}")
+        return pytorch
+    if fs is None:
         ref = _listed(fs, run, session, session_dir, real_root)
         siblings = sorted(os.listdir(profile_dir))
     else:
         with _store_errors(logdir, fs):
-            if not fs.isdir(session_dir):
-                raise LookupError(f"no session {session!r} in run {run!r}")
             ref = _listed(fs, run, session, session_dir, real_root)
             siblings = sorted(posixpath.basename(p) for p in fs.ls(profile_dir, detail=False))
     if not ref.hosts and not ref.skipped:
