@@ -21,12 +21,19 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  input_us: float = 0.0, old: bool = False, device: bool = True, hip: bool = False,
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
-                 sync_us: float = 0.0) -> dict:
+                 sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
+                 memory: tuple[int, ...] = ()) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
     Python frames, as ``with_stack=True`` records them), which waits for the GPU, then SYNC_US of
-    Python in ``train.py(50): log_metrics`` while the GPU has nothing to do."""
+    Python in ``train.py(50): log_metrics`` while the GPU has nothing to do.
+    COLLECTIVES: after its kernels each step issues these (collective name as c10d writes it,
+    NCCL kernel, elements, kernel us), each as ProcessGroupNCCL does: a ``record_param_comms`` op
+    holding its args (float32, a group of 8 ranks named "0") around a ``nccl:<collective>``
+    annotation around the launch; the kernel runs on its own stream with nothing alongside.
+    MEMORY: the GPU allocator's ``[memory]`` events of each step, one per value of Total Allocated
+    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -65,6 +72,35 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
                                 "ts": op_start, "dur": t - op_start})
             corr += 1
+        for collective, kernel, elements, us in collectives:
+            comm = {"Collective name": collective, "In msg nelems": elements, "Out msg nelems": elements,
+                    "dtype": "Float", "Group size": 8, "Process Group Name": "0",
+                    "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]"}
+            step_events += [
+                {"ph": "X", "cat": cat["op"], "name": "record_param_comms", "pid": 1, "tid": 7, "ts": t,
+                 "dur": launch_us + 4, "args": comm},
+                {"ph": "X", "cat": cat["annotation"], "name": f"nccl:{collective}", "pid": 1, "tid": 7,
+                 "ts": t + 0.5, "dur": launch_us + 3},
+                {"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7, "ts": t + 1,
+                 "dur": launch_us, "args": {"correlation": corr}}]
+            if device:
+                start = max(t + launch_us + 2, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel, "pid": 0, "tid": 9,
+                                    "ts": start, "dur": us, "args": {"device": 0, "stream": 9, "correlation": corr}})
+                gpu_free = start + us
+            t += launch_us + 5
+            corr += 1
+        reserved = 0
+        for k, allocated in enumerate(memory):
+            reserved = max(reserved, allocated)
+            step_events += [{"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                             "tid": 7, "ts": step_start + k,
+                             "args": {"Total Allocated": allocated, "Total Reserved": reserved, "Bytes": 512,
+                                      "Device Type": 1, "Device Id": 0, "Addr": 1 << 40}},
+                            {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                             "tid": 7, "ts": step_start + k + 0.5,
+                             "args": {"Total Allocated": 1 << 50, "Total Reserved": 0, "Bytes": 8,
+                                      "Device Type": 0, "Device Id": -1, "Addr": 1 << 41}}]
         if sync_us and device:
             wait_end = max(t + 5, gpu_free)
             frame = {"ph": "X", "cat": "python_function", "pid": 1, "tid": 7}

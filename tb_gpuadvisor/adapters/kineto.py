@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.adapters.kineto_json import Columns, DeviceProperties, decode, inflate
+from tb_gpuadvisor.adapters.kineto_json import Columns, CommArgs, DeviceProperties, decode, inflate
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
-from tb_gpuadvisor.model.timeline import Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords
-from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.model.timeline import (
+    CollectiveCall, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, MemoryRecords,
+)
+from tb_gpuadvisor.vocab import gpu, pytorch
 from tb_gpuadvisor.xspace.reader import CaptureError, Opener, read_bytes
 
 # Peak bytes per byte of (inflated) JSON, measured by benchmarks/kineto.py: the text, the decoded
@@ -128,10 +130,25 @@ def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor
                   memory_bytes=p.total_memory if p is not None else None)
 
 
-def _empty_memory(host: str) -> MemoryRecords:
-    i64, i32 = np.empty(0, np.int64), np.empty(0, np.int32)
-    return MemoryRecords(host, i64, i32, np.empty(0, bool), i64, i64, i64, i64, i64,
-                         np.empty(0, np.float64), i32, [], [])
+def _memory(cols: Columns, host: str) -> MemoryRecords:
+    """The GPU caching allocator's [memory] events (profile_memory=True) as allocator records,
+    one allocator per GPU ("cuda:0"): bytes allocated and reserved after each event; what is
+    reserved but not allocated is the allocator's cache (its ``bytes_available``, and as a
+    share of reserved its ``fragmentation``).  Empty when the trace has none."""
+    keep = (cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0) & np.isfinite(cols.mem_ts)
+    rows = np.flatnonzero(keep)
+    rows = rows[np.argsort(cols.mem_ts[rows], kind="stable")]
+    device = cols.mem_device[rows]
+    used, allocator = _renumber(device)
+    allocated = np.maximum(cols.mem_allocated[rows], 0)
+    reserved = np.maximum(cols.mem_reserved[rows], allocated)
+    first = float(cols.ts.min())
+    time_ps = np.rint((cols.mem_ts[rows] - first) * 1e6).astype(np.int64)
+    cached = reserved - allocated
+    fragmentation = np.divide(cached, reserved, out=np.zeros(rows.size), where=reserved > 0)
+    return MemoryRecords(host, time_ps, allocator.astype(np.int32), cols.mem_bytes[rows] > 0, allocated, allocated,
+                         reserved, cached, np.abs(cols.mem_bytes[rows]), fragmentation,
+                         np.full(rows.size, -1, np.int32), [pytorch.allocator_name(d) for d in used.tolist()], [])
 
 
 def build(cols: Columns, host: str) -> HostCapture:
@@ -190,14 +207,86 @@ def build(cols: Columns, host: str) -> HostCapture:
 
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
-    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names)
+    scopes = _CollectiveScopes(cols, host_rows, host_tid, start, dur, kind, name, name_list)
+    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names,
+                       scopes)
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
-    return HostCapture(host, activity, _empty_memory(host), devices, None, [], warnings, origin_ns,
+    return HostCapture(host, activity, _memory(cols, host), devices, None, [], warnings, origin_ns,
                        _sampled(correlation[host_rows[runtime]]))
+
+
+class _CollectiveScopes:
+    """What the host says of each collective kernel: the ``nccl:<collective>`` annotation and the
+    ``record_param_comms`` op (its args) around the call that launched it, on the same thread."""
+
+    def __init__(self, cols: Columns, host_rows: np.ndarray, host_tid: np.ndarray, start: np.ndarray,
+                 dur: np.ndarray, kind: np.ndarray, name: np.ndarray, name_list: list[str]) -> None:
+        self.comms, self.correlation = cols.comms, cols.correlation
+        launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
+        corr = cols.correlation[host_rows[launches]]
+        order = np.argsort(corr, kind="stable")
+        self.launch_corr, self.launch_at = corr[order], host_rows[launches[order]]
+        self.tid = np.full(start.size, -1, np.int64)
+        self.tid[host_rows] = host_tid
+        self.start, self.end = start, start + dur
+        labels = {i: pytorch.collective_scope(n) for i, n in enumerate(name_list)
+                  if n == pytorch.COLLECTIVE_ARGS_OP or n.startswith("nccl:")}
+        rows = host_rows[np.isin(name[host_rows], np.fromiter(labels, np.int64, len(labels)))]
+        self.annotations = self._by_thread(rows[[labels[i] is not None for i in name[rows].tolist()]])
+        self.arg_ops = self._by_thread(rows[[labels[i] is None and r in self.comms
+                                             for i, r in zip(name[rows].tolist(), rows.tolist())]])
+        self.names = {r: labels[i] for r, i in zip(rows.tolist(), name[rows].tolist())}
+
+    def _by_thread(self, rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Thread -> (its ROWS by start, their starts)."""
+        out = {}
+        for thread in np.unique(self.tid[rows]).tolist():
+            mine = rows[self.tid[rows] == thread]
+            mine = mine[np.argsort(self.start[mine], kind="stable")]
+            out[thread] = (mine, self.start[mine])
+        return out
+
+    def _around(self, scopes: dict, row: int) -> int | None:
+        """The last scope of ROW's thread that starts before ROW and ends after it."""
+        found = scopes.get(int(self.tid[row]))
+        if found is None:
+            return None
+        rows, starts = found
+        i = int(np.searchsorted(starts, self.start[row], "right")) - 1
+        return int(rows[i]) if i >= 0 and self.end[rows[i]] >= self.end[row] else None
+
+    def call(self, row: int, kernel: str) -> tuple[CollectiveCall, int]:
+        """(the collective kernel ROW's kind and group, its message bytes or 0 when unknown)."""
+        launch, corr = None, int(self.correlation[row])
+        at = int(np.searchsorted(self.launch_corr, corr))
+        if corr >= 0 and at < self.launch_corr.size and self.launch_corr[at] == corr:
+            launch = int(self.launch_at[at])
+        args = self.comms.get(row)
+        if args is None and launch is not None:
+            op = self._around(self.arg_ops, launch)
+            args = self.comms.get(op) if op is not None else None
+        scope = self._around(self.annotations, launch) if launch is not None else None
+        kind = next((k for k in (gpu.collective_kind(n) for n in (args and args.collective,
+                     scope is not None and self.names[scope], kernel) if n) if k != "other"), "other")
+        return CollectiveCall(kind, args.group_size if args else None, _group(args)), _message_bytes(args)
+
+
+def _group(args: CommArgs | None) -> str | None:
+    if args is None or (args.group_name is None and args.group_ranks is None):
+        return None
+    return " ".join(part for part in (args.group_name and f"group {args.group_name}", args.group_ranks) if part)
+
+
+def _message_bytes(args: CommArgs | None) -> int:
+    """A call's bytes: its larger message (the gathered output, the scattered input) times the
+    element size; 0 when the trace does not record them."""
+    size = pytorch.DTYPE_BYTES.get(args.dtype or "") if args is not None else None
+    elements = max(args.in_nelems or 0, args.out_nelems or 0) if args is not None else 0
+    return elements * size if size else 0
 
 
 def _sampled(ids: np.ndarray) -> str | None:
@@ -216,7 +305,7 @@ def _sampled(ids: np.ndarray) -> str | None:
 
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
              correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
-             name_list: list[str], cat_names: list[str]) -> list[DeviceActivity]:
+             name_list: list[str], cat_names: list[str], scopes: _CollectiveScopes) -> list[DeviceActivity]:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
     every call of that op at once; the host table holds each op call."""
@@ -229,12 +318,19 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         names, name_idx = _subset(name[sel], name_list)
         used, stream_idx = _renumber(cols.stream[sel])
         streams = [f"Stream #{s}" for s in used.tolist()]
+        kind = _kinds(key[sel], cat_names, name_list, pytorch.device_event_kind)
+        nbytes = np.maximum(cols.nbytes[sel], 0)
+        calls: dict[CollectiveCall, int] = {}
+        collective = np.full(sel.size, -1, np.int32)
+        for i in np.flatnonzero(kind == DeviceEventKind.COLLECTIVE).tolist():
+            call, nbytes[i] = scopes.call(int(sel[i]), names[name_idx[i]])
+            collective[i] = calls.setdefault(call, len(calls))
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
-            kind=_kinds(key[sel], cat_names, name_list, pytorch.device_event_kind),
-            stream=stream_idx,
+            kind=kind, stream=stream_idx,
             name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel],
-            group_id=np.full(sel.size, -1, np.int64), nbytes=np.maximum(cols.nbytes[sel], 0),
+            group_id=np.full(sel.size, -1, np.int64), nbytes=nbytes,
             details=np.full(sel.size, -1, np.int32), names=names, ops=[], streams=streams,
-            detail_strings=[], step=np.full(sel.size, -1, np.int32)))
+            detail_strings=[], step=np.full(sel.size, -1, np.int32),
+            collective=collective if calls else np.empty(0, np.int32), collectives=list(calls)))
     return out

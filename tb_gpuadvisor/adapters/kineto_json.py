@@ -70,6 +70,20 @@ class DeviceProperties:
     sms: int | None = None
 
 
+@dataclass(frozen=True)
+class CommArgs:
+    """What a collective's event records of it (``record_param_comms`` ops and, in newer
+    versions, the NCCL kernels themselves); None where the trace does not say."""
+
+    collective: str | None = None       # "allreduce", "_allgather_base", ...
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    dtype: str | None = None            # "Float", "BFloat16", ...
+    group_size: int | None = None
+    group_name: str | None = None       # the process group's name ("0", "3")
+    group_ranks: str | None = None      # "[0, 1, 2, 3]"
+
+
 _NO_FLOATS = np.empty(0, np.float64)
 _NO_INTS = np.empty(0, np.int64)
 
@@ -88,6 +102,14 @@ class Columns:
     device: np.ndarray = field(default_factory=lambda: _NO_INTS)
     stream: np.ndarray = field(default_factory=lambda: _NO_INTS)
     nbytes: np.ndarray = field(default_factory=lambda: _NO_INTS)
+    comms: dict[int, CommArgs] = field(default_factory=dict)            # X event row -> its collective's args
+    # The allocator's ``[memory]`` instant events (profile_memory=True), in file order.
+    mem_ts: np.ndarray = field(default_factory=lambda: _NO_FLOATS)
+    mem_allocated: np.ndarray = field(default_factory=lambda: _NO_INTS)   # Total Allocated after the event
+    mem_reserved: np.ndarray = field(default_factory=lambda: _NO_INTS)    # Total Reserved
+    mem_bytes: np.ndarray = field(default_factory=lambda: _NO_INTS)       # Bytes: > 0 allocated, < 0 freed
+    mem_device_type: np.ndarray = field(default_factory=lambda: _NO_INTS)  # c10 DeviceType (0 CPU, 1 CUDA)
+    mem_device: np.ndarray = field(default_factory=lambda: _NO_INTS)      # Device Id (-1: the host)
     threads: dict[tuple[Any, Any], str] = field(default_factory=dict)    # (pid, tid) -> thread_name
     devices: list[DeviceProperties] = field(default_factory=list)
     base_ns: int = 0            # baseTimeNanoseconds: ts counts microseconds from it
@@ -120,6 +142,30 @@ def _ints(values: list) -> np.ndarray:
                            "the trace is corrupt") from None
 
 
+def _count(value) -> int | None:
+    """A whole non-negative count, or None (absent, text, or out of range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1 << 62:
+        return None
+    return int(value)
+
+
+def _text(value) -> str | None:
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
+
+
+def _comm(collective, in_nelems, out_nelems, dtype, group_size, group_name, group_ranks) -> CommArgs:
+    """One event's collective args, each coerced the same way whichever decoder read them."""
+    return CommArgs(_text(collective), _count(in_nelems), _count(out_nelems), _text(dtype), _count(group_size),
+                    _text(group_name), _text(group_ranks) if not isinstance(group_ranks, list) else
+                    str(group_ranks))
+
+
+_MEMORY_EVENT = "[memory]"
+_COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+              "Process Group Name", "Process Group Ranks")
+_MEMORY_ARGS = ("Total Allocated", "Total Reserved", "Bytes", "Device Type", "Device Id")
+
+
 if msgspec is not None:
     _Id = Union[int, str, None]
     _Num = Union[int, float, None]
@@ -131,6 +177,20 @@ if msgspec is not None:
         stream: _Arg = -1
         bytes: _Arg = -1
         name: Union[str, None] = None          # thread_name / process_name metadata
+        # A collective's args (record_param_comms, NCCL kernels): only events that have them pay.
+        collective: Union[str, None] = msgspec.field(default=None, name="Collective name")
+        in_nelems: _Arg = msgspec.field(default=-1, name="In msg nelems")
+        out_nelems: _Arg = msgspec.field(default=-1, name="Out msg nelems")
+        dtype: Union[str, None] = None
+        group_size: _Arg = msgspec.field(default=-1, name="Group size")
+        group_name: Union[_Arg, None] = msgspec.field(default=None, name="Process Group Name")
+        group_ranks: Union[str, list[int], None] = msgspec.field(default=None, name="Process Group Ranks")
+        # The allocator's [memory] events.
+        allocated: _Arg = msgspec.field(default=-1, name="Total Allocated")
+        reserved: _Arg = msgspec.field(default=-1, name="Total Reserved")
+        mem_bytes: _Arg = msgspec.field(default=0, name="Bytes")
+        device_type: _Arg = msgspec.field(default=-1, name="Device Type")
+        device_id: _Arg = msgspec.field(default=-1, name="Device Id")
 
     class _Event(msgspec.Struct, gc=False):
         ph: str = ""
@@ -190,7 +250,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     """Columns of DOCUMENTS decoded one after another: the Python objects of one are dropped
     before the next is decoded, so a large trace never holds them all at once."""
     cols = Columns()
-    name, cat, tid, numbers = [], [], [], []
+    name, cat, tid, numbers, memory = [], [], [], [], []
     headers, same = [], {}
     for kind, document in documents:
         if kind == "trace":
@@ -207,9 +267,15 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
                 complete.append(event)
             elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
                 cols.threads[(event.pid, event.tid)] = event.args.name
+            elif event.ph == "i" and event.name == _MEMORY_EVENT and event.ts is not None and event.args is not None:
+                memory.append((event.ts, event.args))
         del events[:]
         empty = _Args()
         args = [e.args or empty for e in complete]
+        for i in [i for i, a in enumerate(args) if a.collective is not None or a.in_nelems != -1]:
+            a = args[i]
+            cols.comms[len(name) + i] = _comm(a.collective, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
+                                              a.group_name, a.group_ranks)
         # One string (or id) object per distinct value: the per-event copies the decoder made
         # are freed with their events, so the next run's events are packed into whole freed
         # memory instead of the gaps between survivors (a third of the time on 1 GB).
@@ -224,6 +290,8 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     if numbers:
         cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
             np.concatenate(column) for column in zip(*numbers))
+    _memory_columns(cols, [t for t, _ in memory],
+                    [[a.allocated, a.reserved, a.mem_bytes, a.device_type, a.device_id] for _, a in memory])
     base = next((h.baseTimeNanoseconds for h in headers if h.baseTimeNanoseconds is not None), None)
     props = next((h.deviceProperties for h in headers if h.deviceProperties is not None), None)
     cols.base_ns = _base_ns(base)
@@ -231,6 +299,17 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
                                      _int(p.computeMinor), _int(p.numSms))
                     for p in props or []]
     return cols
+
+
+def _memory_columns(cols: Columns, times: list, values: list[list]) -> None:
+    """The [memory] events' columns from their times and (allocated, reserved, bytes, device
+    type, device id) rows."""
+    if not times:
+        return
+    cols.mem_ts = _floats(times)
+    table = _ints([v for row in values for v in row]).reshape(len(values), len(_MEMORY_ARGS))
+    (cols.mem_allocated, cols.mem_reserved, cols.mem_bytes, cols.mem_device_type,
+     cols.mem_device) = (np.ascontiguousarray(table[:, i]) for i in range(len(_MEMORY_ARGS)))
 
 
 # Between two elements of the traceEvents array: the end of one object and the start of the next.
@@ -279,13 +358,16 @@ def _from_dicts(trace) -> Columns:
         raise CaptureError("this JSON is not a Chrome trace (no traceEvents list)")
     events = trace.get("traceEvents", [])
     cols = Columns(base_ns=_base_ns(trace.get("baseTimeNanoseconds")), events=len(events))
-    complete = []
+    complete, memory = [], []
     for event in events:
         if not isinstance(event, dict):
             raise CaptureError("a traceEvents entry is not an object; this is not a Chrome trace")
         ph = event.get("ph")
         if ph == "X" and isinstance(event.get("ts"), (int, float)):
             complete.append(event)
+        elif (ph == "i" and event.get("name") == _MEMORY_EVENT and isinstance(event.get("ts"), (int, float))
+              and isinstance(event.get("args"), dict)):
+            memory.append(event)
         elif ph == "M" and event.get("name") == "thread_name" and isinstance(event.get("args"), dict):
             if event["args"].get("name"):
                 cols.threads[(event.get("pid"), event.get("tid"))] = str(event["args"]["name"])
@@ -300,6 +382,12 @@ def _from_dicts(trace) -> Columns:
     for column in ("correlation", "device", "stream", "bytes"):
         values = _ints([-1 if number(a, column) is None else number(a, column) for a in args])
         setattr(cols, "nbytes" if column == "bytes" else column, values)
+    cols.comms = {i: _comm(*(a.get(key) for key in _COMM_ARGS)) for i, a in enumerate(args)
+                  if a.get("Collective name") is not None or a.get("In msg nelems") is not None}
+    defaults = (-1, -1, 0, -1, -1)
+    _memory_columns(cols, [e["ts"] for e in memory],
+                    [[e["args"].get(key, default) for key, default in zip(_MEMORY_ARGS, defaults)]
+                     for e in memory])
     props = trace.get("deviceProperties")
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict):

@@ -30,7 +30,7 @@ transfer time above 5% of the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -51,6 +51,15 @@ ASSUMED_LINK_BYTES_PER_S = 50e9
 ACCEPTABLE_FRACTION = 0.05     # exposed collective time treated as the unavoidable cost
 BYTES_PER_GRADIENT = 4
 TOP = 5
+ALL_REDUCE = "all-reduce"
+# Bus bandwidth per algorithm bandwidth of a collective over n ranks (the NCCL tests' factors): an
+# all-reduce moves each byte out and back, the others each byte once, to the n-1 other ranks.
+BUS_FACTOR = {ALL_REDUCE: lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+              "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n}
+# The torch remedy for a kind of collective that is exposed, in the order the evidence ranks them.
+TORCH_REMEDY = {ALL_REDUCE: fixes.TORCH_DDP_BUCKETS, "all-to-all": fixes.TORCH_OVERLAP_ALL_TO_ALL,
+                "send/recv": fixes.TORCH_OVERLAP_ALL_TO_ALL, "all-gather": fixes.TORCH_FSDP_PREFETCH,
+                "reduce-scatter": fixes.TORCH_FSDP_PREFETCH}
 
 FIXES = [
     Remedy("Increase the per-replica batch: the AllReduce cost per step stays the same while each "
@@ -78,6 +87,21 @@ FIXES = [
 
 
 @dataclass
+class KindCollectives:
+    """One kind of collective on one GPU, where the trace names each call's kind (PyTorch)."""
+
+    kind: str                 # "all-reduce", "all-to-all", ... (vocab/gpu.py)
+    calls: int
+    ps: int                   # busy time of its kernels
+    exposed_ps: int           # of which not overlapped by the GPU's compute
+    sized_calls: int          # calls whose message bytes the trace records
+    sized_ps: int
+    bytes: int                # over the sized calls
+    group_size: int | None
+    group: str | None
+
+
+@dataclass
 class GpuCollectives:
     """One GPU's collective work inside the steps (times in ps, totals over all steps), small
     enough to travel from a host's analysis to the merge of a many-host session."""
@@ -92,6 +116,7 @@ class GpuCollectives:
     allreduce_ps: int
     top: list[tuple[str, int, int]]                   # (kernel, ps, calls) of the longest-running kinds
     longest: tuple[str, int, int, int] | None        # (kernel, ps, start_ps, end_ps) of the longest call
+    kinds: list[KindCollectives] = field(default_factory=list)   # most exposed first; empty unless named
 
 
 @dataclass
@@ -135,7 +160,12 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
     compute = cls.kernel & keep
     allreduce = cls.allreduce & keep
     coll_busy = intervals.union(dev.start_ps[coll], dev.end_ps[coll])
-    exposed = intervals.subtract(coll_busy, intervals.union(dev.start_ps[compute], dev.end_ps[compute]))
+    compute_busy = intervals.union(dev.start_ps[compute], dev.end_ps[compute])
+    exposed = intervals.subtract(coll_busy, compute_busy)
+    kinds = _by_kind(dev, coll, compute_busy) if dev.collective.size else []
+    if kinds:       # the trace names each call's kind: an all-reduce is one whatever its kernel is called
+        ids = [i for i, call in enumerate(dev.collectives) if call.kind == ALL_REDUCE]
+        allreduce = coll & np.isin(dev.collective, ids)
     top = [(dev.names[name_idx], int(dur), int(count))
            for name_idx, dur, count in kernels.top_by_time(dev.name[coll], dev.dur_ps[coll], TOP)]
     longest = None
@@ -144,7 +174,26 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
         longest = (dev.names[dev.name[i]], int(dev.dur_ps[i]), int(dev.start_ps[i]), int(dev.end_ps[i]))
     return GpuCollectives(kernels.device_label(model, dev), dev.device.name, dev.device.host, intervals.total(coll_busy),
                           intervals.total(exposed), int(allreduce.sum()), int(coll.sum()),
-                          int(dev.dur_ps[allreduce].sum()), top, longest)
+                          int(dev.dur_ps[allreduce].sum()), top, longest, kinds)
+
+
+def _by_kind(dev: DeviceActivity, coll: np.ndarray, compute_busy: np.ndarray) -> list[KindCollectives]:
+    """DEV's collective kernels (COLL) per kind of call, the most exposed first."""
+    out = []
+    calls = dev.collectives
+    for kind in dict.fromkeys(call.kind for call in calls):
+        ids = [i for i, call in enumerate(calls) if call.kind == kind]
+        rows = coll & np.isin(dev.collective, ids)
+        if not rows.any():
+            continue
+        busy = intervals.union(dev.start_ps[rows], dev.end_ps[rows])
+        sized = rows & (dev.nbytes > 0)
+        group = next((calls[i] for i in ids if calls[i].group_size or calls[i].group), None)
+        out.append(KindCollectives(kind, int(rows.sum()), intervals.total(busy),
+                                   intervals.total(intervals.subtract(busy, compute_busy)), int(sized.sum()),
+                                   int(dev.dur_ps[sized].sum()), int(dev.nbytes[sized].sum()),
+                                   group.group_size if group else None, group.group if group else None))
+    return sorted(out, key=lambda k: (-k.exposed_ps, -k.ps))
 
 
 def replica_parts_ms(analysis: Analysis) -> tuple[float, float]:
@@ -232,17 +281,82 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
         expectation = ("The capture does not record the model's parameter count (variables are created "
                        "before profiling starts), so the AllReduce time cannot be compared with "
                        "parameters x 4 bytes / bandwidth.")
+    kinds = _kinds_per_step(rows, steps)
+    remedies = FIXES
+    if kinds:
+        metrics.update((f"{_slug(k['kind'])}_{key}", value) for k in kinds for key, value in k.items()
+                       if key not in ("kind", "group"))
+        calls_text = ", ".join(f"{k['calls_per_step']:.1f} {k['kind']}" for k in kinds)
+        expectation = " ".join(_kind_text(k) for k in kinds)
+        if not any("bytes_per_call" in k for k in kinds):
+            expectation += (" The trace does not record the calls' message sizes, so their bandwidth "
+                            "cannot be measured.")
+        remedies = []
+        for fix in [TORCH_REMEDY[k["kind"]] for k in kinds if k["kind"] in TORCH_REMEDY] + [fixes.TORCH_LARGER_BATCH]:
+            if fix not in remedies:
+                remedies.append(fix)
+    else:
+        calls_text = f"{calls:.1f} AllReduce"
     evidence = _evidence(rows, steps)
     severity = scale.gated(Severity.WARNING if percent >= WARNING_AT else Severity.OK, savings)
     summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
-               f"hidden behind compute), with {calls:.1f} AllReduce call(s) per step per GPU. {expectation}")
+               f"hidden behind compute), with {calls_text} call(s) per step per GPU. {expectation}")
     if waiting_ms > 0.1 * (transfer_ms + waiting_ms):
         summary += (f" Of the collective time, {waiting_ms:.2f} ms per step (mean per GPU) is replicas waiting "
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
              else f"Collectives take {percent:.1f}% of each step")
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
-                   FIXES if severity is Severity.WARNING else [])
+                   remedies if severity is Severity.WARNING else [])
+
+
+def _slug(kind: str) -> str:
+    return kind.replace("-", "_").replace("/", "_")
+
+
+def _kinds_per_step(rows: list[GpuCollectives], steps: int) -> list[dict]:
+    """Per kind of collective, over the GPUs that ran it: calls and ms per step (mean per GPU), ms
+    not overlapped, and where the trace records sizes bytes per call, effective bandwidth (message
+    bytes / kernel time) and, with the group's size, bus bandwidth; the most exposed kind first."""
+    by_kind: dict[str, list[KindCollectives]] = {}
+    for row in rows:
+        for k in row.kinds:
+            by_kind.setdefault(k.kind, []).append(k)
+    out = []
+    for kind, parts in by_kind.items():
+        n = len(parts)
+        entry = {"kind": kind, "calls_per_step": round(sum(p.calls for p in parts) / n / steps, 2),
+                 "ms_per_step": round(sum(p.ps for p in parts) / n / steps / PS_PER_MS, 3),
+                 "exposed_ms_per_step": round(sum(p.exposed_ps for p in parts) / n / steps / PS_PER_MS, 3)}
+        sized_calls, sized_ps = sum(p.sized_calls for p in parts), sum(p.sized_ps for p in parts)
+        if sized_calls and sized_ps:
+            nbytes = sum(p.bytes for p in parts)
+            entry["bytes_per_call"] = nbytes // sized_calls
+            entry["gb_per_s"] = round(nbytes / (sized_ps / 1e12) / 1e9, 2)
+            size = next((p.group_size for p in parts if p.group_size), None)
+            if size and size > 1 and kind in BUS_FACTOR:
+                entry["bus_gb_per_s"] = round(entry["gb_per_s"] * BUS_FACTOR[kind](size), 2)
+        size = next((p.group_size for p in parts if p.group_size), None)
+        if size:
+            entry["group_size"] = size
+        group = next((p.group for p in parts if p.group), None)
+        if group:
+            entry["group"] = group
+        out.append(entry)
+    return sorted(out, key=lambda e: (-e["exposed_ms_per_step"], -e["ms_per_step"]))
+
+
+def _kind_text(k: dict) -> str:
+    """One kind's sentence: its time per step, how much of it is exposed, its size and group."""
+    text = (f"{k['kind'].capitalize()}: {k['calls_per_step']:.1f} call(s), {k['ms_per_step']:.2f} ms per step, "
+            f"{k['exposed_ms_per_step']:.2f} ms of it not overlapped with compute")
+    if "bytes_per_call" in k:
+        text += (f"; {k['bytes_per_call'] / 2**20:.2f} MiB per call at {k['gb_per_s']:.1f} GB/s effective "
+                 "(message bytes / kernel time" + (f", bus bandwidth {k['bus_gb_per_s']:.1f} GB/s)"
+                                                    if "bus_gb_per_s" in k else ")"))
+    if "group_size" in k or "group" in k:
+        text += f"; a group of {k.get('group_size', '?')} ranks" + (f" ({k['group']})" if "group" in k else "")
+    return text + "."
 
 
 def _evidence(rows: list[GpuCollectives], steps: int) -> list[Evidence]:
@@ -250,9 +364,10 @@ def _evidence(rows: list[GpuCollectives], steps: int) -> list[Evidence]:
     out = []
     longest = None
     for row in rows:
+        kinds = (", ".join(f"{k.calls / steps:.1f} {k.kind}" for k in row.kinds) if row.kinds
+                 else f"{row.allreduce_calls / steps:.1f} AllReduce")
         out.append(Evidence("device", row.label, round(row.busy_ps / steps / PS_PER_MS, 3), "ms/step",
-                            detail=f"{row.calls / steps:.1f} collective call(s) per step, "
-                                   f"{row.allreduce_calls / steps:.1f} AllReduce; "
+                            detail=f"{row.calls / steps:.1f} collective call(s) per step, {kinds}; "
                                    f"{row.exposed_ps / steps / PS_PER_MS:.3f} ms not overlapped with compute",
                             device=row.device, host=row.host))
         if row.longest is not None and (longest is None or row.longest[1] > longest[1].longest[1]):

@@ -302,6 +302,51 @@ TORCH_DDP_BUCKETS = Fix(
     doc=TORCH_DDP_DOC,
 )
 
+TORCH_OVERLAP_ALL_TO_ALL = Fix(
+    text="Overlap the all-to-all with compute that does not need its result: issue it with "
+         "async_op=True (it runs on NCCL's own stream) and wait only where its output is used.",
+    code="work = torch.distributed.all_to_all_single(out, inp, async_op=True)  # returns at once\n"
+         "shared = shared_expert(x)        # independent compute runs meanwhile\n"
+         "work.wait()                      # block only here, where `out` is read\n"
+         "y = experts(out) + shared",
+    doc="https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_to_all_single",
+)
+
+TORCH_FSDP_PREFETCH = Fix(
+    text="Where FSDP issues these all-gathers and reduce-scatters, let it gather the next layer's "
+         "parameters while the current one computes (forward and backward prefetch), so they hide "
+         "behind compute.",
+    code="from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP\n"
+         "model = FSDP(model, forward_prefetch=True,\n"
+         "             backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)",
+    doc="https://pytorch.org/docs/stable/fsdp.html",
+)
+
+TORCH_MEMORY_HEADROOM = Fix(
+    text="Lower peak GPU memory: recompute activations in the backward pass (activation "
+         "checkpointing), keep them in 16-bit under autocast, or use a smaller batch; let the caching "
+         "allocator grow its segments instead of splitting new ones, which leaves less reserved but "
+         "unusable memory.",
+    code="# before the process starts:  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+         "from torch.utils.checkpoint import checkpoint\n"
+         "h = checkpoint(block, h, use_reentrant=False)   # block's activations recomputed in backward\n"
+         "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
+         "    loss = loss_fn(model(x), y)\n"
+         "print(torch.cuda.max_memory_allocated() / 2**30, \"GiB peak\")",
+    doc="https://pytorch.org/docs/stable/notes/cuda.html#memory-management",
+)
+
+TORCH_MEMORY_LARGER_BATCH = Fix(
+    text="Raise the batch size until torch.cuda.max_memory_allocated() approaches ~80% of the GPU; "
+         "scale the learning rate with it.",
+    code="loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, num_workers=8, pin_memory=True)\n"
+         "optimizer = torch.optim.AdamW(model.parameters(), lr=2 * lr)\n"
+         "torch.cuda.reset_peak_memory_stats()\n"
+         "train_step(*next(iter(loader)))\n"
+         "print(torch.cuda.max_memory_allocated() / torch.cuda.get_device_properties(0).total_memory)",
+    doc=TORCH_TUNING_GUIDE,
+)
+
 TORCH_EVAL_MODE = Fix(
     text="Switch the model to eval mode before inference (dropout off, batch norm on its running "
          "statistics) and run it under inference_mode; switch back with model.train() to train.",

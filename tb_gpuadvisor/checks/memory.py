@@ -31,9 +31,11 @@ import numpy as np
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
-    GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE, Remedy,
+    GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE,
+    TORCH_MEMORY_HEADROOM, TORCH_MEMORY_LARGER_BATCH, Remedy,
 )
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "memory"
 WARNING_AT = 90.0
@@ -69,7 +71,7 @@ NEAR_FULL_FIX = Remedy(
         "or use a smaller batch.",
         "train_step = jax.jit(train_step, donate_argnums=(0, 1))   # params, opt_state updated in place\n"
         "x = x.astype(jnp.bfloat16)",
-        JAX_DONATION_GUIDE))
+        JAX_DONATION_GUIDE), pytorch=TORCH_MEMORY_HEADROOM)
 LARGER_BATCH_FIX = Remedy(
     "Raise the batch size until peak memory approaches ~80% of the GPU; scale the learning "
     "rate with it.",
@@ -79,7 +81,7 @@ LARGER_BATCH_FIX = Remedy(
         "Raise the batch size until peak memory approaches ~80% of the device; scale the learning "
         "rate with it.",
         "batch_size *= 2\nlearning_rate *= 2",
-        JAX_GPU_TIPS))
+        JAX_GPU_TIPS), pytorch=TORCH_MEMORY_LARGER_BATCH)
 
 
 @dataclass
@@ -91,10 +93,15 @@ class AllocatorPeak:
     fragmentation: float      # at the record with the most bytes allocated
     limit: int                # bytes allocated + bytes available (what the allocator may use)
     peak_ms: float
+    reserved: int = 0         # the most the allocator held at once (PyTorch's caching allocator: reserved)
 
     @property
     def percent(self) -> float:
         return 100.0 * self.peak / self.capacity
+
+    @property
+    def reserved_percent(self) -> float:
+        return 100.0 * self.reserved / self.capacity
 
 
 def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
@@ -105,7 +112,8 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
         mem = host.memory
         gpus = {dev.device.index: dev.device for dev in host.devices if dev.device.kind == "gpu"}
         for index, name in enumerate(mem.allocators):
-            device = gpus.get(classify.gpu_allocator_index(name))
+            index_of = classify.gpu_allocator_index(name)
+            device = gpus.get(pytorch.gpu_allocator_index(name) if index_of is None else index_of)
             rows = np.flatnonzero(mem.allocator == index)
             if device is None or not device.memory_bytes or rows.size == 0:
                 continue
@@ -115,7 +123,7 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
                 host.name, device.name, int(device.memory_bytes), peak,
                 float(mem.fragmentation[at_max]),
                 int(mem.bytes_allocated[at_max] + mem.bytes_available[at_max]),
-                float(analysis.to_ms(float(mem.time_ps[at_max])))))
+                float(analysis.to_ms(float(mem.time_ps[at_max]))), int(mem.bytes_reserved[rows].max())))
     return out
 
 
@@ -131,6 +139,8 @@ def check(analysis: Analysis) -> Finding:
                        + ("" if analysis.model.framework in ("jax", "pytorch") else
                           " TensorFlow records them when the profiler's memory tracking is on "
                           "(the default for tf.profiler captures of GPU runs)."))
+    if analysis.model.framework == "pytorch":
+        return _torch_finding(peaks)
     worst = max(peaks, key=lambda p: p.percent)
     claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]
     metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
@@ -164,3 +174,34 @@ def check(analysis: Analysis) -> Finding:
     return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
                    f"{where}: neither close to running out nor mostly unused." + reserve_note,
                    metrics, 0.0, evidence, [GROWTH_FIX] if claims_all else [])
+
+
+def _torch_finding(peaks: list[AllocatorPeak]) -> Finding:
+    """The finding in PyTorch's words: what the caching allocator allocated (the peak of
+    torch.cuda.max_memory_allocated()) and reserved on each GPU, against the GPU's memory;
+    the warning counts reserved memory, which is what runs out."""
+    worst = max(peaks, key=lambda p: max(p.percent, p.reserved_percent))
+    used = max(worst.percent, worst.reserved_percent)
+    metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
+               "reserved_percent": round(worst.reserved_percent, 2), "reserved_gib": round(worst.reserved / GIB, 3),
+               "capacity_gib": round(worst.capacity / GIB, 3),
+               "cached_percent": round(100.0 * worst.fragmentation, 2)}
+    evidence = [Evidence("device", p.device, round(p.percent, 1), "% of memory",
+                         detail=f"peak {p.peak / GIB:.2f} GiB allocated, {p.reserved / GIB:.2f} GiB reserved by "
+                                f"the caching allocator, of {p.capacity / GIB:.2f} GiB; at the allocated peak "
+                                f"{100.0 * p.fragmentation:.1f}% of what it reserved was cached, not allocated",
+                         device=p.device, host=p.host, start_ms=round(p.peak_ms, 3), tool="memory_profile")
+                for p in sorted(peaks, key=lambda p: -max(p.percent, p.reserved_percent))]
+    where = (f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB allocated (torch.cuda.max_memory_allocated()) "
+             f"and {worst.reserved / GIB:.2f} GiB reserved by PyTorch's caching allocator, of "
+             f"{worst.capacity / GIB:.2f} GiB ({worst.percent:.0f}% / {worst.reserved_percent:.0f}%)")
+    if used >= WARNING_AT:
+        return Finding(CHECK_ID, Severity.WARNING, f"GPU memory peaks at {used:.0f}% of capacity",
+                       f"{where}: a larger batch or model will run out of memory (CUDA out of memory).",
+                       metrics, 0.0, evidence, [TORCH_MEMORY_HEADROOM])
+    if used < LOW_BELOW:
+        return Finding(CHECK_ID, Severity.INFO, f"GPU memory peaks at only {used:.0f}%: room for a larger batch",
+                       f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
+                       "overheads over more examples.", metrics, 0.0, evidence, [TORCH_MEMORY_LARGER_BATCH])
+    return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {used:.0f}% of capacity",
+                   f"{where}: neither close to running out nor mostly unused.", metrics, 0.0, evidence, [])

@@ -88,6 +88,16 @@ class Device:
         return out
 
 
+@dataclass(frozen=True)
+class CollectiveCall:
+    """What a trace records of one kind of collective call: its kind ("all-reduce",
+    "all-to-all", ...) and process group (None where the trace does not say)."""
+
+    kind: str
+    group_size: int | None = None
+    group: str | None = None        # the group's name and ranks, as the trace writes them
+
+
 class _EventColumns:
     """What device and host event tables share: start/duration/kind columns."""
 
@@ -136,6 +146,9 @@ class DeviceActivity(_EventColumns):
                          in the model as built: trust's view of it (``with_steps``) fills it
       hlo_op, hlo_module, source  int32, indices into ``hlo_ops``/``hlo_modules``/``sources``
                          (XLA instruction, XLA module, JAX source op), -1 if absent (see vocab/hlo.py)
+      collective         int32, index into ``collectives`` (the call's kind and group) for a
+                         collective whose trace names it (PyTorch), -1 otherwise; empty when none
+                         does.  Its ``nbytes`` are the call's message bytes when recorded.
     """
 
     device: Device
@@ -160,6 +173,8 @@ class DeviceActivity(_EventColumns):
     hlo_ops: list[str] = field(default_factory=list)
     hlo_modules: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    collective: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    collectives: list[CollectiveCall] = field(default_factory=list)
     # Values analyses derive from these columns, kept with the table they describe; never from
     # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)

@@ -43,6 +43,25 @@ COLLECTIVE_KERNEL = re.compile(
 # AllReduce kernels; NCCL's generic kernels ("ncclKernel_..."/"ncclDevKernel_...") name the
 # collective in their template arguments.
 ALLREDUCE_KERNEL = re.compile(r"all[-_]?reduce", re.IGNORECASE)
+# The kind of a collective, from its kernel's name (ncclDevKernel_AllReduce_Sum_f32_RING_LL,
+# ncclKernel_AllToAll..., ncclDevKernel_SendRecv, RCCL's the same) or the name its framework
+# gives the call (allreduce, _allgather_base, reduce_scatter_tensor, alltoall_base); first match
+# wins, so reduce-scatter is tested before reduce.  DeepEP's dispatch/combine kernels exchange
+# tokens between experts' GPUs: an all-to-all.
+COLLECTIVE_KINDS = (
+    ("all-reduce", re.compile(r"all[-_]?reduce", re.IGNORECASE)),
+    ("reduce-scatter", re.compile(r"reduce[-_]?scatter", re.IGNORECASE)),
+    ("all-gather", re.compile(r"all[-_]?gather", re.IGNORECASE)),
+    ("all-to-all", re.compile(r"all[-_]?to[-_]?all|dpsk::ep|deep_ep", re.IGNORECASE)),
+    ("send/recv", re.compile(r"send|recv", re.IGNORECASE)),
+    ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+    ("reduce", re.compile(r"reduce", re.IGNORECASE)),
+)
+
+
+def collective_kind(name: str) -> str:
+    """"all-reduce", "all-to-all", ... for a collective's kernel or call name; "other" if none."""
+    return next((kind for kind, pattern in COLLECTIVE_KINDS if pattern.search(name)), "other")
 
 # Launch and copy APIs per vendor, as the host plane names them: CUDA driver/runtime
 # (cuLaunchKernel, cudaLaunchKernel, cuMemcpy*Async, cuGraphLaunch) and HIP (hipModuleLaunchKernel

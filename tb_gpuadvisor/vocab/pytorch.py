@@ -55,6 +55,40 @@ _ALLOCATOR = re.compile(r"^(cuda|hip)(Malloc|MallocManaged|MallocHost|HostAlloc|
                         r"HostRegister|HostUnregister)$|^cu(MemAlloc|MemFree|MemAllocHost|MemFreeHost|"
                         r"MemHostAlloc|MemHostRegister|MemHostUnregister)(_v2)?$")
 
+# ProcessGroupNCCL wraps each collective it issues in a ``nccl:<collective>`` annotation
+# (``nccl:all_reduce``, ``nccl:_all_gather_base``, ``nccl:all_to_all``; RCCL builds too) and a
+# ``record_param_comms`` op whose args give its sizes and group in newer versions; the kernels it
+# launches inside them are the collective's, whatever their own name says (all-reduce of two
+# ranks runs as ``ncclKernel_SendRecv``).
+_COLLECTIVE_SCOPE = re.compile(r"^nccl:(\w+)$")
+COLLECTIVE_ARGS_OP = "record_param_comms"
+# Bytes per element of the ``dtype`` arg (c10 ScalarType names).
+DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4, "Int": 4,
+               "Half": 2, "BFloat16": 2, "Short": 2, "ComplexHalf": 4, "Byte": 1, "Char": 1, "Bool": 1,
+               "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1}
+# [memory] events of the GPU allocator: c10::DeviceType CUDA (ROCm builds report HIP memory as
+# CUDA too); the host's (CPU, 0) are left out.
+GPU_MEMORY_DEVICE_TYPE = 1
+_ALLOCATOR_NAME = re.compile(r"^cuda:(\d+)$")
+
+
+def collective_scope(name: str) -> str | None:
+    """The collective a ``nccl:<collective>`` annotation wraps ("all_reduce"), else None."""
+    match = _COLLECTIVE_SCOPE.match(name)
+    return match.group(1) if match else None
+
+
+def allocator_name(device: int) -> str:
+    """The caching allocator of GPU DEVICE, named as torch names the device ("cuda:0")."""
+    return f"cuda:{device}"
+
+
+def gpu_allocator_index(name: str) -> int | None:
+    """The GPU index of an allocator named by ``allocator_name``, else None."""
+    match = _ALLOCATOR_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
 # A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
