@@ -164,6 +164,7 @@ _MEMORY_EVENT = "[memory]"
 _COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
               "Process Group Name", "Process Group Ranks")
 _MEMORY_ARGS = ("Total Allocated", "Total Reserved", "Bytes", "Device Type", "Device Id")
+_MEMORY_FIELDS = ("allocated", "reserved", "mem_bytes", "device_type", "device_id")     # their _Args names
 
 
 if msgspec is not None:
@@ -252,6 +253,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     cols = Columns()
     name, cat, tid, numbers, memory = [], [], [], [], []
     headers, same = [], {}
+    allocations = []
     for kind, document in documents:
         if kind == "trace":
             trace = _DECODER.decode(document)
@@ -268,11 +270,19 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
             elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
                 cols.threads[(event.pid, event.tid)] = event.args.name
             elif event.ph == "i" and event.name == _MEMORY_EVENT and event.ts is not None and event.args is not None:
-                memory.append((event.ts, event.args))
+                allocations.append(event)
         del events[:]
+        if allocations:     # turned into columns run by run: their objects go with the run's
+            held = [e.args for e in allocations]
+            memory.append((_floats([e.ts for e in allocations]),
+                           *(_ints([getattr(a, f) for a in held]) for f in _MEMORY_FIELDS)))
+            del held
+        allocations.clear()
         empty = _Args()
         args = [e.args or empty for e in complete]
-        for i in [i for i, a in enumerate(args) if a.collective is not None or a.in_nelems != -1]:
+        # A collective's args come with its message size (In msg nelems): a vectorised test finds
+        # the few events that carry them.
+        for i in np.flatnonzero(_ints([a.in_nelems for a in args]) != -1).tolist():
             a = args[i]
             cols.comms[len(name) + i] = _comm(a.collective, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
                                               a.group_name, a.group_ranks)
@@ -290,8 +300,9 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     if numbers:
         cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
             np.concatenate(column) for column in zip(*numbers))
-    _memory_columns(cols, [t for t, _ in memory],
-                    [[a.allocated, a.reserved, a.mem_bytes, a.device_type, a.device_id] for _, a in memory])
+    if memory:
+        (cols.mem_ts, cols.mem_allocated, cols.mem_reserved, cols.mem_bytes, cols.mem_device_type,
+         cols.mem_device) = (np.concatenate(column) for column in zip(*memory))
     base = next((h.baseTimeNanoseconds for h in headers if h.baseTimeNanoseconds is not None), None)
     props = next((h.deviceProperties for h in headers if h.deviceProperties is not None), None)
     cols.base_ns = _base_ns(base)
