@@ -11,6 +11,10 @@ are microseconds in the file (integers, or floats with nanosecond digits counted
 
 from __future__ import annotations
 
+import mmap
+import os
+import stat
+
 import numpy as np
 
 from tb_gpuadvisor.adapters.kineto_json import Columns, CommArgs, DeviceProperties, decode, inflate
@@ -28,14 +32,38 @@ MEMORY_PER_JSON_BYTE = 3
 
 def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
     """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read."""
-    stored = read_bytes(path, opener)
-    _check_budget(len(stored), budget)
-    text = inflate(stored)
-    del stored
-    _check_budget(len(text), budget)
-    cols = decode(text)
-    del text            # the columns hold all that is needed: the text can go before building
+    stored = (_mapped(path) if opener is None else None) or read_bytes(path, opener)
+    try:
+        _check_budget(len(stored), budget)
+        text = inflate(stored)
+        _check_budget(len(text), budget)
+        cols = decode(text)
+        del text            # the columns hold all that is needed: the text can go before building
+    finally:
+        if isinstance(stored, mmap.mmap):
+            stored.close()
     return build(cols, host)
+
+
+def _mapped(path: str) -> mmap.mmap | None:
+    """A local regular file mapped read-only, or None (read_bytes then says what is wrong with it).
+    The JSON is decoded straight from the page cache: no copy into fresh memory, and the runs
+    already decoded leave this process's memory (kineto_json)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size == 0:
+            return None
+        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if hasattr(mmap, "MADV_SEQUENTIAL"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+    return mapped
 
 
 def _check_budget(size: int, budget: int | None) -> None:

@@ -10,6 +10,7 @@ trace is parsed into dicts by orjson or, last, the standard library.  All paths 
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -359,8 +360,17 @@ def _documents(data) -> Iterator[tuple[str, Any]]:
     for (_, start), (end, _) in zip(cuts, cuts[1:]):
         n = end - start
         into[0], into[1:n + 1], into[n + 1] = ord("["), view[start:end], ord("]")
+        _release(data, start, end)
         yield "events", into[:n + 2]
     yield "trace", b"".join((b'{"traceEvents":[', view[cuts[-1][1]:]))
+
+
+def _release(data, start: int, end: int) -> None:
+    """A file mapping's pages of [START, END), copied already, leave this process's memory (they
+    stay in the page cache); anything else is left alone."""
+    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        first = start - start % mmap.PAGESIZE
+        data.madvise(mmap.MADV_DONTNEED, first, (end - first) // mmap.PAGESIZE * mmap.PAGESIZE)
 
 
 def _from_dicts(trace) -> Columns:
