@@ -75,6 +75,11 @@ def tile(source: Path, target: Path, gigabytes: float) -> Path:
     meta = [e for e in trace["traceEvents"] if e.get("ph") == "M"]
     times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(times) - min(times) + 1000.0
+    # Each copy's ids follow the last copy's, as a longer run of the profiler numbers them (a
+    # gap per copy would look like a trace sampled after capture).
+    numbers = [e["args"]["correlation"] for e in events
+               if isinstance(e.get("args"), dict) and isinstance(e["args"].get("correlation"), int)]
+    ids = max(numbers) - min(numbers) + 1 if numbers else 0
     one = len(json.dumps(events))
     copies = max(1, int(gigabytes * 1e9 / one))
     head = {k: v for k, v in trace.items() if k != "traceEvents"}
@@ -89,7 +94,7 @@ def tile(source: Path, target: Path, gigabytes: float) -> Path:
                     e["ts"] = round(e["ts"] + k * span, 3)
                 args = e.get("args")
                 if isinstance(args, dict) and "correlation" in args:
-                    e["args"] = dict(args, correlation=args["correlation"] + k * 10_000_000)
+                    e["args"] = dict(args, correlation=args["correlation"] + k * ids)
                 if e.get("name", "").startswith("ProfilerStep#"):
                     e["name"] = f"ProfilerStep#{k}"
                 shifted.append(json.dumps(e))
