@@ -54,6 +54,8 @@ setup(
         "numpy>=1.23",
         "werkzeug>=2.0",
         "msgspec>=0.18",    # PyTorch (Kineto JSON) traces: typed decoding, see benchmarks/README.md
+        # and their gzip files inflated by ISA-L (zlib where isal ships no wheel)
+        "isal>=1.6; platform_machine in 'x86_64 AMD64 aarch64 arm64'",
     ],
     extras_require={
         # `make demo` picks one: demo (CPU-only TensorFlow) or demo-gpu (TensorFlow with CUDA).
