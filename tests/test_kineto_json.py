@@ -85,3 +85,19 @@ def test_a_truncated_large_trace_is_still_one_clear_error(small_runs):
     data = bytearray(_trace(events)[:-5000])
     with pytest.raises(Exception, match="truncated"):
         decode(data)
+
+
+def test_a_trace_larger_than_the_memory_budget_is_refused_in_one_line(tmp_path):
+    """A 2.5 MB trace with 4 MB of memory to spare (2 bytes per JSON byte needed) is refused
+    before it is decoded, in one line that says how to make it fit; with 6 MB it is read."""
+    from synth_kineto import kineto_trace, write_trace
+    from tb_gpuadvisor.adapters.kineto import read
+    from tb_gpuadvisor.xspace.reader import CaptureError
+
+    path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=60, kernels=100))
+    size = path.stat().st_size
+    assert 2_000_000 < size < 3_000_000
+    with pytest.raises(CaptureError, match=r"^refused: this \d+ MiB trace needs about .*schedule\(active") as err:
+        read(str(path), "w", budget=4_000_000)
+    assert "\n" not in str(err.value)
+    assert read(str(path), "w", budget=6_000_000).activity.start_ps.size
