@@ -56,3 +56,35 @@ def test_pairwise_overlaps_match_coverage_masks(seed):
         for j, b in enumerate(masks):
             assert table[i, j] == (a & b).sum()
 
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_locate_in_sorted_times_matches_the_search(seed):
+    """Times in order take the fill path of Steps.locate; it must agree with searching each time
+    in the steps, also for touching, overlapping, nested and empty steps and repeated times."""
+    from tb_gpuadvisor.model.timeline import Steps
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 15))
+    start = np.sort(rng.integers(0, SPAN, n))
+    end = start + rng.integers(0, 60, n)
+    steps = Steps("test", np.arange(n), start, end, np.full(n, -1))
+    times = np.sort(rng.integers(-20, SPAN + 80, int(rng.integers(5 * n, 300))))
+    idx = np.searchsorted(start, times, side="right") - 1
+    searched = np.where((idx >= 0) & (times < end[np.clip(idx, 0, None)]), idx, -1)
+    located = steps.locate(times)
+    assert located.dtype == np.int32 and np.array_equal(located, searched)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_reduce_by_key_matches_ufunc_at(seed):
+    from tb_gpuadvisor.arrays import reduce_by_key
+
+    rng = np.random.default_rng(seed)
+    keys = np.sort(rng.integers(0, 40, 200)).astype(np.int32)
+    values = rng.integers(-1000, 1000, 200)
+    for order in (keys, rng.permutation(keys)):      # the run path and the ufunc.at path
+        for ufunc, initial in ((np.maximum, -1), (np.minimum, 10**6)):
+            expected = np.full(50, initial, np.int64)
+            ufunc.at(expected, order, values)
+            assert np.array_equal(reduce_by_key(ufunc, np.full(50, initial, np.int64), order, values), expected)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
@@ -199,9 +199,7 @@ def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def _last_end(chain: _Chain, ends: np.ndarray, n_steps: int) -> np.ndarray:
-    out = np.full(n_steps, -1, np.int64)
-    np.maximum.at(out, chain.step, ends)
-    return out
+    return reduce_by_key(np.maximum, np.full(n_steps, -1, np.int64), chain.step, ends)
 
 
 class Replay:

@@ -13,6 +13,9 @@ Intervals = tuple[np.ndarray, np.ndarray]   # (starts, ends), sorted and disjoin
 
 EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
 
+# An end before every time a capture holds (and far from overflowing when a time is subtracted).
+_NEVER = np.int64(-(1 << 62))
+
 
 def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """Merge possibly overlapping intervals into a sorted disjoint set."""
@@ -137,15 +140,21 @@ def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarr
     starts, ends = intervals
     if starts.size == 0 or edges_lo.size == 0:
         return np.zeros(edges_lo.size, np.int64)
-    # Cumulative covered length up to time t, evaluated at window edges.
-    cum = np.concatenate(([0], np.cumsum(ends - starts)))
+    # Cumulative covered length before interval i, and the end of interval i - 1, both indexed by
+    # the count of intervals starting before t (entry 0: none, an end that never overshoots), so
+    # each edge costs one search and two gathers, with no clip or where over the edges.
+    cum = np.zeros(starts.size + 1, np.int64)
+    np.cumsum(ends - starts, out=cum[1:])
+    previous_end = np.empty(starts.size + 1, np.int64)
+    previous_end[0] = _NEVER
+    previous_end[1:] = ends
 
     def covered_before(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(starts, t, side="right")      # intervals starting before t
-        full = cum[i]
-        # the last of them may extend past t
-        j = np.clip(i - 1, 0, None)
-        overshoot = np.where(i > 0, np.maximum(ends[j] - t, 0), 0)
-        return full - overshoot
+        overshoot = previous_end[i] - t                     # the last of them may extend past t
+        np.maximum(overshoot, 0, out=overshoot)
+        return cum[i] - overshoot
 
-    return (covered_before(edges_hi) - covered_before(edges_lo)).astype(np.int64)
+    out = covered_before(edges_hi)
+    out -= covered_before(edges_lo)
+    return out.astype(np.int64, copy=False)
