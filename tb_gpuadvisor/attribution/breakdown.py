@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,7 +45,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
-    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
+    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
     HostModel, SessionModel, Steps,
 )
 from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
@@ -294,24 +294,61 @@ def _cut(a: Intervals, b: Intervals) -> Intervals:
     return starts[keep], ends[keep]
 
 
-def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
-    """Host events that launch or dispatch work for ``dev``.
+@dataclass
+class _Dispatch:
+    """A host's events that launch or dispatch device work, grouped once for all its devices.
 
-    Launch calls are linked to the device by correlation id (calls without one
-    count for every device of the host); framework op events count when the
-    device ran an op of the same node name (ops without device annotations count
-    for every device); executor scheduling counts for every device of the host.
+    Launch calls are linked to a device by correlation id (calls without one count for every
+    device of the host); framework op events count for a device when it ran an op of the same
+    node name (ops without device annotations count for every device); executor scheduling
+    counts for every device. The parts every device shares are merged once per set of op
+    names (replicas run the same ops), so each device adds only its own launches.
     """
-    activity = host.activity
-    kind = activity.kind
-    target = launch_targets(host)
-    position = next(i for i, d in enumerate(host.devices) if d is dev)
-    launch = (kind == HostEventKind.LAUNCH) & ((target == -1) | (target == position))
-    ops = kind == HostEventKind.FRAMEWORK_OP
-    device_ops = {op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0])}
-    if device_ops:
-        ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
-    return launch | ops | (kind == HostEventKind.EXECUTOR)
+
+    activity: HostActivity
+    own: list[np.ndarray]           # per device position: rows of the launches joined to it
+    shared: np.ndarray              # rows every device counts: unjoined launches, executor
+    ops: np.ndarray                 # rows of framework ops
+    allocator: Intervals            # allocator calls (cudaFree...): not launch cost
+    _common: dict = field(default_factory=dict)     # frozenset of op names -> Intervals
+
+    @classmethod
+    def of(cls, host: HostModel) -> "_Dispatch":
+        """The host's index, built once and kept with its events (it does not depend on steps)."""
+        found = host.activity.derived.get("dispatch")
+        if found is None:
+            activity = host.activity
+            kind = activity.kind
+            target = launch_targets(host)
+            launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
+            to = target[launches]
+            order = np.argsort(to, kind="stable")          # rows stay in start order per device
+            counts = np.bincount(to[to >= 0], minlength=len(host.devices))
+            own = np.split(launches[order][int(np.count_nonzero(to < 0)):], np.cumsum(counts)[:-1])
+            shared = np.flatnonzero(((kind == HostEventKind.LAUNCH) & (target == -1)) | (kind == HostEventKind.EXECUTOR))
+            found = host.activity.derived["dispatch"] = cls(
+                activity, own, shared, np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP),
+                _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
+        return found
+
+    def common(self, device_ops: frozenset[str]) -> Intervals:
+        """What every device with ops named DEVICE_OPS counts (all ops when it names none)."""
+        found = self._common.get(device_ops)
+        if found is None:
+            activity = self.activity
+            ops = self.ops
+            if device_ops:
+                ops = ops[kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name[ops]]]
+            rows = np.concatenate((ops, self.shared))    # two sorted runs: union's sort merges them
+            found = self._common[device_ops] = _set(activity.start_ps[rows], activity.end_ps[rows])
+        return found
+
+    def launch_set(self, dev: DeviceActivity, position: int) -> Intervals:
+        """When the host launched or dispatched work for DEV (at POSITION in its host's devices)."""
+        common = self.common(_op_keys(dev))
+        rows = self.own[position]
+        starts, ends = self.activity.start_ps, self.activity.end_ps
+        return iv.union(np.concatenate((starts[rows], common[0])), np.concatenate((ends[rows], common[1])))
 
 
 def launch_targets(host: HostModel) -> np.ndarray:
@@ -448,12 +485,15 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
 def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
     """When the host launched or dispatched work for DEV, less the time it sat in allocator calls
     (cudaFree/hipFree inside an op block until the device drains: that idle is not launch cost)."""
-    activity = host.activity
-    launch = _set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))
-    allocator = activity.kind == HostEventKind.ALLOCATOR
-    if not allocator.any():
-        return launch
-    return iv.subtract(launch, _set(activity.start_ps, activity.end_ps, allocator))
+    dispatch = _Dispatch.of(host)
+    position = next(i for i, d in enumerate(host.devices) if d is dev)
+    launch = dispatch.launch_set(dev, position)
+    return iv.subtract(launch, dispatch.allocator) if dispatch.allocator[0].size else launch
+
+
+def _op_keys(dev: DeviceActivity) -> frozenset[str]:
+    """The node names of the framework ops DEV ran (how host op events are linked to it)."""
+    return frozenset(op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0]))
 
 
 def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:
@@ -527,7 +567,9 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     if len(pairs) > 1:
         for host in hosts.values():
             _input_waits(host)
-            launch_targets(host)
+            _Dispatch.of(host)
+        for dev, host in pairs:     # the launch sets' shared part, merged once per host and op set
+            _Dispatch.of(host).common(_op_keys(dev))
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
             devices = list(pool.map(measure, pairs))
