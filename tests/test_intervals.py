@@ -88,3 +88,23 @@ def test_reduce_by_key_matches_ufunc_at(seed):
             expected = np.full(50, initial, np.int64)
             ufunc.at(expected, order, values)
             assert np.array_equal(reduce_by_key(ufunc, np.full(50, initial, np.int64), order, values), expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_covered_until_edges_and_overlap_filter(seed):
+    """covered_until against the coverage mask; edges_up_to (fill path for many sorted times,
+    search path otherwise) against np.searchsorted; may_overlap keeps every event that overlaps
+    the set (per_bin_total > 0)."""
+    rng = np.random.default_rng(seed)
+    a = iv.union(*_random_set(rng, int(rng.integers(0, 20))))
+    covered = np.concatenate(([0], np.cumsum(_mask(*a))))
+    times = np.sort(rng.integers(0, SPAN, 200))
+    assert iv.covered_until(a, times).tolist() == covered[times].tolist()
+    for t in (times, rng.permutation(times)):
+        assert np.array_equal(iv.edges_up_to(a[1], t), np.searchsorted(a[1], t, side="right"))
+    starts = np.sort(rng.integers(0, SPAN - 40, 200))
+    ends = starts + rng.integers(0, 40, 200)
+    kept = iv.may_overlap(a, starts, ends)
+    assert not np.any((iv.per_bin_total(a, starts, ends) > 0) & ~kept)
+    if a[0].size:       # and drops those wholly before or after it
+        assert not np.any(kept & ((ends <= a[0][0]) | (starts >= a[1][-1])))

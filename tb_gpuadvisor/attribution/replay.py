@@ -32,6 +32,7 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
@@ -106,7 +108,7 @@ class _Held:
     observed: np.ndarray        # their observed releases
     wait: np.ndarray            # the wait each last returned from in its step, -1
     after: np.ndarray           # wait >= 0
-    resumed: np.ndarray         # when the host last resumed before each
+    step: np.ndarray            # the step of each
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
@@ -190,12 +192,36 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     return start[order], end[order]
 
 
+@dataclass(frozen=True)
+class _Durations:
+    """A chain's event durations with their running sums: what every solve with them shares
+    (the rounds of a replay, and every scenario that changes no duration)."""
+
+    total: np.ndarray           # running sum of the durations
+    before: np.ndarray          # running sum before each event
+
+    @classmethod
+    def of(cls, d: np.ndarray) -> "_Durations":
+        total = np.cumsum(d)
+        return cls(total, total - d)
+
+    def solve(self, release: np.ndarray) -> np.ndarray:
+        """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
+        return self.total + np.maximum.accumulate(release - self.before)
+
+
 def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
-    if not d.size:
-        return d
-    total = np.cumsum(d)
-    return total + np.maximum.accumulate(release - (total - d))
+    return _Durations.of(d).solve(release) if d.size else d
+
+
+def _released(chain: _Chain, held: _Held, shift: np.ndarray) -> np.ndarray:
+    """CHAIN's releases with each held event released SHIFT (ps) earlier."""
+    moved = held.observed - np.rint(shift).astype(np.int64)
+    if held.anchored.size == chain.release.size:      # every event is held: ANCHORED is all of them
+        return moved
+    release = chain.release.copy()
+    release[held.anchored] = moved
+    return release
 
 
 def _last_end(chain: _Chain, ends: np.ndarray, n_steps: int) -> np.ndarray:
@@ -223,12 +249,20 @@ class Replay:
         self._gains: dict[str, np.ndarray] = {}
         self._device_gains: dict[str, np.ndarray] = {}
         self._held_by: dict[int, _Held] = {}
+        self._plain: dict[int, _Durations] = {}     # per chain, the durations no scenario changed
 
     def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
                  tag: str) -> np.ndarray:
         """Host time the scenario removes inside each window [lo, hi); TAG names the (fixed)
         windows for the cache."""
-        out = np.zeros(lo.size, np.float64)
+        return self._removed_by(part, scenario, tag, lo.size,
+                                lambda removable: iv.per_bin_total(removable, lo, np.maximum(hi, lo)))
+
+    def _removed_by(self, part: DeviceBreakdown, scenario: Scenario, tag: str, size: int,
+                    measure: Callable[[Intervals], np.ndarray]) -> np.ndarray:
+        """Host time the scenario removes inside each of SIZE windows, which MEASURE gives for
+        one removable set; TAG names the (fixed) windows for the cache."""
+        out = np.zeros(size, np.float64)
         removable = dict(scenario.idle)
         if scenario.hide_copies:
             removable["copy"] = 1.0
@@ -236,15 +270,42 @@ class Replay:
             if fraction > 0 and key in part.sets:
                 cached = self._windows.get((id(part), key, tag))
                 if cached is None:
-                    cached = self._windows[(id(part), key, tag)] = iv.per_bin_total(
-                        part.sets[key], lo, np.maximum(hi, lo))
+                    cached = self._windows[(id(part), key, tag)] = measure(part.sets[key])
                 out += fraction * cached
         return out
+
+    def _held_removed(self, part: DeviceBreakdown, chain: _Chain, held: _Held, scenario: Scenario) -> np.ndarray:
+        """Host time the scenario removes between the host's last resume and each held event's
+        release (windows [resumed, max(observed, resumed))). The resumes are step starts and wait
+        ends, so the set's covered length is found at those few times and gathered."""
+        def measure(removable: Intervals) -> np.ndarray:
+            covered = iv.covered_until(removable, held.observed)
+            at_resume = iv.covered_until(removable, self.steps.start_ps)[held.step]
+            if chain.sync_end.size:
+                waited = iv.covered_until(removable, chain.sync_end)[np.clip(held.wait, 0, None)]
+                at_resume = np.where(held.after, waited, at_resume)
+            covered -= at_resume
+            return np.maximum(covered, 0, out=covered)
+        return self._removed_by(part, scenario, "held", held.observed.size, measure)
 
     def _device_gain(self, part: DeviceBreakdown, chain: _Chain | None, scenario: Scenario) -> np.ndarray:
         a, b = self.steps.start_ps, self.steps.end_ps
         if chain is None:
             return self._removed(part, scenario, a, b, "step")
+        ends = self._replay_chain(part, chain, scenario, self._durations(chain, scenario))
+        last = _last_end(chain, ends, len(self.steps))
+        has = chain.base_end >= 0
+        tail_from = np.where(has, chain.base_end, a)
+        gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
+        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
+
+    def _durations(self, chain: _Chain, scenario: Scenario) -> _Durations:
+        """CHAIN's event durations under SCENARIO; those of a scenario that changes none (it only
+        removes host time) are found once per chain."""
+        plain = not scenario.faster and not scenario.hide_copies
+        found = self._plain.get(id(chain)) if plain else None
+        if found is not None:
+            return found
         own = chain.own.astype(np.float64)
         speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
         for key, value in scenario.faster.items():
@@ -254,13 +315,10 @@ class Replay:
         if scenario.hide_copies:
             own = np.where(chain.classes["copy"], 0.0, own)
             gap = np.where(chain.classes["copy"], 0, gap)
-        d = np.rint(gap + own).astype(np.int64)
-        ends = self._replay_chain(part, chain, scenario, d)
-        last = _last_end(chain, ends, len(self.steps))
-        has = chain.base_end >= 0
-        tail_from = np.where(has, chain.base_end, a)
-        gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
-        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
+        found = _Durations.of(np.rint(gap + own).astype(np.int64))
+        if plain:
+            self._plain[id(chain)] = found
+        return found
 
     def _held(self, chain: _Chain) -> "_Held":
         """CHAIN's held events and waits: what does not depend on the scenario, found once."""
@@ -270,11 +328,8 @@ class Replay:
             anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
             wait = chain.sync_index[anchored]
             after = wait >= 0
-            # Host time removed since the host last resumed: the step start, or the end of its last wait.
-            resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
-                               a[chain.step[anchored]])
             # Stored only once complete: checks replay their scenarios from several threads.
-            held = _Held(anchored, chain.release[anchored], wait, after, resumed)
+            held = _Held(anchored, chain.release[anchored], wait, after, chain.step[anchored])
             if after.any():
                 # Waits in step order: each one's predecessor in its step, and the host time removed between.
                 event = chain.sync_event
@@ -292,15 +347,14 @@ class Replay:
             self._held_by[id(chain)] = held
         return held
 
-    def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario, d: np.ndarray) -> np.ndarray:
-        """Replayed ends of CHAIN's events with durations D; releases follow the host's timeline
+    def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario,
+                      durations: _Durations) -> np.ndarray:
+        """Replayed ends of CHAIN's events with DURATIONS; releases follow the host's timeline
         with the scenario's host time removed and, after a wait, the device's replayed progress."""
         held = self._held(chain)
-        release = chain.release.copy()
-        own_shift = self._removed(part, scenario, held.resumed, held.observed, "held")
+        own_shift = self._held_removed(part, chain, held, scenario)
         if not held.after.any():
-            release[held.anchored] = held.observed - np.rint(own_shift).astype(np.int64)
-            return _solve(release, d)
+            return durations.solve(_released(chain, held, own_shift))
         removed = self._removed(part, scenario, held.since, held.reached, "waits")
         host_cost = held.base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
@@ -312,8 +366,7 @@ class Replay:
                 carried = shift[held.previous[k]] if held.previous[k] >= 0 else 0.0
                 shift[k] = min(carried + host_cost[k], device[k])
             total = own_shift + np.where(held.after, shift[wait_of], 0.0)
-            release[held.anchored] = held.observed - np.rint(total).astype(np.int64)
-            new_ends = _solve(release, d)
+            new_ends = durations.solve(_released(chain, held, total))
             if np.array_equal(new_ends, ends):
                 break
             ends = new_ends

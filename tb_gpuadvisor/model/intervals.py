@@ -131,30 +131,62 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     return intersect(a, complement(b, lo, hi))
 
 
+class _Covered:
+    """The covered length of a disjoint set before any time: the cumulative length before
+    interval i and the end of interval i - 1, both indexed by the count of intervals starting
+    before t (entry 0: none, with an end that never overshoots), so each time costs one
+    search and two gathers, with no clip or where."""
+
+    def __init__(self, intervals: Intervals) -> None:
+        self.starts, ends = intervals
+        self.cum = np.zeros(self.starts.size + 1, np.int64)
+        np.cumsum(ends - self.starts, out=self.cum[1:])
+        self.previous_end = np.empty(self.starts.size + 1, np.int64)
+        self.previous_end[0] = _NEVER
+        self.previous_end[1:] = ends
+
+    def before(self, times: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.starts, times, side="right")     # intervals starting before t
+        overshoot = self.previous_end[i] - times                  # the last may extend past t
+        np.maximum(overshoot, 0, out=overshoot)
+        return self.cum[i] - overshoot
+
+
+def covered_until(intervals: Intervals, times: np.ndarray) -> np.ndarray:
+    """Length of the disjoint set before each time (a nondecreasing function of time)."""
+    if intervals[0].size == 0:
+        return np.zeros(times.shape, np.int64)
+    return _Covered(intervals).before(times)
+
+
+def edges_up_to(edges: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(edges, times, side="right")``: how many sorted EDGES are <= each time.
+    Times in order (an event table's starts) and many more than the edges are counted by
+    searching the edges in the times and filling each run, instead of one search per time."""
+    if times.size > 4 * edges.size and bool(np.all(times[1:] >= times[:-1])):
+        first = np.searchsorted(times, edges, side="left")     # the first time at or past each edge
+        return np.repeat(np.arange(edges.size + 1), np.diff(first, prepend=0, append=times.size))
+    return np.searchsorted(edges, times, side="right")
+
+
+def may_overlap(intervals: Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which events [starts, ends) may overlap the disjoint set: every one that does, and some
+    that only touch it. Only the first interval ending after an event's start can be the first
+    it overlaps, so one search per event finds them: a filter before measuring overlaps."""
+    set_starts, set_ends = intervals
+    if set_starts.size == 0:
+        return np.zeros(starts.size, bool)
+    first = edges_up_to(set_ends, starts)         # the first interval ending after each start
+    return np.append(set_starts, np.iinfo(np.int64).max)[first] < ends
+
+
 def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarray) -> np.ndarray:
     """Length of the disjoint set inside each window [edges_lo[i], edges_hi[i]).
 
     Windows are independent of each other: they may overlap and come in any order
     (step periods, or one window per event).
     """
-    starts, ends = intervals
-    if starts.size == 0 or edges_lo.size == 0:
+    if intervals[0].size == 0 or edges_lo.size == 0:
         return np.zeros(edges_lo.size, np.int64)
-    # Cumulative covered length before interval i, and the end of interval i - 1, both indexed by
-    # the count of intervals starting before t (entry 0: none, an end that never overshoots), so
-    # each edge costs one search and two gathers, with no clip or where over the edges.
-    cum = np.zeros(starts.size + 1, np.int64)
-    np.cumsum(ends - starts, out=cum[1:])
-    previous_end = np.empty(starts.size + 1, np.int64)
-    previous_end[0] = _NEVER
-    previous_end[1:] = ends
-
-    def covered_before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(starts, t, side="right")      # intervals starting before t
-        overshoot = previous_end[i] - t                     # the last of them may extend past t
-        np.maximum(overshoot, 0, out=overshoot)
-        return cum[i] - overshoot
-
-    out = covered_before(edges_hi)
-    out -= covered_before(edges_lo)
-    return out.astype(np.int64, copy=False)
+    covered = _Covered(intervals)
+    return (covered.before(edges_hi) - covered.before(edges_lo)).astype(np.int64, copy=False)
