@@ -47,8 +47,15 @@ def overlap(a: Intervals, b: Intervals) -> int:
     return int(per_bin_total(b, a[0], a[1]).sum()) if a[0].size else 0
 
 
-# Up to this many sets, pairwise overlaps come from one sweep with a bitmask per time segment.
+# Up to this many sets, pairwise overlaps come from one sweep with a bitmask per time segment:
+# each boundary is one int64 key, its time shifted left by _CODE_BITS and a code below (set i's
+# start is i, its end 16 + i, so starts sort before ends at one time); times must fit the rest.
 _SWEEP_MAX_SETS = 16
+_CODE_BITS = 5
+_SWEEP_MAX_TIME = 1 << (62 - _CODE_BITS)
+# The change of the bitmask at each code: set i's start adds bit i, its end removes it.
+_MASK_STEP = np.array([1 << i for i in range(_SWEEP_MAX_SETS)] + [-(1 << i) for i in range(_SWEEP_MAX_SETS)],
+                      np.int32)
 
 
 def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
@@ -59,27 +66,26 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
     """
     k = len(sets)
     out = np.zeros((k, k), np.int64)
-    if k > _SWEEP_MAX_SETS:
+    sizes = [2 * s[0].size for s in sets]
+    if not sum(sizes):
+        return out
+    if k > _SWEEP_MAX_SETS or max(max(-int(a[0]), int(b[-1])) for a, b in sets if a.size) >= _SWEEP_MAX_TIME:
         for i in range(k):
             for j in range(i, k):
                 out[i, j] = out[j, i] = overlap(sets[i], sets[j])
         return out
-    sizes = [2 * s[0].size for s in sets]
-    if not sum(sizes):
-        return out
-    # Each set's boundaries interleaved (start, end, start, ...) form one sorted run, so the
-    # stable sort merges k runs; the masks fit int32 (k <= 16).
-    points = np.empty(sum(sizes), np.int64)
-    delta = np.empty(sum(sizes), np.int32)
+    # Each set's keys interleaved (start, end, start, ...) form one sorted run (a disjoint set's
+    # next start lies past its last end), so the stable sort merges k runs in place.
+    keys = np.empty(sum(sizes), np.int64)
     first = 0
     for i, ((starts, ends), size) in enumerate(zip(sets, sizes)):
-        points[first:first + size:2], points[first + 1:first + size:2] = starts, ends
-        delta[first:first + size:2], delta[first + 1:first + size:2] = 1 << i, -(1 << i)
+        np.bitwise_or(np.left_shift(starts, _CODE_BITS), i, out=keys[first:first + size:2])
+        np.bitwise_or(np.left_shift(ends, _CODE_BITS), _SWEEP_MAX_SETS + i, out=keys[first + 1:first + size:2])
         first += size
-    order = np.argsort(points, kind="stable")
-    points, mask = points[order], np.cumsum(delta[order], dtype=np.int32)
-    lengths = np.diff(points)
-    by_mask = np.bincount(mask[:-1], weights=lengths, minlength=1 << k)
+    keys.sort(kind="stable")
+    mask = np.cumsum(_MASK_STEP[keys & ((1 << _CODE_BITS) - 1)], dtype=np.int32)
+    keys >>= _CODE_BITS                                              # the times
+    by_mask = np.bincount(mask[:-1], weights=np.diff(keys), minlength=1 << k)
     bits = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1        # which sets each mask holds
     return np.rint((bits * by_mask[:, None]).T @ bits).astype(np.int64)
 
