@@ -32,10 +32,12 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
@@ -53,7 +55,8 @@ ANCHOR_GAP_PS = 5 * PS_PER_US
 # with N waits needs up to N + 1 rounds (an eager PyTorch step can sync a hundred times). Rounds stop
 # when nothing moves; this bounds a pathological capture.
 MAX_SYNC_ROUNDS = 4096
-_FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
+_FREE = np.int64(-(1 << 60))
+T = TypeVar("T")     # release of an event held back by nothing but device order
 
 
 @dataclass(frozen=True)
@@ -119,13 +122,30 @@ class _Held:
     rounds: int = 1             # replay rounds that carry a gain across every wait of a step
 
 
-def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
-    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+def _launch_table(host: HostModel) -> SortedKeys:
+    """The host's launch calls by correlation id (their rows), shared by every device of the host."""
     activity = host.activity
-    table = activity.derived.get("launch_rows")     # shared by every device of the host
+    table = activity.derived.get("launch_rows")
     if table is None:
         rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
         table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
+    return table
+
+
+def _sync_calls(host: HostModel) -> np.ndarray:
+    """The host's synchronize calls inside steps, shared by every device of the host."""
+    activity = host.activity
+    calls = activity.derived.get("sync_calls")
+    if calls is None:
+        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
+                                                  & (activity.step >= 0))
+    return calls
+
+
+def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
+    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+    activity = host.activity
+    table = _launch_table(host)
     if not len(table):
         return np.full(len(dev), -1, np.int64)
     row = table.get(dev.correlation_id, -1)
@@ -181,10 +201,7 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     """(start, end) of the host's waits for the device, in end order: synchronize calls and
     this device's device-to-host copies (the host consumes their data when they land)."""
     activity = host.activity
-    calls = activity.derived.get("sync_calls")
-    if calls is None:
-        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
-                                                  & (activity.step >= 0))
+    calls = _sync_calls(host)
     d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
     start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
     end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))
@@ -238,11 +255,15 @@ class Replay:
         by_name = {(dev.device.host, dev.device.name): dev for dev in model.devices}
         n = len(self.steps)
         torch_names = model.framework == pytorch.FRAMEWORK
-        self.chains: list[_Chain | None] = []
-        for part in breakdown.devices:
-            dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
-            usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
-            self.chains.append(_chain(dev, hosts[part.host], n, torch_names) if usable else None)
+        pairs = [(by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None, hosts[part.host])
+                 for part in breakdown.devices]
+        pairs = [(dev, host) if dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
+                 else (None, host) for dev, host in pairs]
+        for host in {id(host): host for dev, host in pairs if dev is not None}.values():
+            _launch_table(host)         # what the devices of a host share, before they go on threads
+            _sync_calls(host)
+        self.chains: list[_Chain | None] = _on_devices(
+            lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
         # depend on the scenario, so each is measured once and scenarios only weigh them.
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}
@@ -394,8 +415,8 @@ class Replay:
         """Per step, the gain every measured device allows (the smallest), before balancing."""
         key = repr(replace(scenario, balance=False))
         if key not in self._device_gains:
-            per_device = np.vstack([self._device_gain(part, chain, scenario)
-                                    for part, chain in zip(self.breakdown.devices, self.chains)])
+            per_device = np.vstack(_on_devices(lambda part, chain: self._device_gain(part, chain, scenario),
+                                               zip(self.breakdown.devices, self.chains)))
             self._device_gains[key] = per_device.min(axis=0)
         return self._device_gains[key]
 
@@ -412,6 +433,19 @@ class Replay:
         """The mean per-step gain of SCENARIO, in ms."""
         gains = self.gains(scenario)
         return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+
+
+# Devices are replayed on threads (numpy work that releases the GIL), up to this many.
+MOST_THREADS = 4
+
+
+def _on_devices(measure: Callable[..., T], items: Iterable[tuple]) -> list[T]:
+    """MEASURE(*item) for every item (one per device), on threads when there are several."""
+    items = list(items)
+    if len(items) < 2:
+        return [measure(*item) for item in items]
+    with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
+        return list(pool.map(lambda item: measure(*item), items))
 
 
 def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:
