@@ -306,9 +306,8 @@ class _Dispatch:
     """
 
     activity: HostActivity
-    own: list[np.ndarray]           # per device position: rows of the launches joined to it
-    shared: np.ndarray              # rows every device counts: unjoined launches, executor
-    ops: np.ndarray                 # rows of framework ops
+    target: np.ndarray              # launch_targets: the device position of every event, -1
+    own: list[np.ndarray]           # per device position: int32 rows of the launches joined to it
     allocator: Intervals            # allocator calls (cudaFree...): not launch cost
     _common: dict = field(default_factory=dict)     # frozenset of op names -> Intervals
 
@@ -320,15 +319,13 @@ class _Dispatch:
             activity = host.activity
             kind = activity.kind
             target = launch_targets(host)
-            launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
+            launches = np.flatnonzero(kind == HostEventKind.LAUNCH).astype(np.int32)
             to = target[launches]
             order = np.argsort(to, kind="stable")          # rows stay in start order per device
             counts = np.bincount(to[to >= 0], minlength=len(host.devices))
             own = np.split(launches[order][int(np.count_nonzero(to < 0)):], np.cumsum(counts)[:-1])
-            shared = np.flatnonzero(((kind == HostEventKind.LAUNCH) & (target == -1)) | (kind == HostEventKind.EXECUTOR))
             found = host.activity.derived["dispatch"] = cls(
-                activity, own, shared, np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP),
-                _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
+                activity, target, own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
         return found
 
     def common(self, device_ops: frozenset[str]) -> Intervals:
@@ -336,10 +333,13 @@ class _Dispatch:
         found = self._common.get(device_ops)
         if found is None:
             activity = self.activity
-            ops = self.ops
+            kind = activity.kind
+            ops = kind == HostEventKind.FRAMEWORK_OP
             if device_ops:
-                ops = ops[kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name[ops]]]
-            rows = np.concatenate((ops, self.shared))    # two sorted runs: union's sort merges them
+                ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
+            # Unjoined launches and executor scheduling count for every device too.
+            rows = np.flatnonzero(ops | ((kind == HostEventKind.LAUNCH) & (self.target == -1))
+                                  | (kind == HostEventKind.EXECUTOR))
             found = self._common[device_ops] = _set(activity.start_ps[rows], activity.end_ps[rows])
         return found
 
