@@ -545,6 +545,15 @@ def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivit
     return "cpu", [(None, host) for host in model.hosts]
 
 
+def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, steps: Steps,
+             trust: "Trust | None", host_ops: dict[int, Intervals]) -> DeviceBreakdown:
+    dev, host = pair
+    if dev is None:
+        return _cpu_breakdown(host, windows, steps)
+    covered = trust.covered_by(dev.device.name) if trust is not None else None
+    return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
+
+
 def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
     """Attribute every trusted step of every measured device; TRUST gives the time each
     device's trace covers (step time outside it is "not traced", never idle)."""
@@ -552,28 +561,29 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
     # Per-host parts, before the device threads share them (every GPU of a host reads the same
-    # host-op time).
+    # host-op time, input waits and launch index).
     hosts = {id(h): h for dev, h in pairs if dev is not None}
-    host_ops = {key: _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
-                for key, host in hosts.items()}
 
-    def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
-        dev, host = pair
-        if dev is None:
-            return _cpu_breakdown(host, windows, steps)
-        covered = trust.covered_by(dev.device.name) if trust is not None else None
-        return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
+    def host_ops_set(host: HostModel) -> Intervals:
+        return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
+
+    def host_parts(host: HostModel) -> None:
+        _input_waits(host)
+        dispatch = _Dispatch.of(host)
+        for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
+            dispatch.common(_op_keys(dev))
 
     if len(pairs) > 1:
-        for host in hosts.values():
-            _input_waits(host)
-            _Dispatch.of(host)
-        for dev, host in pairs:     # the launch sets' shared part, merged once per host and op set
-            _Dispatch.of(host).common(_op_keys(dev))
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
+        # The host parts go first, two tasks per host (the host-op time; the waits and launch index).
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
-            devices = list(pool.map(measure, pairs))
+            ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
+            for done in [pool.submit(host_parts, host) for host in hosts.values()]:
+                done.result()
+            host_ops = {key: future.result() for key, future in ops.items()}
+            devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, host_ops), pairs))
     else:
-        devices = [measure(pair) for pair in pairs]
+        host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
+        devices = [_measure(pair, windows, steps, trust, host_ops) for pair in pairs]
     _split_collective_wait(devices)
     return Breakdown(steps=steps, devices=devices, device_kind=kind)
