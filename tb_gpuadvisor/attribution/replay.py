@@ -111,7 +111,8 @@ class _Held:
     observed: np.ndarray        # their observed releases
     wait: np.ndarray            # the wait each last returned from in its step, -1
     after: np.ndarray           # wait >= 0
-    step: np.ndarray            # the step of each
+    resume: np.ndarray          # when the host last resumed before each: an index into the step
+                                # starts followed by the wait ends
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
@@ -299,13 +300,11 @@ class Replay:
         """Host time the scenario removes between the host's last resume and each held event's
         release (windows [resumed, max(observed, resumed))). The resumes are step starts and wait
         ends, so the set's covered length is found at those few times and gathered."""
+        resumes = np.concatenate((self.steps.start_ps, chain.sync_end))
+
         def measure(removable: Intervals) -> np.ndarray:
             covered = iv.covered_until(removable, held.observed)
-            at_resume = iv.covered_until(removable, self.steps.start_ps)[held.step]
-            if chain.sync_end.size:
-                waited = iv.covered_until(removable, chain.sync_end)[np.clip(held.wait, 0, None)]
-                at_resume = np.where(held.after, waited, at_resume)
-            covered -= at_resume
+            covered -= iv.covered_until(removable, resumes)[held.resume]
             return np.maximum(covered, 0, out=covered)
         return self._removed_by(part, scenario, "held", held.observed.size, measure)
 
@@ -350,7 +349,9 @@ class Replay:
             wait = chain.sync_index[anchored]
             after = wait >= 0
             # Stored only once complete: checks replay their scenarios from several threads.
-            held = _Held(anchored, chain.release[anchored], wait, after, chain.step[anchored])
+            # The host last resumed at the step start, or at the end of its last wait in the step.
+            resume = np.where(after, len(self.steps) + wait, chain.step[anchored])
+            held = _Held(anchored, chain.release[anchored], wait, after, resume)
             if after.any():
                 # Waits in step order: each one's predecessor in its step, and the host time removed between.
                 event = chain.sync_event
