@@ -108,3 +108,22 @@ def test_covered_until_edges_and_overlap_filter(seed):
     assert not np.any((iv.per_bin_total(a, starts, ends) > 0) & ~kept)
     if a[0].size:       # and drops those wholly before or after it
         assert not np.any(kept & ((ends <= a[0][0]) | (starts >= a[1][-1])))
+
+
+@pytest.mark.parametrize("block", [1, 3, 7])
+def test_pairwise_overlaps_swept_in_blocks(monkeypatch, block):
+    """The bitmask sweep carries its mask and time across blocks: small blocks give the table of
+    one block, also with negative times and sets that share boundaries."""
+    rng = np.random.default_rng(block)
+    sets = []
+    for _ in range(6):
+        starts = rng.integers(-50, SPAN, 30)
+        sets.append(iv.union(starts, starts + rng.integers(0, 40, 30)))
+    whole = iv.pairwise_overlaps(sets)
+    monkeypatch.setattr(iv, "_BLOCK", block)
+    assert np.array_equal(iv.pairwise_overlaps(sets), whole)
+    covered = np.zeros((len(sets), SPAN + 100), bool)     # times -50 .. SPAN + 50
+    for row, (starts, ends) in zip(covered, sets):
+        for a, b in zip(starts, ends):
+            row[a + 50:b + 50] = True
+    assert np.array_equal(whole, covered.astype(np.int64) @ covered.T.astype(np.int64))

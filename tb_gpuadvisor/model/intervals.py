@@ -53,6 +53,9 @@ def overlap(a: Intervals, b: Intervals) -> int:
 _SWEEP_MAX_SETS = 16
 _CODE_BITS = 5
 _SWEEP_MAX_TIME = 1 << (62 - _CODE_BITS)
+# Passes over millions of rows run in blocks of this many, so their temporaries (8 MB) are reused
+# from the heap instead of being fresh mappings whose first touch costs more than the arithmetic.
+_BLOCK = 1 << 20
 # The change of the bitmask at each code: set i's start adds bit i, its end removes it.
 _MASK_STEP = np.array([1 << i for i in range(_SWEEP_MAX_SETS)] + [-(1 << i) for i in range(_SWEEP_MAX_SETS)],
                       np.int32)
@@ -83,9 +86,18 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
         np.bitwise_or(np.left_shift(ends, _CODE_BITS), _SWEEP_MAX_SETS + i, out=keys[first + 1:first + size:2])
         first += size
     keys.sort(kind="stable")
-    mask = np.cumsum(_MASK_STEP[keys & ((1 << _CODE_BITS) - 1)], dtype=np.int32)
-    keys >>= _CODE_BITS                                              # the times
-    by_mask = np.bincount(mask[:-1], weights=np.diff(keys), minlength=1 << k)
+    # The sweep runs over blocks of keys (see _BLOCK); every total is a sum of integer lengths,
+    # exact in float64, so the blocks' sums are the whole sweep's.
+    by_mask = np.zeros(1 << k, np.float64)
+    mask, time = np.int32(0), keys[0] >> _CODE_BITS
+    for first in range(0, keys.size, _BLOCK):
+        block = keys[first:first + _BLOCK]
+        masks = np.cumsum(_MASK_STEP[block & ((1 << _CODE_BITS) - 1)], dtype=np.int32)
+        masks += mask
+        times = block >> _CODE_BITS
+        by_mask += np.bincount(np.concatenate(([mask], masks[:-1])),
+                               weights=np.diff(times, prepend=time), minlength=1 << k)
+        mask, time = masks[-1], times[-1]
     bits = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1        # which sets each mask holds
     return np.rint((bits * by_mask[:, None]).T @ bits).astype(np.int64)
 
@@ -182,8 +194,13 @@ def may_overlap(intervals: Intervals, starts: np.ndarray, ends: np.ndarray) -> n
     set_starts, set_ends = intervals
     if set_starts.size == 0:
         return np.zeros(starts.size, bool)
-    first = edges_up_to(set_ends, starts)         # the first interval ending after each start
-    return np.append(set_starts, np.iinfo(np.int64).max)[first] < ends
+    limits = np.append(set_starts, np.iinfo(np.int64).max)
+    out = np.empty(starts.size, bool)
+    for first in range(0, starts.size, _BLOCK):     # in blocks: small temporaries (see _BLOCK)
+        part = slice(first, first + _BLOCK)
+        # the first interval ending after each start
+        np.less(limits[edges_up_to(set_ends, starts[part])], ends[part], out=out[part])
+    return out
 
 
 def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarray) -> np.ndarray:
