@@ -120,7 +120,7 @@ def test_pairwise_overlaps_swept_in_blocks(monkeypatch, block):
         starts = rng.integers(-50, SPAN, 30)
         sets.append(iv.union(starts, starts + rng.integers(0, 40, 30)))
     whole = iv.pairwise_overlaps(sets)
-    monkeypatch.setattr(iv, "_BLOCK", block)
+    monkeypatch.setattr(iv, "BLOCK", block)
     assert np.array_equal(iv.pairwise_overlaps(sets), whole)
     covered = np.zeros((len(sets), SPAN + 100), bool)     # times -50 .. SPAN + 50
     for row, (starts, ends) in zip(covered, sets):

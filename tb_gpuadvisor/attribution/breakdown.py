@@ -42,7 +42,7 @@ from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.intervals import BLOCK, Intervals
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
@@ -360,7 +360,12 @@ def launch_targets(host: HostModel) -> np.ndarray:
         positions = [np.full(k.size, i, np.int32) for i, k in enumerate(keys)]
         table = SortedKeys(np.concatenate(keys) if keys else np.empty(0, np.int64),
                            np.concatenate(positions) if positions else np.empty(0, np.int32))
-        targets = host.activity.derived["launch_targets"] = table.get(host.activity.correlation_id, -1)
+        # Looked up in blocks: the look-up's temporaries stay small (see intervals.BLOCK).
+        ids = host.activity.correlation_id
+        targets = np.empty(ids.size, np.int32)
+        for first in range(0, ids.size, BLOCK):
+            targets[first:first + BLOCK] = table.get(ids[first:first + BLOCK], -1)
+        host.activity.derived["launch_targets"] = targets
     return targets
 
 

@@ -55,7 +55,7 @@ _CODE_BITS = 5
 _SWEEP_MAX_TIME = 1 << (62 - _CODE_BITS)
 # Passes over millions of rows run in blocks of this many, so their temporaries (8 MB) are reused
 # from the heap instead of being fresh mappings whose first touch costs more than the arithmetic.
-_BLOCK = 1 << 20
+BLOCK = 1 << 20
 # The change of the bitmask at each code: set i's start adds bit i, its end removes it.
 _MASK_STEP = np.array([1 << i for i in range(_SWEEP_MAX_SETS)] + [-(1 << i) for i in range(_SWEEP_MAX_SETS)],
                       np.int32)
@@ -86,12 +86,12 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
         np.bitwise_or(np.left_shift(ends, _CODE_BITS), _SWEEP_MAX_SETS + i, out=keys[first + 1:first + size:2])
         first += size
     keys.sort(kind="stable")
-    # The sweep runs over blocks of keys (see _BLOCK); every total is a sum of integer lengths,
+    # The sweep runs over blocks of keys (see BLOCK); every total is a sum of integer lengths,
     # exact in float64, so the blocks' sums are the whole sweep's.
     by_mask = np.zeros(1 << k, np.float64)
     mask, time = np.int32(0), keys[0] >> _CODE_BITS
-    for first in range(0, keys.size, _BLOCK):
-        block = keys[first:first + _BLOCK]
+    for first in range(0, keys.size, BLOCK):
+        block = keys[first:first + BLOCK]
         masks = np.cumsum(_MASK_STEP[block & ((1 << _CODE_BITS) - 1)], dtype=np.int32)
         masks += mask
         times = block >> _CODE_BITS
@@ -196,8 +196,8 @@ def may_overlap(intervals: Intervals, starts: np.ndarray, ends: np.ndarray) -> n
         return np.zeros(starts.size, bool)
     limits = np.append(set_starts, np.iinfo(np.int64).max)
     out = np.empty(starts.size, bool)
-    for first in range(0, starts.size, _BLOCK):     # in blocks: small temporaries (see _BLOCK)
-        part = slice(first, first + _BLOCK)
+    for first in range(0, starts.size, BLOCK):     # in blocks: small temporaries (see BLOCK)
+        part = slice(first, first + BLOCK)
         # the first interval ending after each start
         np.less(limits[edges_up_to(set_ends, starts[part])], ends[part], out=out[part])
     return out
