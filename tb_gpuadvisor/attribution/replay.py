@@ -55,8 +55,8 @@ ANCHOR_GAP_PS = 5 * PS_PER_US
 # with N waits needs up to N + 1 rounds (an eager PyTorch step can sync a hundred times). Rounds stop
 # when nothing moves; this bounds a pathological capture.
 MAX_SYNC_ROUNDS = 4096
-_FREE = np.int64(-(1 << 60))
-T = TypeVar("T")     # release of an event held back by nothing but device order
+_FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,7 @@ class _Durations:
 
 
 def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The chain's ends with durations D, solved once (see _Durations.solve)."""
     return _Durations.of(d).solve(release) if d.size else d
 
 
