@@ -80,3 +80,19 @@ class SortedKeys:
             return np.where(found != self._ABSENT, found, np.int32(default))
         idx = np.clip(np.searchsorted(self.keys, queries), 0, self.keys.size - 1)
         return np.where(self.keys[idx] == queries, self.values[idx], default).astype(np.int32)
+
+
+def reduce_by_key(ufunc: np.ufunc, out: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``ufunc.at(out, keys, values)`` (e.g. the latest end per step), returned.
+
+    Event columns sorted by start give keys (step indices) that rarely go down; sorted keys
+    are reduced one run at a time (``reduceat``), several times faster than ``ufunc.at``,
+    which stays the way for unsorted keys."""
+    if keys.size and np.any(keys[1:] < keys[:-1]):
+        ufunc.at(out, keys, values)
+        return out
+    if keys.size:
+        first = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        at = keys[first]
+        out[at] = ufunc(out[at], ufunc.reduceat(values, first))
+    return out

@@ -56,3 +56,74 @@ def test_pairwise_overlaps_match_coverage_masks(seed):
         for j, b in enumerate(masks):
             assert table[i, j] == (a & b).sum()
 
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_locate_in_sorted_times_matches_the_search(seed):
+    """Times in order take the fill path of Steps.locate; it must agree with searching each time
+    in the steps, also for touching, overlapping, nested and empty steps and repeated times."""
+    from tb_gpuadvisor.model.timeline import Steps
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 15))
+    start = np.sort(rng.integers(0, SPAN, n))
+    end = start + rng.integers(0, 60, n)
+    steps = Steps("test", np.arange(n), start, end, np.full(n, -1))
+    times = np.sort(rng.integers(-20, SPAN + 80, int(rng.integers(5 * n, 300))))
+    idx = np.searchsorted(start, times, side="right") - 1
+    searched = np.where((idx >= 0) & (times < end[np.clip(idx, 0, None)]), idx, -1)
+    located = steps.locate(times)
+    assert located.dtype == np.int32 and np.array_equal(located, searched)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_reduce_by_key_matches_ufunc_at(seed):
+    from tb_gpuadvisor.arrays import reduce_by_key
+
+    rng = np.random.default_rng(seed)
+    keys = np.sort(rng.integers(0, 40, 200)).astype(np.int32)
+    values = rng.integers(-1000, 1000, 200)
+    for order in (keys, rng.permutation(keys)):      # the run path and the ufunc.at path
+        for ufunc, initial in ((np.maximum, -1), (np.minimum, 10**6)):
+            expected = np.full(50, initial, np.int64)
+            ufunc.at(expected, order, values)
+            assert np.array_equal(reduce_by_key(ufunc, np.full(50, initial, np.int64), order, values), expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_covered_until_edges_and_overlap_filter(seed):
+    """covered_until against the coverage mask; edges_up_to (fill path for many sorted times,
+    search path otherwise) against np.searchsorted; may_overlap keeps every event that overlaps
+    the set (per_bin_total > 0)."""
+    rng = np.random.default_rng(seed)
+    a = iv.union(*_random_set(rng, int(rng.integers(0, 20))))
+    covered = np.concatenate(([0], np.cumsum(_mask(*a))))
+    times = np.sort(rng.integers(0, SPAN, 200))
+    assert iv.covered_until(a, times).tolist() == covered[times].tolist()
+    for t in (times, rng.permutation(times)):
+        assert np.array_equal(iv.edges_up_to(a[1], t), np.searchsorted(a[1], t, side="right"))
+    starts = np.sort(rng.integers(0, SPAN - 40, 200))
+    ends = starts + rng.integers(0, 40, 200)
+    kept = iv.may_overlap(a, starts, ends)
+    assert not np.any((iv.per_bin_total(a, starts, ends) > 0) & ~kept)
+    if a[0].size:       # and drops those wholly before or after it
+        assert not np.any(kept & ((ends <= a[0][0]) | (starts >= a[1][-1])))
+
+
+@pytest.mark.parametrize("block", [1, 3, 7])
+def test_pairwise_overlaps_swept_in_blocks(monkeypatch, block):
+    """The bitmask sweep carries its mask and time across blocks: small blocks give the table of
+    one block, also with negative times and sets that share boundaries."""
+    rng = np.random.default_rng(block)
+    sets = []
+    for _ in range(6):
+        starts = rng.integers(-50, SPAN, 30)
+        sets.append(iv.union(starts, starts + rng.integers(0, 40, 30)))
+    whole = iv.pairwise_overlaps(sets)
+    monkeypatch.setattr(iv, "BLOCK", block)
+    assert np.array_equal(iv.pairwise_overlaps(sets), whole)
+    covered = np.zeros((len(sets), SPAN + 100), bool)     # times -50 .. SPAN + 50
+    for row, (starts, ends) in zip(covered, sets):
+        for a, b in zip(starts, ends):
+            row[a + 50:b + 50] = True
+    assert np.array_equal(whole, covered.astype(np.int64) @ covered.T.astype(np.int64))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,10 +42,10 @@ from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.intervals import BLOCK, Intervals
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.model.timeline import (
-    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostEventKind,
+    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
     HostModel, SessionModel, Steps,
 )
 from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
@@ -294,24 +294,61 @@ def _cut(a: Intervals, b: Intervals) -> Intervals:
     return starts[keep], ends[keep]
 
 
-def _dispatch_mask(host: HostModel, dev: DeviceActivity) -> np.ndarray:
-    """Host events that launch or dispatch work for ``dev``.
+@dataclass
+class _Dispatch:
+    """A host's events that launch or dispatch device work, grouped once for all its devices.
 
-    Launch calls are linked to the device by correlation id (calls without one
-    count for every device of the host); framework op events count when the
-    device ran an op of the same node name (ops without device annotations count
-    for every device); executor scheduling counts for every device of the host.
+    Launch calls are linked to a device by correlation id (calls without one count for every
+    device of the host); framework op events count for a device when it ran an op of the same
+    node name (ops without device annotations count for every device); executor scheduling
+    counts for every device. The parts every device shares are merged once per set of op
+    names (replicas run the same ops), so each device adds only its own launches.
     """
-    activity = host.activity
-    kind = activity.kind
-    target = launch_targets(host)
-    position = next(i for i, d in enumerate(host.devices) if d is dev)
-    launch = (kind == HostEventKind.LAUNCH) & ((target == -1) | (target == position))
-    ops = kind == HostEventKind.FRAMEWORK_OP
-    device_ops = {op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0])}
-    if device_ops:
-        ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
-    return launch | ops | (kind == HostEventKind.EXECUTOR)
+
+    activity: HostActivity
+    target: np.ndarray              # launch_targets: the device position of every event, -1
+    own: list[np.ndarray]           # per device position: int32 rows of the launches joined to it
+    allocator: Intervals            # allocator calls (cudaFree...): not launch cost
+    _common: dict = field(default_factory=dict)     # frozenset of op names -> Intervals
+
+    @classmethod
+    def of(cls, host: HostModel) -> "_Dispatch":
+        """The host's index, built once and kept with its events (it does not depend on steps)."""
+        found = host.activity.derived.get("dispatch")
+        if found is None:
+            activity = host.activity
+            kind = activity.kind
+            target = launch_targets(host)
+            launches = np.flatnonzero(kind == HostEventKind.LAUNCH).astype(np.int32)
+            to = target[launches]
+            order = np.argsort(to, kind="stable")          # rows stay in start order per device
+            counts = np.bincount(to[to >= 0], minlength=len(host.devices))
+            own = np.split(launches[order][int(np.count_nonzero(to < 0)):], np.cumsum(counts)[:-1])
+            found = host.activity.derived["dispatch"] = cls(
+                activity, target, own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
+        return found
+
+    def common(self, device_ops: frozenset[str]) -> Intervals:
+        """What every device with ops named DEVICE_OPS counts (all ops when it names none)."""
+        found = self._common.get(device_ops)
+        if found is None:
+            activity = self.activity
+            kind = activity.kind
+            ops = kind == HostEventKind.FRAMEWORK_OP
+            if device_ops:
+                ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
+            # Unjoined launches and executor scheduling count for every device too.
+            rows = np.flatnonzero(ops | ((kind == HostEventKind.LAUNCH) & (self.target == -1))
+                                  | (kind == HostEventKind.EXECUTOR))
+            found = self._common[device_ops] = _set(activity.start_ps[rows], activity.end_ps[rows])
+        return found
+
+    def launch_set(self, dev: DeviceActivity, position: int) -> Intervals:
+        """When the host launched or dispatched work for DEV (at POSITION in its host's devices)."""
+        common = self.common(_op_keys(dev))
+        rows = self.own[position]
+        starts, ends = self.activity.start_ps, self.activity.end_ps
+        return iv.union(np.concatenate((starts[rows], common[0])), np.concatenate((ends[rows], common[1])))
 
 
 def launch_targets(host: HostModel) -> np.ndarray:
@@ -323,7 +360,12 @@ def launch_targets(host: HostModel) -> np.ndarray:
         positions = [np.full(k.size, i, np.int32) for i, k in enumerate(keys)]
         table = SortedKeys(np.concatenate(keys) if keys else np.empty(0, np.int64),
                            np.concatenate(positions) if positions else np.empty(0, np.int32))
-        targets = host.activity.derived["launch_targets"] = table.get(host.activity.correlation_id, -1)
+        # Looked up in blocks: the look-up's temporaries stay small (see intervals.BLOCK).
+        ids = host.activity.correlation_id
+        targets = np.empty(ids.size, np.int32)
+        for first in range(0, ids.size, BLOCK):
+            targets[first:first + BLOCK] = table.get(ids[first:first + BLOCK], -1)
+        host.activity.derived["launch_targets"] = targets
     return targets
 
 
@@ -448,12 +490,15 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
 def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
     """When the host launched or dispatched work for DEV, less the time it sat in allocator calls
     (cudaFree/hipFree inside an op block until the device drains: that idle is not launch cost)."""
-    activity = host.activity
-    launch = _set(activity.start_ps, activity.end_ps, _dispatch_mask(host, dev))
-    allocator = activity.kind == HostEventKind.ALLOCATOR
-    if not allocator.any():
-        return launch
-    return iv.subtract(launch, _set(activity.start_ps, activity.end_ps, allocator))
+    dispatch = _Dispatch.of(host)
+    position = next(i for i, d in enumerate(host.devices) if d is dev)
+    launch = dispatch.launch_set(dev, position)
+    return iv.subtract(launch, dispatch.allocator) if dispatch.allocator[0].size else launch
+
+
+def _op_keys(dev: DeviceActivity) -> frozenset[str]:
+    """The node names of the framework ops DEV ran (how host op events are linked to it)."""
+    return frozenset(op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0]))
 
 
 def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:
@@ -505,6 +550,15 @@ def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivit
     return "cpu", [(None, host) for host in model.hosts]
 
 
+def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, steps: Steps,
+             trust: "Trust | None", host_ops: dict[int, Intervals]) -> DeviceBreakdown:
+    dev, host = pair
+    if dev is None:
+        return _cpu_breakdown(host, windows, steps)
+    covered = trust.covered_by(dev.device.name) if trust is not None else None
+    return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
+
+
 def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
     """Attribute every trusted step of every measured device; TRUST gives the time each
     device's trace covers (step time outside it is "not traced", never idle)."""
@@ -512,26 +566,29 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
     # Per-host parts, before the device threads share them (every GPU of a host reads the same
-    # host-op time).
+    # host-op time, input waits and launch index).
     hosts = {id(h): h for dev, h in pairs if dev is not None}
-    host_ops = {key: _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
-                for key, host in hosts.items()}
 
-    def measure(pair: tuple[DeviceActivity | None, HostModel]) -> DeviceBreakdown:
-        dev, host = pair
-        if dev is None:
-            return _cpu_breakdown(host, windows, steps)
-        covered = trust.covered_by(dev.device.name) if trust is not None else None
-        return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
+    def host_ops_set(host: HostModel) -> Intervals:
+        return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
+
+    def host_parts(host: HostModel) -> None:
+        _input_waits(host)
+        dispatch = _Dispatch.of(host)
+        for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
+            dispatch.common(_op_keys(dev))
 
     if len(pairs) > 1:
-        for host in hosts.values():
-            _input_waits(host)
-            launch_targets(host)
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
+        # The host parts go first, two tasks per host (the host-op time; the waits and launch index).
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
-            devices = list(pool.map(measure, pairs))
+            ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
+            for done in [pool.submit(host_parts, host) for host in hosts.values()]:
+                done.result()
+            host_ops = {key: future.result() for key, future in ops.items()}
+            devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, host_ops), pairs))
     else:
-        devices = [measure(pair) for pair in pairs]
+        host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
+        devices = [_measure(pair, windows, steps, trust, host_ops) for pair in pairs]
     _split_collective_wait(devices)
     return Breakdown(steps=steps, devices=devices, device_kind=kind)

@@ -32,13 +32,17 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 
-from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor import cores
+from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
@@ -52,6 +56,7 @@ ANCHOR_GAP_PS = 5 * PS_PER_US
 # when nothing moves; this bounds a pathological capture.
 MAX_SYNC_ROUNDS = 4096
 _FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ class _Held:
     observed: np.ndarray        # their observed releases
     wait: np.ndarray            # the wait each last returned from in its step, -1
     after: np.ndarray           # wait >= 0
-    resumed: np.ndarray         # when the host last resumed before each
+    resume: np.ndarray          # when the host last resumed before each: an index into the step
+                                # starts followed by the wait ends
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
@@ -118,13 +124,30 @@ class _Held:
     rounds: int = 1             # replay rounds that carry a gain across every wait of a step
 
 
-def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
-    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+def _launch_table(host: HostModel) -> SortedKeys:
+    """The host's launch calls by correlation id (their rows), shared by every device of the host."""
     activity = host.activity
-    table = activity.derived.get("launch_rows")     # shared by every device of the host
+    table = activity.derived.get("launch_rows")
     if table is None:
         rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
         table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
+    return table
+
+
+def _sync_calls(host: HostModel) -> np.ndarray:
+    """The host's synchronize calls inside steps, shared by every device of the host."""
+    activity = host.activity
+    calls = activity.derived.get("sync_calls")
+    if calls is None:
+        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
+                                                  & (activity.step >= 0))
+    return calls
+
+
+def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
+    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+    activity = host.activity
+    table = _launch_table(host)
     if not len(table):
         return np.full(len(dev), -1, np.int64)
     row = table.get(dev.correlation_id, -1)
@@ -180,10 +203,7 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     """(start, end) of the host's waits for the device, in end order: synchronize calls and
     this device's device-to-host copies (the host consumes their data when they land)."""
     activity = host.activity
-    calls = activity.derived.get("sync_calls")
-    if calls is None:
-        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
-                                                  & (activity.step >= 0))
+    calls = _sync_calls(host)
     d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
     start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
     end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))
@@ -191,12 +211,37 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     return start[order], end[order]
 
 
+@dataclass(frozen=True)
+class _Durations:
+    """A chain's event durations with their running sums: what every solve with them shares
+    (the rounds of a replay, and every scenario that changes no duration)."""
+
+    total: np.ndarray           # running sum of the durations
+    before: np.ndarray          # running sum before each event
+
+    @classmethod
+    def of(cls, d: np.ndarray) -> "_Durations":
+        total = np.cumsum(d)
+        return cls(total, total - d)
+
+    def solve(self, release: np.ndarray) -> np.ndarray:
+        """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
+        return self.total + np.maximum.accumulate(release - self.before)
+
+
 def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
-    if not d.size:
-        return d
-    total = np.cumsum(d)
-    return total + np.maximum.accumulate(release - (total - d))
+    """The chain's ends with durations D, solved once (see _Durations.solve)."""
+    return _Durations.of(d).solve(release) if d.size else d
+
+
+def _released(chain: _Chain, held: _Held, shift: np.ndarray) -> np.ndarray:
+    """CHAIN's releases with each held event released SHIFT (ps) earlier."""
+    moved = held.observed - np.rint(shift).astype(np.int64)
+    if held.anchored.size == chain.release.size:      # every event is held: ANCHORED is all of them
+        return moved
+    release = chain.release.copy()
+    release[held.anchored] = moved
+    return release
 
 
 def _carried_min(cost: np.ndarray, cap: np.ndarray, runs: np.ndarray) -> np.ndarray:
@@ -212,9 +257,7 @@ def _carried_min(cost: np.ndarray, cap: np.ndarray, runs: np.ndarray) -> np.ndar
 
 
 def _last_end(chain: _Chain, ends: np.ndarray, n_steps: int) -> np.ndarray:
-    out = np.full(n_steps, -1, np.int64)
-    np.maximum.at(out, chain.step, ends)
-    return out
+    return reduce_by_key(np.maximum, np.full(n_steps, -1, np.int64), chain.step, ends)
 
 
 class Replay:
@@ -227,23 +270,35 @@ class Replay:
         by_name = {(dev.device.host, dev.device.name): dev for dev in model.devices}
         n = len(self.steps)
         torch_names = model.framework == pytorch.FRAMEWORK
-        self.chains: list[_Chain | None] = []
-        for part in breakdown.devices:
-            dev = by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None
-            usable = dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
-            self.chains.append(_chain(dev, hosts[part.host], n, torch_names) if usable else None)
+        pairs = [(by_name.get((part.host, part.name)) if breakdown.device_kind != "cpu" else None, hosts[part.host])
+                 for part in breakdown.devices]
+        pairs = [(dev, host) if dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
+                 else (None, host) for dev, host in pairs]
+        for host in {id(host): host for dev, host in pairs if dev is not None}.values():
+            _launch_table(host)         # what the devices of a host share, before they go on threads
+            _sync_calls(host)
+        self.chains: list[_Chain | None] = _on_devices(
+            lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
         # depend on the scenario, so each is measured once and scenarios only weigh them.
         self._windows: dict[tuple[int, str, str], np.ndarray] = {}
         self._gains: dict[str, np.ndarray] = {}
         self._device_gains: dict[str, np.ndarray] = {}
         self._held_by: dict[int, _Held] = {}
+        self._plain: dict[int, _Durations] = {}     # per chain, the durations no scenario changed
 
     def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
                  tag: str) -> np.ndarray:
         """Host time the scenario removes inside each window [lo, hi); TAG names the (fixed)
         windows for the cache."""
-        out = np.zeros(lo.size, np.float64)
+        return self._removed_by(part, scenario, tag, lo.size,
+                                lambda removable: iv.per_bin_total(removable, lo, np.maximum(hi, lo)))
+
+    def _removed_by(self, part: DeviceBreakdown, scenario: Scenario, tag: str, size: int,
+                    measure: Callable[[Intervals], np.ndarray]) -> np.ndarray:
+        """Host time the scenario removes inside each of SIZE windows, which MEASURE gives for
+        one removable set; TAG names the (fixed) windows for the cache."""
+        out = np.zeros(size, np.float64)
         removable = dict(scenario.idle)
         if scenario.hide_copies:
             removable["copy"] = 1.0
@@ -251,15 +306,40 @@ class Replay:
             if fraction > 0 and key in part.sets:
                 cached = self._windows.get((id(part), key, tag))
                 if cached is None:
-                    cached = self._windows[(id(part), key, tag)] = iv.per_bin_total(
-                        part.sets[key], lo, np.maximum(hi, lo))
+                    cached = self._windows[(id(part), key, tag)] = measure(part.sets[key])
                 out += fraction * cached
         return out
+
+    def _held_removed(self, part: DeviceBreakdown, chain: _Chain, held: _Held, scenario: Scenario) -> np.ndarray:
+        """Host time the scenario removes between the host's last resume and each held event's
+        release (windows [resumed, max(observed, resumed))). The resumes are step starts and wait
+        ends, so the set's covered length is found at those few times and gathered."""
+        resumes = np.concatenate((self.steps.start_ps, chain.sync_end))
+
+        def measure(removable: Intervals) -> np.ndarray:
+            covered = iv.covered_until(removable, held.observed)
+            covered -= iv.covered_until(removable, resumes)[held.resume]
+            return np.maximum(covered, 0, out=covered)
+        return self._removed_by(part, scenario, "held", held.observed.size, measure)
 
     def _device_gain(self, part: DeviceBreakdown, chain: _Chain | None, scenario: Scenario) -> np.ndarray:
         a, b = self.steps.start_ps, self.steps.end_ps
         if chain is None:
             return self._removed(part, scenario, a, b, "step")
+        ends = self._replay_chain(part, chain, scenario, self._durations(chain, scenario))
+        last = _last_end(chain, ends, len(self.steps))
+        has = chain.base_end >= 0
+        tail_from = np.where(has, chain.base_end, a)
+        gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
+        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
+
+    def _durations(self, chain: _Chain, scenario: Scenario) -> _Durations:
+        """CHAIN's event durations under SCENARIO; those of a scenario that changes none (it only
+        removes host time) are found once per chain."""
+        plain = not scenario.faster and not scenario.hide_copies
+        found = self._plain.get(id(chain)) if plain else None
+        if found is not None:
+            return found
         own = chain.own.astype(np.float64)
         speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
         for key, value in scenario.faster.items():
@@ -269,13 +349,10 @@ class Replay:
         if scenario.hide_copies:
             own = np.where(chain.classes["copy"], 0.0, own)
             gap = np.where(chain.classes["copy"], 0, gap)
-        d = np.rint(gap + own).astype(np.int64)
-        ends = self._replay_chain(part, chain, scenario, d)
-        last = _last_end(chain, ends, len(self.steps))
-        has = chain.base_end >= 0
-        tail_from = np.where(has, chain.base_end, a)
-        gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
-        return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
+        found = _Durations.of(np.rint(gap + own).astype(np.int64))
+        if plain:
+            self._plain[id(chain)] = found
+        return found
 
     def _held(self, chain: _Chain) -> "_Held":
         """CHAIN's held events and waits: what does not depend on the scenario, found once."""
@@ -285,11 +362,10 @@ class Replay:
             anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
             wait = chain.sync_index[anchored]
             after = wait >= 0
-            # Host time removed since the host last resumed: the step start, or the end of its last wait.
-            resumed = np.where(after, chain.sync_end[np.clip(wait, 0, None)] if chain.sync_end.size else 0,
-                               a[chain.step[anchored]])
             # Stored only once complete: checks replay their scenarios from several threads.
-            held = _Held(anchored, chain.release[anchored], wait, after, resumed)
+            # The host last resumed at the step start, or at the end of its last wait in the step.
+            resume = np.where(after, len(self.steps) + wait, chain.step[anchored])
+            held = _Held(anchored, chain.release[anchored], wait, after, resume)
             if after.any():
                 # Waits in step order: each one's predecessor in its step, and the host time removed between.
                 event = chain.sync_event
@@ -308,15 +384,14 @@ class Replay:
             self._held_by[id(chain)] = held
         return held
 
-    def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario, d: np.ndarray) -> np.ndarray:
-        """Replayed ends of CHAIN's events with durations D; releases follow the host's timeline
+    def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario,
+                      durations: _Durations) -> np.ndarray:
+        """Replayed ends of CHAIN's events with DURATIONS; releases follow the host's timeline
         with the scenario's host time removed and, after a wait, the device's replayed progress."""
         held = self._held(chain)
-        release = chain.release.copy()
-        own_shift = self._removed(part, scenario, held.resumed, held.observed, "held")
+        own_shift = self._held_removed(part, chain, held, scenario)
         if not held.after.any():
-            release[held.anchored] = held.observed - np.rint(own_shift).astype(np.int64)
-            return _solve(release, d)
+            return durations.solve(_released(chain, held, own_shift))
         removed = self._removed(part, scenario, held.since, held.reached, "waits")
         host_cost = held.base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
@@ -327,8 +402,7 @@ class Replay:
             shift = np.zeros(held.previous.size)
             shift[waits] = _carried_min(host_cost[waits], device[waits], runs)
             total = own_shift + np.where(held.after, shift[wait_of], 0.0)
-            release[held.anchored] = held.observed - np.rint(total).astype(np.int64)
-            new_ends = _solve(release, d)
+            new_ends = durations.solve(_released(chain, held, total))
             if np.array_equal(new_ends, ends):
                 break
             ends = new_ends
@@ -356,8 +430,8 @@ class Replay:
         """Per step, the gain every measured device allows (the smallest), before balancing."""
         key = repr(replace(scenario, balance=False))
         if key not in self._device_gains:
-            per_device = np.vstack([self._device_gain(part, chain, scenario)
-                                    for part, chain in zip(self.breakdown.devices, self.chains)])
+            per_device = np.vstack(_on_devices(lambda part, chain: self._device_gain(part, chain, scenario),
+                                               zip(self.breakdown.devices, self.chains)))
             self._device_gains[key] = per_device.min(axis=0)
         return self._device_gains[key]
 
@@ -374,6 +448,19 @@ class Replay:
         """The mean per-step gain of SCENARIO, in ms."""
         gains = self.gains(scenario)
         return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
+
+
+# Devices are replayed on threads (numpy work that releases the GIL), up to this many.
+MOST_THREADS = 4
+
+
+def _on_devices(measure: Callable[..., T], items: Iterable[tuple]) -> list[T]:
+    """MEASURE(*item) for every item (one per device), on threads when there are several."""
+    items = list(items)
+    if len(items) < 2:
+        return [measure(*item) for item in items]
+    with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
+        return list(pool.map(lambda item: measure(*item), items))
 
 
 def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -173,12 +173,14 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
              idle: str = "the device was idle", kinds: tuple[HostEventKind, ...] = ()) -> list[Evidence]:
     """Host events (by thread and name) with the most time inside the gaps (while IDLE); only
     events of KINDS when given."""
-    wanted = activity.mask(*kinds) if kinds else ~activity.mask(*_NOT_CULPRITS)
-    candidates = np.flatnonzero(wanted & ~helper_overhead(activity))
-    if not candidates.size or not gaps[0].size:
+    if not gaps[0].size:
         return []
-    start = activity.start_ps[candidates]
-    overlap = iv.per_bin_total(gaps, start, start + activity.dur_ps[candidates])
+    wanted = activity.mask(*kinds) if kinds else ~activity.mask(*_NOT_CULPRITS)
+    near = iv.may_overlap(gaps, activity.start_ps, activity.end_ps)    # a cheap filter first
+    candidates = np.flatnonzero(near & wanted & ~helper_overhead(activity))
+    if not candidates.size:
+        return []
+    overlap = iv.per_bin_total(gaps, activity.start_ps[candidates], activity.end_ps[candidates])
     hit = overlap > 0
     candidates, overlap = candidates[hit], overlap[hit]
     if not candidates.size:

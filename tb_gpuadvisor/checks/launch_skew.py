@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import reduce_by_key
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.attribution.breakdown import launch_targets
 from tb_gpuadvisor.checks.context import Analysis, judged, measurement
@@ -78,8 +79,7 @@ def first_kernel_per_step(dev: DeviceActivity, model: SessionModel, windows: int
         idx = dev.step[mask].astype(np.int64)
     else:
         idx = np.zeros(int(mask.sum()), np.int64)
-    np.minimum.at(first, idx, dev.start_ps[mask])
-    return first
+    return reduce_by_key(np.minimum, first, idx, dev.start_ps[mask])
 
 
 @dataclass

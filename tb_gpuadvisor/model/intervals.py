@@ -13,6 +13,9 @@ Intervals = tuple[np.ndarray, np.ndarray]   # (starts, ends), sorted and disjoin
 
 EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
 
+# An end before every time a capture holds (and far from overflowing when a time is subtracted).
+_NEVER = np.int64(-(1 << 62))
+
 
 def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     """Merge possibly overlapping intervals into a sorted disjoint set."""
@@ -44,8 +47,18 @@ def overlap(a: Intervals, b: Intervals) -> int:
     return int(per_bin_total(b, a[0], a[1]).sum()) if a[0].size else 0
 
 
-# Up to this many sets, pairwise overlaps come from one sweep with a bitmask per time segment.
+# Up to this many sets, pairwise overlaps come from one sweep with a bitmask per time segment:
+# each boundary is one int64 key, its time shifted left by _CODE_BITS and a code below (set i's
+# start is i, its end 16 + i, so starts sort before ends at one time); times must fit the rest.
 _SWEEP_MAX_SETS = 16
+_CODE_BITS = 5
+_SWEEP_MAX_TIME = 1 << (62 - _CODE_BITS)
+# Passes over millions of rows run in blocks of this many, so their temporaries (8 MB) are reused
+# from the heap instead of being fresh mappings whose first touch costs more than the arithmetic.
+BLOCK = 1 << 20
+# The change of the bitmask at each code: set i's start adds bit i, its end removes it.
+_MASK_STEP = np.array([1 << i for i in range(_SWEEP_MAX_SETS)] + [-(1 << i) for i in range(_SWEEP_MAX_SETS)],
+                      np.int32)
 
 
 def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
@@ -56,27 +69,35 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
     """
     k = len(sets)
     out = np.zeros((k, k), np.int64)
-    if k > _SWEEP_MAX_SETS:
+    sizes = [2 * s[0].size for s in sets]
+    if not sum(sizes):
+        return out
+    if k > _SWEEP_MAX_SETS or max(max(-int(a[0]), int(b[-1])) for a, b in sets if a.size) >= _SWEEP_MAX_TIME:
         for i in range(k):
             for j in range(i, k):
                 out[i, j] = out[j, i] = overlap(sets[i], sets[j])
         return out
-    sizes = [2 * s[0].size for s in sets]
-    if not sum(sizes):
-        return out
-    # Each set's boundaries interleaved (start, end, start, ...) form one sorted run, so the
-    # stable sort merges k runs; the masks fit int32 (k <= 16).
-    points = np.empty(sum(sizes), np.int64)
-    delta = np.empty(sum(sizes), np.int32)
+    # Each set's keys interleaved (start, end, start, ...) form one sorted run (a disjoint set's
+    # next start lies past its last end), so the stable sort merges k runs in place.
+    keys = np.empty(sum(sizes), np.int64)
     first = 0
     for i, ((starts, ends), size) in enumerate(zip(sets, sizes)):
-        points[first:first + size:2], points[first + 1:first + size:2] = starts, ends
-        delta[first:first + size:2], delta[first + 1:first + size:2] = 1 << i, -(1 << i)
+        np.bitwise_or(np.left_shift(starts, _CODE_BITS), i, out=keys[first:first + size:2])
+        np.bitwise_or(np.left_shift(ends, _CODE_BITS), _SWEEP_MAX_SETS + i, out=keys[first + 1:first + size:2])
         first += size
-    order = np.argsort(points, kind="stable")
-    points, mask = points[order], np.cumsum(delta[order], dtype=np.int32)
-    lengths = np.diff(points)
-    by_mask = np.bincount(mask[:-1], weights=lengths, minlength=1 << k)
+    keys.sort(kind="stable")
+    # The sweep runs over blocks of keys (see BLOCK); every total is a sum of integer lengths,
+    # exact in float64, so the blocks' sums are the whole sweep's.
+    by_mask = np.zeros(1 << k, np.float64)
+    mask, time = np.int32(0), keys[0] >> _CODE_BITS
+    for first in range(0, keys.size, BLOCK):
+        block = keys[first:first + BLOCK]
+        masks = np.cumsum(_MASK_STEP[block & ((1 << _CODE_BITS) - 1)], dtype=np.int32)
+        masks += mask
+        times = block >> _CODE_BITS
+        by_mask += np.bincount(np.concatenate(([mask], masks[:-1])),
+                               weights=np.diff(times, prepend=time), minlength=1 << k)
+        mask, time = masks[-1], times[-1]
     bits = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1        # which sets each mask holds
     return np.rint((bits * by_mask[:, None]).T @ bits).astype(np.int64)
 
@@ -128,24 +149,67 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     return intersect(a, complement(b, lo, hi))
 
 
+class _Covered:
+    """The covered length of a disjoint set before any time: the cumulative length before
+    interval i and the end of interval i - 1, both indexed by the count of intervals starting
+    before t (entry 0: none, with an end that never overshoots), so each time costs one
+    search and two gathers, with no clip or where."""
+
+    def __init__(self, intervals: Intervals) -> None:
+        self.starts, ends = intervals
+        self.cum = np.zeros(self.starts.size + 1, np.int64)
+        np.cumsum(ends - self.starts, out=self.cum[1:])
+        self.previous_end = np.empty(self.starts.size + 1, np.int64)
+        self.previous_end[0] = _NEVER
+        self.previous_end[1:] = ends
+
+    def before(self, times: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.starts, times, side="right")     # intervals starting before t
+        overshoot = self.previous_end[i] - times                  # the last may extend past t
+        np.maximum(overshoot, 0, out=overshoot)
+        return self.cum[i] - overshoot
+
+
+def covered_until(intervals: Intervals, times: np.ndarray) -> np.ndarray:
+    """Length of the disjoint set before each time (a nondecreasing function of time)."""
+    if intervals[0].size == 0:
+        return np.zeros(times.shape, np.int64)
+    return _Covered(intervals).before(times)
+
+
+def edges_up_to(edges: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(edges, times, side="right")``: how many sorted EDGES are <= each time.
+    Times in order (an event table's starts) and many more than the edges are counted by
+    searching the edges in the times and filling each run, instead of one search per time."""
+    if times.size > 4 * edges.size and bool(np.all(times[1:] >= times[:-1])):
+        first = np.searchsorted(times, edges, side="left")     # the first time at or past each edge
+        return np.repeat(np.arange(edges.size + 1), np.diff(first, prepend=0, append=times.size))
+    return np.searchsorted(edges, times, side="right")
+
+
+def may_overlap(intervals: Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which events [starts, ends) may overlap the disjoint set: every one that does, and some
+    that only touch it. Only the first interval ending after an event's start can be the first
+    it overlaps, so one search per event finds them: a filter before measuring overlaps."""
+    set_starts, set_ends = intervals
+    if set_starts.size == 0:
+        return np.zeros(starts.size, bool)
+    limits = np.append(set_starts, np.iinfo(np.int64).max)
+    out = np.empty(starts.size, bool)
+    for first in range(0, starts.size, BLOCK):     # in blocks: small temporaries (see BLOCK)
+        part = slice(first, first + BLOCK)
+        # the first interval ending after each start
+        np.less(limits[edges_up_to(set_ends, starts[part])], ends[part], out=out[part])
+    return out
+
+
 def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarray) -> np.ndarray:
     """Length of the disjoint set inside each window [edges_lo[i], edges_hi[i]).
 
     Windows are independent of each other: they may overlap and come in any order
     (step periods, or one window per event).
     """
-    starts, ends = intervals
-    if starts.size == 0 or edges_lo.size == 0:
+    if intervals[0].size == 0 or edges_lo.size == 0:
         return np.zeros(edges_lo.size, np.int64)
-    # Cumulative covered length up to time t, evaluated at window edges.
-    cum = np.concatenate(([0], np.cumsum(ends - starts)))
-
-    def covered_before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(starts, t, side="right")      # intervals starting before t
-        full = cum[i]
-        # the last of them may extend past t
-        j = np.clip(i - 1, 0, None)
-        overshoot = np.where(i > 0, np.maximum(ends[j] - t, 0), 0)
-        return full - overshoot
-
-    return (covered_before(edges_hi) - covered_before(edges_lo)).astype(np.int64)
+    covered = _Covered(intervals)
+    return (covered.before(edges_hi) - covered.before(edges_lo)).astype(np.int64, copy=False)

@@ -17,7 +17,7 @@ import numpy as np
 from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.build import HostCapture
-from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
+from tb_gpuadvisor.model.timeline import DeviceActivity, HostActivity, HostEventKind, HostModel, Steps
 from tb_gpuadvisor.vocab import hlo, jax, pytorch, tensorflow
 
 _EMPTY = np.empty(0, np.int64)
@@ -307,12 +307,13 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
     for hc in hosts:
         act = hc.activity
         act_step = steps.locate(act.start_ps)
-        launch = act.correlation_id >= 0
-        by_launch = SortedKeys(act.correlation_id[launch], act_step[launch])
         dev_steps = []
         for dev in hc.devices:
             located = steps.locate(dev.start_ps)
-            via_launch = by_launch.get(dev.correlation_id, -2)
+            row = launch_rows(act, dev)
+            via_launch = np.full(row.shape, -2, np.int32)
+            launched = row >= 0
+            via_launch[launched] = act_step[row[launched]]
             step = np.where(via_launch != -2, via_launch, located)
             via_group = by_group.get(dev.group_id, -2)
             step = np.where(via_group != -2, via_group, step)
@@ -321,6 +322,21 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
             dev_steps.append(step.astype(np.int32, copy=False))
         out.append((act_step, dev_steps))
     return out
+
+
+def launch_rows(act: HostActivity, dev: DeviceActivity) -> np.ndarray:
+    """For every event of DEV, the row of the first ACT event with its correlation id (the call
+    that launched it), -1 when none. The join does not depend on steps, so both step passes of
+    trust share it: the host's table of correlation ids is built once, each device's rows once."""
+    rows = dev.derived.get("launch_rows")
+    if rows is None:
+        table = act.derived.get("correlation_rows")
+        if table is None:
+            with_id = np.flatnonzero(act.correlation_id >= 0)
+            table = act.derived["correlation_rows"] = SortedKeys(act.correlation_id[with_id],
+                                                                 with_id.astype(np.int32))
+        rows = dev.derived["launch_rows"] = table.get(dev.correlation_id, -1)
+    return rows
 
 
 def framework(hosts: list[HostCapture]) -> str:

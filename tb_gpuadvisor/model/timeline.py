@@ -124,8 +124,11 @@ class _EventColumns:
         self.derived.pop("end_ps", None)
 
     def mask(self, *kinds: int) -> np.ndarray:
-        """Events whose kind is one of KINDS."""
-        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+        """Events whose kind is one of KINDS (a few compares: np.isin on int8 costs 15x more)."""
+        out = np.zeros(self.kind.size, bool)
+        for kind in kinds:
+            out |= self.kind == kind
+        return out
 
 
 @dataclass
@@ -283,9 +286,28 @@ class Steps:
         """Index of the step whose period contains each time, -1 when outside all steps."""
         if not len(self):
             return np.full(times_ps.shape, -1, np.int32)
+        if times_ps.ndim == 1 and times_ps.size > 4 * len(self) and bool(np.all(times_ps[1:] >= times_ps[:-1])):
+            return self._locate_sorted(times_ps)
         idx = np.searchsorted(self.start_ps, times_ps, side="right") - 1
         inside = (idx >= 0) & (times_ps < self.end_ps[np.clip(idx, 0, None)])
         return np.where(inside, idx, -1).astype(np.int32)
+
+    def _locate_sorted(self, times_ps: np.ndarray) -> np.ndarray:
+        """``locate`` for times in order (an event table's starts): the steps are searched in the
+        times, not millions of times in the steps, and each step's run of positions is filled.
+
+        Step k holds the positions from the first time >= its start to the first time >= its
+        end or >= the next step's start (a later start wins, as in ``locate``)."""
+        n, size = len(self), times_ps.size
+        first = np.searchsorted(times_ps, self.start_ps, side="left")
+        past = np.searchsorted(times_ps, self.end_ps, side="left")
+        until = np.maximum(first, np.minimum(past, np.append(first[1:], size)))
+        bounds = np.empty(2 * n + 2, np.int64)
+        bounds[0], bounds[-1] = 0, size
+        bounds[1:-1:2], bounds[2:-1:2] = first, until
+        values = np.full(2 * n + 1, -1, np.int32)
+        values[1::2] = np.arange(n, dtype=np.int32)
+        return np.repeat(values, np.diff(bounds))
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import reduce_by_key
 from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
@@ -186,9 +187,9 @@ def _step_spans(dev: DeviceActivity, n: int) -> tuple[np.ndarray, np.ndarray]:
     lo = np.full(n, np.iinfo(np.int64).max)
     hi = np.full(n, np.iinfo(np.int64).min)
     inside = dev.step >= 0
-    np.minimum.at(lo, dev.step[inside], dev.start_ps[inside])
-    np.maximum.at(hi, dev.step[inside], dev.end_ps[inside])
-    return lo, hi
+    step = dev.step[inside]
+    return (reduce_by_key(np.minimum, lo, step, dev.start_ps[inside]),
+            reduce_by_key(np.maximum, hi, step, dev.end_ps[inside]))
 
 
 def missing_heavy_work(model: SessionModel) -> str | None:

@@ -83,8 +83,11 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
     mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
     if not grouped_steps(steps):
         return mask
-    own = steps.group_id[np.clip(activity.step, 0, None)] if len(steps) else activity.group_id
-    return mask & (activity.group_id >= 0) & ((own < 0) | (activity.group_id == own))
+    # Only the few ops picked so far are judged by group (inside a step, so its group is known).
+    rows = np.flatnonzero(mask)
+    group, own = activity.group_id[rows], steps.group_id[activity.step[rows]]
+    mask[rows[(group < 0) | ((own >= 0) & (group != own))]] = False
+    return mask
 
 
 @dataclass
