@@ -101,3 +101,18 @@ def test_a_trace_larger_than_the_memory_budget_is_refused_in_one_line(tmp_path):
         read(str(path), "w", budget=4_000_000)
     assert "\n" not in str(err.value)
     assert read(str(path), "w", budget=6_000_000).activity.start_ps.size
+
+
+@pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
+def test_every_decoder_reads_a_mapped_plain_file(tmp_path, backend):
+    """A plain (not gzip) trace is decoded from its read-only mapping; the orjson and json
+    fallbacks must read it too (json.loads takes no buffer, orjson no mmap object)."""
+    from synth_kineto import kineto_trace, write_trace
+    from tb_gpuadvisor.adapters.kineto import _mapped
+
+    path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace())
+    mapped = _mapped(str(path))
+    try:
+        assert decode(mapped, backend) == decode(bytearray(path.read_bytes()), "json")
+    finally:
+        mapped.close()

@@ -435,8 +435,8 @@ def decode(data: bytearray, backend: str | None = None) -> Columns:
         if backend == "msgspec":
             return _msgspec(data)
         if backend == "orjson":
-            return _from_dicts(orjson.loads(data))
-        return _from_dicts(json.loads(data))
+            return _from_dicts(orjson.loads(memoryview(data)))
+        return _from_dicts(json.loads(bytes(data)))   # it reads no buffer but bytes
     except CaptureError:
         raise
     except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors
