@@ -48,7 +48,7 @@ def outcome(data: bytes, fast: bool) -> object:
     planes = []
     for span in spans:
         try:
-            dp = decode.decode_plane(view, span, _choose, fast=fast)
+            dp = decode.decode_plane(view[span[0]:span[1]], _choose, fast=fast)
         except CaptureError:
             planes.append("error")
             continue

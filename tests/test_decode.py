@@ -20,8 +20,9 @@ pytestmark = pytest.mark.skipif(not decode.has_fast_decoder(), reason="C decoder
 def _assert_same(path: str) -> None:
     with CaptureFile(path) as capture:
         for span in capture.index.plane_spans:
-            fast = decode.decode_plane(capture.buffer, span, lambda plane: WANTED)
-            slow = decode.decode_plane(capture.buffer, span, lambda plane: WANTED, fast=False)
+            data = capture.read(span)
+            fast = decode.decode_plane(data, lambda plane: WANTED)
+            slow = decode.decode_plane(data, lambda plane: WANTED, fast=False)
             assert fast.shell == slow.shell and fast.lines == slow.lines
             for column in ("metadata_id", "offset_ps", "duration_ps"):
                 assert np.array_equal(getattr(fast, column), getattr(slow, column))
@@ -49,7 +50,7 @@ def test_skipped_planes_are_not_decoded(tmp_path):
     with CaptureFile(str(next(folder.glob("*.xplane.pb")))) as capture:
         seen = []
         for span in capture.index.plane_spans:
-            assert decode.decode_plane(capture.buffer, span, lambda plane: seen.append(plane.name)) is None
+            assert decode.decode_plane(capture.read(span), lambda plane: seen.append(plane.name)) is None
         assert "/host:CPU" in seen and "/device:GPU:0" in seen
 
 
@@ -57,8 +58,8 @@ def test_corrupt_plane_is_a_capture_error():
     plane = build_training_session(steps=2).space.planes[0].SerializeToString()
     inner = truncated(plane, 0.5)           # a plane whose own bytes end mid-field
     for fast in (True, False):
-        with pytest.raises(CaptureError):
-            decode.decode_plane(memoryview(inner), (0, len(inner)), lambda p: WANTED, fast=fast)
+        with pytest.raises(CaptureError, match="a plane at bytes 7-"):
+            decode.decode_plane(inner, lambda p: WANTED, fast=fast, at=7)
 
 
 def test_whole_model_is_the_same_without_the_c_decoder(tmp_path, monkeypatch):

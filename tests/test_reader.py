@@ -18,7 +18,7 @@ def _all(plane) -> tuple[str, ...]:
 
 def _decode_all(capture: CaptureFile) -> None:
     for span in capture.index.plane_spans:
-        decode_plane(capture.buffer, span, _all)
+        decode_plane(capture.read(span), _all)
 
 
 def _space_bytes(**kw) -> bytes:
@@ -30,7 +30,7 @@ def test_planes_round_trip_through_our_schema(tmp_path):
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(data)
     with CaptureFile(str(path)) as capture:
-        names = [decode_plane(capture.buffer, span, _all).shell.name for span in capture.index.plane_spans]
+        names = [decode_plane(capture.read(span), _all).shell.name for span in capture.index.plane_spans]
     assert names == [plane.name for plane in XSpace.FromString(data).planes]
     assert "/host:CPU" in names and "/device:GPU:1" in names
 

@@ -42,37 +42,42 @@ def _device_hosts(session: dict) -> set[str]:
     return {d["host"] for d in session["devices"]}
 
 
-def test_capture_truncated_while_open_is_decoded_from_what_was_read(tmp_path):
+def test_capture_truncated_while_open_is_a_capture_error_not_a_crash(tmp_path):
     # Item 1: with a memory map this died of SIGBUS (a child, so a crash fails the test only).
+    # Planes are read when decoded, so the truncation is seen there, as a clear error.
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(_good())
     script = f"""
 import os, sys
 sys.path.insert(0, {str(TESTS)!r})
-from tb_gpuadvisor.xspace.reader import CaptureFile
+from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
 from tb_gpuadvisor.xspace.decode import decode_plane
 with CaptureFile({str(path)!r}) as cap:
     os.truncate({str(path)!r}, 100)
-    for span in cap.index.plane_spans:
-        decode_plane(cap.buffer, span, lambda plane: ())
-print("survived")
+    try:
+        for span in cap.index.plane_spans:
+            decode_plane(cap.read(span), lambda plane: ())
+    except CaptureError as err:
+        print("refused:", err)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused: the file changed while it was read" in result.stdout
 
 
 def test_file_that_changes_while_read_is_a_capture_error(tmp_path, monkeypatch):
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(_good())
-    real_readv = os.readv
+    real_preadv = os.preadv
 
-    def readv_then_shrink(fd, buffers):   # the profiler rewrites the file mid-read
+    def preadv_then_shrink(fd, buffers, offset):   # the profiler rewrites the file mid-read
         os.truncate(path, 10)
-        return real_readv(fd, buffers)
+        return real_preadv(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "readv", readv_then_shrink)
-    with pytest.raises(CaptureError, match="changed while it was read"):
-        CaptureFile(str(path))
+    with CaptureFile(str(path)) as capture:
+        monkeypatch.setattr(os, "preadv", preadv_then_shrink)
+        with pytest.raises(CaptureError, match="changed while it was read"):
+            capture.read(capture.index.plane_spans[-1])
 
 
 def test_corrupt_plane_in_one_host_keeps_the_good_host(tmp_path):
@@ -141,7 +146,7 @@ def test_ref_value_above_int64_decodes_the_same_in_both_decoders():
     data = memoryview(space.SerializeToString())
     (span,) = index_space(data).plane_spans
     for fast in (False, True) if decode.has_fast_decoder() else (False,):
-        column = decode.decode_plane(data, span, lambda p: ("kernel_details",), fast=fast).stats["kernel_details"]
+        column = decode.decode_plane(data[span[0]:span[1]], lambda p: ("kernel_details",), fast=fast).stats["kernel_details"]
         assert column.value.tolist() == [-2] and column.kind.tolist() == [decode.REF]
 
 
@@ -199,8 +204,8 @@ def test_events_only_count_bounds_the_exact_estimate(tmp_path):
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(build_training_session(steps=20, gpus=2, memcpy_frac=0.05).space.SerializeToString())
     with CaptureFile(str(path)) as cap:
-        shallow = [decode.count_events(cap.buffer, span, stats=False) for span in cap.index.plane_spans]
-        full = [decode.count_events(cap.buffer, span) for span in cap.index.plane_spans]
+        shallow = [decode.count_events(cap.read(span), stats=False) for span in cap.index.plane_spans]
+        full = [decode.count_events(cap.read(span)) for span in cap.index.plane_spans]
         assert [e for e, _ in shallow] == [e for e, _ in full] and all(s == -1 for _, s in shallow)
         events = sum(e for e, _ in full)
         needed, counted = memory_needed(cap)

@@ -464,9 +464,10 @@ class _DevicePlane:
                 table.end_ps += delta
 
 
-def _read_plane(buffer, span: tuple[int, int], host: str) -> _DevicePlane | DecodedPlane | None:
-    """Decode one plane; device planes are turned into tables right away (in a worker thread)."""
-    dp = decode_plane(buffer, span, _wanted_stats)
+def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str) -> _DevicePlane | DecodedPlane | None:
+    """Read and decode one plane (its bytes are dropped once decoded); device planes are turned
+    into tables right away (in a worker thread)."""
+    dp = decode_plane(capture.read(span), _wanted_stats, at=span[0])
     if dp is None or not _DEVICE_PLANE.match(dp.shell.name):
         return dp           # None for planes we do not model (metadata, task environment)
     origin = _plane_origin(dp)
@@ -504,7 +505,7 @@ COST_PYTHON = MemoryCost(per_file_byte=40, per_event=200, per_stat=0)
 def memory_needed(capture: CaptureFile) -> tuple[int, int]:
     """(peak bytes to build this capture's tables, its events), from a count that decodes nothing."""
     fast = has_fast_decoder()
-    counts = [count_events(capture.buffer, span, fast) for span in capture.index.plane_spans]
+    counts = [count_events(capture.read(span), fast) for span in capture.index.plane_spans]
     events, stats = sum(e for e, _ in counts), sum(s for _, s in counts)
     return (COST_C if fast else COST_PYTHON).needed(capture.size, events, stats), events
 
@@ -516,7 +517,7 @@ def _check_budget(capture: CaptureFile, budget: int | None) -> None:
         return          # fits whatever it holds: no need to count its events
     if fast:
         # Counting the events alone steps over their bodies; their stats cost most of a count.
-        events = sum(count_events(capture.buffer, span, stats=False)[0] for span in capture.index.plane_spans)
+        events = sum(count_events(capture.read(span), stats=False)[0] for span in capture.index.plane_spans)
         if cost.most(capture.size, events) <= budget:
             return
     needed, events = memory_needed(capture)
@@ -529,9 +530,9 @@ def _check_budget(capture: CaptureFile, budget: int | None) -> None:
             "(a shorter profile_batch range) or analyse it on a machine with more memory")
 
 
-# Planes are decoded and converted in parallel: the C decoder and numpy release the GIL.
-# Twice the cores: while one thread holds the GIL for Python work, another decodes in C.
-MOST_THREADS = 4
+# Planes are read, decoded and converted in parallel: the C decoder and numpy release the GIL.
+# Each thread holds one plane's bytes and columns at a time, so threads bound the memory too.
+MOST_THREADS = 2
 
 
 def read_host(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
@@ -545,9 +546,11 @@ def read_host(path: str, host: str, opener: Opener | None = None, budget: int | 
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
         spans = capture.index.plane_spans
-        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
-            planes = [p for p in pool.map(lambda span: _read_plane(capture.buffer, span, host), spans)
-                      if p is not None]
+        # The largest planes first, so that the last to finish is a small one.
+        largest = sorted(range(len(spans)), key=lambda i: spans[i][0] - spans[i][1])
+        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
+            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host), largest)))
+        planes = [p for p in (done[i] for i in range(len(spans))) if p is not None]
     device_planes = [p for p in planes if isinstance(p, _DevicePlane)]
     host_planes = [p for p in planes if isinstance(p, DecodedPlane)]
     origins = [o for o in [*(p.origin_ns for p in device_planes), *map(_plane_origin, host_planes)]

@@ -152,9 +152,7 @@ def _shell_spans(view) -> list[tuple[int, int]]:
 Chooser = Callable[[XPlane], "tuple[str, ...] | None"]
 
 
-def _decode_fast(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | None:
-    start, stop = span
-    view = buf[start:stop]
+def _decode_fast(view, at: int, choose: Chooser) -> DecodedPlane | None:
     try:
         spans = _wire.decode_plane(view, b"", False)[0]
         shell = _shell(view, spans)
@@ -168,7 +166,7 @@ def _decode_fast(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | 
         (_, lines, md, off, dur, st_event, st_type, st_value,
          strings) = _wire.decode_plane(view, wanted_ids, True)
     except ValueError as err:
-        raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
+        raise CaptureError(f"a plane at bytes {at}-{at + len(view)} is corrupt: {err}") from None
     columns = {name: StatColumn(np.frombuffer(e, np.int64), np.frombuffer(k, np.int8), np.frombuffer(v, np.int64))
                for name, e, k, v in zip(names, st_event, st_type, st_value)}
     for name in wanted:
@@ -181,17 +179,15 @@ _VALUE_FIELDS = {"int64_value": INT64, "uint64_value": UINT64, "ref_value": REF,
                  "double_value": DOUBLE, "bytes_value": BYTES}
 
 
-def _decode_objects(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane | None:
+def _decode_objects(view, at: int, choose: Chooser) -> DecodedPlane | None:
     """The same columns through protobuf message objects (no C decoder)."""
-    start, stop = span
-    view = buf[start:stop]
     try:
         wanted = choose(_shell(view, _shell_spans(view)))
         if wanted is None:
             return None
         plane = XPlane.FromString(view)
     except (DecodeError, CaptureError) as err:
-        raise CaptureError(f"a plane at bytes {start}-{stop} is corrupt: {err}") from None
+        raise CaptureError(f"a plane at bytes {at}-{at + len(view)} is corrupt: {err}") from None
     stat_names = {sid: meta.name for sid, meta in plane.stat_metadata.items()}
     wanted_ids = {sid: name for sid, name in stat_names.items() if name in wanted}
     lines, md, off, dur, strings = [], [], [], [], []
@@ -233,25 +229,27 @@ def _decode_objects(buf, span: tuple[int, int], choose: Chooser) -> DecodedPlane
                         np.asarray(dur, np.int64), columns, strings)
 
 
-def decode_plane(buf, span: tuple[int, int], choose: Chooser, fast: bool = True) -> DecodedPlane | None:
-    """Decode the plane at SPAN of BUF.
+def decode_plane(data, choose: Chooser, fast: bool = True, at: int = 0) -> DecodedPlane | None:
+    """Decode the plane whose bytes are DATA (found at offset AT of its file, for messages).
 
     CHOOSE sees the plane without its lines and returns the stat names to extract
-    from its events, or None to skip the plane without decoding its events.
+    from its events, or None to skip the plane without decoding its events.  Nothing
+    returned refers to DATA: the caller may drop or reuse it.
     """
+    view = memoryview(data)
     if fast and _wire is not None:
-        return _decode_fast(buf, span, choose)
-    return _decode_objects(buf, span, choose)
+        return _decode_fast(view, at, choose)
+    return _decode_objects(view, at, choose)
 
 
-def count_events(buf, span: tuple[int, int], fast: bool = True, stats: bool = True) -> tuple[int, int]:
-    """(events, stats) in the lines of the plane at SPAN, without decoding them.
+def count_events(data, fast: bool = True, stats: bool = True) -> tuple[int, int]:
+    """(events, stats) in the lines of the plane whose bytes are DATA, without decoding them.
 
     The pure-Python count, and any count without STATS, stops at the events (stats cost
     several times more to count) and gives -1 stats.  Counting ends quietly at malformed
     bytes: decoding reports those.
     """
-    view = buf[span[0]:span[1]]
+    view = memoryview(data)
     if fast and _wire is not None:
         return _wire.count_plane(view) if stats else (_wire.count_plane(view, False)[0], -1)
     events = 0

@@ -157,31 +157,66 @@ _OS_ERRORS = (
 
 
 class CaptureFile:
-    """An open capture: its bytes and the index of its planes (xspace.decode decodes them).
+    """An open capture: the index of its planes, and each plane's bytes on request (``read``).
 
-    The file is read into memory once, not memory-mapped: captures are rewritten
-    while TensorBoard runs, and a mapped file that shrinks kills the process
-    (SIGBUS) when a vanished page is touched.  Reading costs no more memory
-    (touched mapped pages count as resident too) and a file that changes while
-    it is read becomes a CaptureError.  Only regular files are opened, without
-    blocking: a FIFO named like a capture would otherwise hang the reader forever.
-    Remote files (OPENER, an fsspec filesystem) are read in bounded ranges into a buffer of
-    the size the store reported, and compared with the store's info after the read.
-    Use as a context manager.
+    A local file is never held whole: the top level is indexed from its field headers alone
+    and each plane is read (pread) into its own buffer when it is decoded, so a caller that
+    drops a plane once decoded holds one plane's bytes at a time, not the file.  It is not
+    memory-mapped: captures are rewritten while TensorBoard runs, and a mapped file that
+    shrinks kills the process (SIGBUS) when a vanished page is touched.  Every read is checked
+    against the size and mtime seen at open, so a file that changes while it is read becomes
+    a CaptureError.  Only regular files are opened, without blocking: a FIFO named like a
+    capture would otherwise hang the reader forever.  Remote files (OPENER, an fsspec
+    filesystem) are read whole at open, in bounded ranges into a buffer of the size the store
+    reported, and compared with the store's info after the read.  Use as a context manager.
     """
 
     def __init__(self, path: str, opener: Opener | None = None):
         self.path = path
-        self.buffer: memoryview | None = None
-        data = read_bytes(path, opener)
-        self.buffer = memoryview(data)
-        self.size = len(data)
-        self.index = index_space(self.buffer)
+        self._fd: int | None = None
+        self._whole: np.ndarray | None = None
+        if opener is not None:
+            self._whole = read_bytes(path, opener)
+            self.size = len(self._whole)
+            self.index = index_space(memoryview(self._whole))
+            return
+        self._fd, self._stamp = _open_local(path)
+        self.size = self._stamp[0]
+        try:
+            self.index = index_space(_Headers(self))
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self, span: tuple[int, int]) -> memoryview:
+        """The bytes of SPAN (a fresh buffer for a local file: drop it to free them)."""
+        start, stop = span
+        if self._whole is not None:
+            return memoryview(self._whole)[start:stop]
+        if self._fd is None:
+            raise CaptureError("the capture was closed before it was read")
+        try:
+            data = np.empty(stop - start, np.uint8)
+            view = memoryview(data)
+            got = 0
+            while got < len(data):
+                n = os.preadv(self._fd, [view[got:]], start + got)
+                if n == 0:
+                    break
+                got += n
+            view.release()
+            after = os.fstat(self._fd)
+        except OSError as err:
+            raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
+        if got != len(data) or (after.st_size, after.st_mtime_ns) != self._stamp:
+            raise CaptureError(_CHANGED)
+        return memoryview(data)
 
     def close(self) -> None:
-        if self.buffer is not None:
-            self.buffer.release()
-            self.buffer = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._whole = None
 
     def __enter__(self) -> "CaptureFile":
         return self
@@ -190,15 +225,36 @@ class CaptureFile:
         self.close()
 
 
+class _Headers:
+    """A capture's bytes as ``fields`` reads them, fetched in small blocks as they are asked for:
+    indexing the top level touches only each field's tag and length, never a plane's body."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, capture: CaptureFile):
+        self.capture = capture
+        self.first = 0
+        self.block = b""
+
+    def __len__(self) -> int:
+        return self.capture.size
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return bytes(self.capture.read((key.start, key.stop)))
+        if not self.first <= key < self.first + len(self.block):
+            self.first = key
+            self.block = bytes(self.capture.read((key, min(key + self.BLOCK, self.capture.size))))
+        return self.block[key - self.first]
+
+
 def read_bytes(path: str, opener: Opener | None = None) -> np.ndarray:
     """The bytes of a local (OPENER None) or remote capture file; any failure is a CaptureError
     saying why in the user's terms.  Every capture format reads its files through this."""
     try:
         return _read_local(path) if opener is None else _read_remote(path, opener)
     except OSError as err:
-        message = next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
-                       f"cannot read the file: {err.strerror or err}")
-        raise CaptureError(message) from None
+        raise _capture_error(err) from None
     except CaptureError:
         raise
     except Exception as err:    # each remote store raises its own kinds (HTTP, auth, timeouts)
@@ -207,17 +263,36 @@ def read_bytes(path: str, opener: Opener | None = None) -> np.ndarray:
         raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
 
 
-def _read_local(path: str) -> np.ndarray:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+def _open_local(path: str) -> tuple[int, tuple[int, int]]:
+    """An open descriptor of the regular, non-empty file PATH and its (size, mtime); a file that
+    cannot be opened is a CaptureError saying why."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise _capture_error(err) from None
     try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise CaptureError("not a regular file (a FIFO, socket or device named like a capture); skipped")
         if before.st_size == 0:
             raise CaptureError("the file is empty (0 bytes)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, (before.st_size, before.st_mtime_ns)
+
+
+def _capture_error(err: OSError) -> CaptureError:
+    return CaptureError(next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
+                             f"cannot read the file: {err.strerror or err}"))
+
+
+def _read_local(path: str) -> np.ndarray:
+    fd, stamp = _open_local(path)
+    try:
         # Not zero-filled: the read writes every byte, and the first touch of each page is then
         # the read's own (numpy also asks the kernel for huge pages on a buffer this large).
-        data = np.empty(before.st_size, np.uint8)
+        data = np.empty(stamp[0], np.uint8)
         view = memoryview(data)
         got = 0
         while got < len(data):
@@ -229,7 +304,7 @@ def _read_local(path: str) -> np.ndarray:
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    if got != len(data) or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if got != len(data) or (after.st_size, after.st_mtime_ns) != stamp:
         raise CaptureError(_CHANGED)
     return data
 
