@@ -76,3 +76,30 @@ def test_missing_and_unreadable_files(tmp_path):
     path.chmod(0)
     with pytest.raises(CaptureError, match="permission"):
         CaptureFile(str(path))
+
+
+def test_local_capture_is_indexed_from_headers_and_read_plane_by_plane(tmp_path, monkeypatch):
+    """Opening reads only the top-level field headers (in blocks of _Headers.BLOCK bytes), and
+    each plane is read, alone, when asked for: the file is never held whole."""
+    from tb_gpuadvisor.xspace import reader
+    data = _space_bytes(gpus=2)
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(data)
+    reads: list[tuple[int, int]] = []
+    real_preadv = os.preadv
+
+    def recording_preadv(fd, buffers, offset):
+        n = real_preadv(fd, buffers, offset)
+        reads.append((offset, offset + n))
+        return n
+
+    monkeypatch.setattr(os, "preadv", recording_preadv)
+    monkeypatch.setattr(reader._Headers, "BLOCK", 64)
+    with CaptureFile(str(path)) as capture:
+        whole = index_space(data)
+        assert capture.index == whole and len(whole.plane_spans) >= 3
+        assert sum(b - a for a, b in reads) <= 64 * (len(whole.plane_spans) + 1) < len(data) // 4
+        for span in whole.plane_spans:
+            reads.clear()
+            assert bytes(capture.read(span)) == data[span[0]:span[1]]
+            assert reads[0][0] == span[0] and reads[-1][1] == span[1]
