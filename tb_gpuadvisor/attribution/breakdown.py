@@ -305,7 +305,8 @@ class _Dispatch:
     names (replicas run the same ops), so each device adds only its own launches.
     """
 
-    activity: HostActivity
+    # Kept in its host's activity.derived, so it holds no reference back to the activity (that
+    # cycle kept every host event of a pool worker's earlier hosts alive until the collector ran).
     target: np.ndarray              # launch_targets: the device position of every event, -1
     own: list[np.ndarray]           # per device position: int32 rows of the launches joined to it
     allocator: Intervals            # allocator calls (cudaFree...): not launch cost
@@ -325,14 +326,13 @@ class _Dispatch:
             counts = np.bincount(to[to >= 0], minlength=len(host.devices))
             own = np.split(launches[order][int(np.count_nonzero(to < 0)):], np.cumsum(counts)[:-1])
             found = host.activity.derived["dispatch"] = cls(
-                activity, target, own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
+                target, own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
         return found
 
-    def common(self, device_ops: frozenset[str]) -> Intervals:
+    def common(self, activity: HostActivity, device_ops: frozenset[str]) -> Intervals:
         """What every device with ops named DEVICE_OPS counts (all ops when it names none)."""
         found = self._common.get(device_ops)
         if found is None:
-            activity = self.activity
             kind = activity.kind
             ops = kind == HostEventKind.FRAMEWORK_OP
             if device_ops:
@@ -343,11 +343,11 @@ class _Dispatch:
             found = self._common[device_ops] = _set(activity.start_ps[rows], activity.end_ps[rows])
         return found
 
-    def launch_set(self, dev: DeviceActivity, position: int) -> Intervals:
-        """When the host launched or dispatched work for DEV (at POSITION in its host's devices)."""
-        common = self.common(_op_keys(dev))
+    def launch_set(self, activity: HostActivity, dev: DeviceActivity, position: int) -> Intervals:
+        """When the host (ACTIVITY) launched or dispatched work for DEV (at POSITION in its devices)."""
+        common = self.common(activity, _op_keys(dev))
         rows = self.own[position]
-        starts, ends = self.activity.start_ps, self.activity.end_ps
+        starts, ends = activity.start_ps, activity.end_ps
         return iv.union(np.concatenate((starts[rows], common[0])), np.concatenate((ends[rows], common[1])))
 
 
@@ -492,7 +492,7 @@ def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
     (cudaFree/hipFree inside an op block until the device drains: that idle is not launch cost)."""
     dispatch = _Dispatch.of(host)
     position = next(i for i, d in enumerate(host.devices) if d is dev)
-    launch = dispatch.launch_set(dev, position)
+    launch = dispatch.launch_set(host.activity, dev, position)
     return iv.subtract(launch, dispatch.allocator) if dispatch.allocator[0].size else launch
 
 
@@ -576,7 +576,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         _input_waits(host)
         dispatch = _Dispatch.of(host)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
-            dispatch.common(_op_keys(dev))
+            dispatch.common(host.activity, _op_keys(dev))
 
     if len(pairs) > 1:
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
