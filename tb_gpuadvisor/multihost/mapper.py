@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,44 +82,17 @@ def _tune_malloc() -> bool:
     only where a trim threshold was set)."""
     if TRIM_SETTING not in os.environ:
         return False
-    libc = _libc()
     try:
-        return bool(libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
                     and libc.mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD))
-    except AttributeError:
+    except (OSError, AttributeError):
         return False
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
-
-
-def _release_host_memory() -> None:
-    """Free what a host's analysis left behind before the worker takes the next host: any
-    reference cycle (numpy arrays are few objects, so the collector seldom runs on its own; one
-    cycle through a host's tables made the 64 x 24 MB session's workers grow to 0.44 GB against
-    a host's own 0.12 GB peak) and the heap's free blocks (glibc's malloc_trim; else nothing)."""
-    gc.collect()
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 def map_host(job: HostJob) -> HostSummary:
     """Analyse one host of JOB's session alone; problems become errors, never exceptions."""
     _tune_malloc()
-    try:
-        return _map_host(job)
-    finally:
-        if job.hosts > 1:
-            _release_host_memory()
-
-
-def _map_host(job: HostJob) -> HostSummary:
     # A one-host session keeps its skipped files' errors; a many-host one reports them once, in the merge.
     ref = dataclasses.replace(job.ref, hosts=(job.host,), skipped=job.ref.skipped if job.hosts == 1 else ())
     try:
