@@ -288,7 +288,8 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
     summary = (f"Across {len(labels)} GPUs ({names}) the busiest, {labels[top]}, works "
                f"{means[top] / PS_PER_MS:.2f} ms per step outside collectives and the least busy "
                f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
-               f"for the straggler at every gradient AllReduce; evening out the work would save about "
+               f"for the straggler in every collective that joins them (in data-parallel training, the "
+               f"gradient all-reduce); evening out the work would save about "
                f"{balance_ms:.2f} ms per step.")
     summary += late.sentence if late is not None else ""
     if r.serial_pairs:
