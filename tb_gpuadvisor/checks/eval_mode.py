@@ -36,6 +36,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.base import Evidence, Finding, NoReplay, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.kernels import named_events
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, HostModel
 from tb_gpuadvisor.vocab import pytorch
 
@@ -70,18 +71,12 @@ def _inference(host: HostModel) -> _Region | None:
 def _launched_inside(dev: DeviceActivity, host: HostModel, region: _Region, rows: np.ndarray) -> np.ndarray:
     """ROWS of DEV whose launch call (same correlation id) started inside one of REGION's ranges."""
     act = host.activity
-    launches = np.flatnonzero(act.correlation_id >= 0)
-    order = launches[np.argsort(act.correlation_id[launches], kind="stable")]
-    ids = act.correlation_id[order]
-    corr = dev.correlation_id[rows]
-    at = np.clip(np.searchsorted(ids, corr), 0, max(ids.size - 1, 0))
-    found = ids.size > 0
-    matched = (ids[at] == corr) if found else np.zeros(rows.size, bool)
-    launch_ps = act.start_ps[order][at] if found else np.zeros(rows.size, np.int64)
+    launch = launch_rows(act, dev)[rows]
+    launch_ps = act.start_ps[np.clip(launch, 0, None)]
     inside = np.zeros(rows.size, bool)
     for lo, hi in zip(region.start_ps.tolist(), region.end_ps.tolist()):
         inside |= (launch_ps >= lo) & (launch_ps < hi)
-    return rows[matched & inside]
+    return rows[(launch >= 0) & inside]
 
 
 @register(CHECK_ID, "Inference in training mode (model.eval())", __doc__,
