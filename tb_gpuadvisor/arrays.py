@@ -29,11 +29,26 @@ def map_small_ints(ids: np.ndarray, mapping: Mapping[int, int], default: int = -
     return SortedKeys(keys, values).get(ids, default)
 
 
+def _small(values: np.ndarray) -> bool:
+    return bool(values.size) and int(values.min()) >= 0 and int(values.max()) < _DENSE_LIMIT
+
+
 def distinct_small_ints(values: np.ndarray) -> np.ndarray:
     """The distinct values, counted in a dense table when they are small non-negative ints."""
-    if values.size and int(values.min()) >= 0 and int(values.max()) < _DENSE_LIMIT:
-        return np.flatnonzero(np.bincount(values))
-    return np.unique(values)
+    return np.flatnonzero(np.bincount(values)) if _small(values) else np.unique(values)
+
+
+def renumber_small_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct VALUES in order, VALUES as int32 indices into them): np.unique's answer with
+    return_inverse, from a dense table and without a sort when the values are small non-negative
+    ints (interned ids, device and stream numbers)."""
+    if _small(values):
+        used = np.flatnonzero(np.bincount(values))
+        position = np.zeros(int(used[-1]) + 1, np.int32)
+        position[used] = np.arange(used.size, dtype=np.int32)
+        return used, position[values]
+    used, inverse = np.unique(values, return_inverse=True)
+    return used, inverse.reshape(-1).astype(np.int32)
 
 
 class SortedKeys:

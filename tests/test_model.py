@@ -199,3 +199,17 @@ def test_sorted_keys_first_value_wins_in_table_and_sorted_forms(spread):
         table = SortedKeys(keys, values)
         assert (table._table is not None) == (spread == 40 or len(set(keys.tolist())) == 1)
         assert table.get(queries, -7).tolist() == [first.get(q, -7) for q in queries.tolist()]
+
+
+@pytest.mark.parametrize("spread", [40, 1 << 40])
+def test_renumber_small_ints_answers_like_np_unique(spread):
+    """The dense-table form (small non-negative ids) and the sorted form (anything else) both
+    give np.unique's distinct values and inverse."""
+    from tb_gpuadvisor.arrays import renumber_small_ints
+    rng = np.random.default_rng(spread)
+    for _ in range(50):
+        values = rng.integers(0 if spread == 40 else -spread, spread, int(rng.integers(1, 80)))
+        used, inverse = renumber_small_ints(values)
+        want_used, want_inverse = np.unique(values, return_inverse=True)
+        assert np.array_equal(used, want_used) and np.array_equal(inverse, want_inverse)
+        assert inverse.dtype == np.int32

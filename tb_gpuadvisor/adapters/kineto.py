@@ -17,6 +17,7 @@ import stat
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import renumber_small_ints
 from tb_gpuadvisor.adapters.kineto_json import Columns, CommArgs, DeviceProperties, decode, inflate
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.timeline import (
@@ -108,7 +109,7 @@ def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
 
 def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.ndarray:
     """CLASSIFY(name, category) once per distinct (category, name) pair of KEYS."""
-    distinct, inverse = _renumber(keys)
+    distinct, inverse = renumber_small_ints(keys)
     width = max(len(names), 1)
     kinds = np.fromiter((classify(names[k % width], cats[k // width]) for k in distinct.tolist()),
                         np.int8, distinct.size)
@@ -122,20 +123,8 @@ def _category_mask(cat_names: list[str], wanted: frozenset[str]) -> np.ndarray:
 
 def _subset(index: np.ndarray, strings: list[str]) -> tuple[list[str], np.ndarray]:
     """(the strings INDEX uses, INDEX renumbered into them)."""
-    used, inverse = _renumber(index)
+    used, inverse = renumber_small_ints(index)
     return [strings[i] for i in used.tolist()], inverse
-
-
-def _renumber(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct VALUES in order, VALUES as indices into them): np.unique's answer, counted in
-    a dense table when the values are small non-negative ints (interned ids), without a sort."""
-    if values.size and int(values.min()) >= 0 and int(values.max()) < 1 << 24:
-        used = np.flatnonzero(np.bincount(values))
-        position = np.zeros(int(values.max()) + 1, np.int32)
-        position[used] = np.arange(used.size, dtype=np.int32)
-        return used, position[values]
-    used, inverse = np.unique(values, return_inverse=True)
-    return used, inverse.reshape(-1).astype(np.int32)
 
 
 def _wraps_others(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
@@ -168,7 +157,7 @@ def _memory(cols: Columns, host: str) -> MemoryRecords:
     rows = np.flatnonzero(keep)
     rows = rows[np.argsort(cols.mem_ts[rows], kind="stable")]
     device = cols.mem_device[rows]
-    used, allocator = _renumber(device)
+    used, allocator = renumber_small_ints(device)
     allocated = np.maximum(cols.mem_allocated[rows], 0)
     reserved = np.maximum(cols.mem_reserved[rows], allocated)
     first = float(cols.ts.min())
@@ -345,7 +334,7 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         sel = rows[device == index]
         sel = sel[np.argsort(start[sel], kind="stable")]
         names, name_idx = _subset(name[sel], name_list)
-        used, stream_idx = _renumber(cols.stream[sel])
+        used, stream_idx = renumber_small_ints(cols.stream[sel])
         streams = [f"Stream #{s}" for s in used.tolist()]
         kind = _kinds(key[sel], cat_names, name_list, pytorch.device_event_kind)
         nbytes = np.maximum(cols.nbytes[sel], 0)
