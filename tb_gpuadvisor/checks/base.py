@@ -204,13 +204,17 @@ def measured_parts(parts: list[tuple[Any, Any]], kind: type) -> list[tuple[Any, 
     return [(host, part) for host, part in parts if isinstance(part, kind)]
 
 
-def per_primary_windows(primary: Any, parts: list[tuple[Any, Any]], kind: type) -> tuple[int, list[tuple[float, Any, Any]]]:
-    """The primary host's number of step windows, and the measured parts of KIND (each with a
-    ``windows`` count) with the factor that brings each host's totals to it: hosts may have
-    captured different numbers of steps."""
+def join_per_gpu(primary: Any, parts: list[tuple[Any, Any]], kind: type,
+                 rescale: Callable[[Any, float, Any], Any]) -> Any:
+    """KIND(gpus, windows) of every host's measured GPUs (parts of KIND: ``gpus`` and a
+    ``windows`` count), each GPU's totals brought to the primary host's number of step windows
+    by RESCALE(gpu, factor, host): hosts may have captured different numbers of steps. None when
+    no host measured any."""
     measured = measured_parts(parts, kind)
-    windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows if measured else 1)
-    return windows, [(windows / p.windows, h, p) for h, p in measured]
+    if not measured:
+        return None
+    windows = next((p.windows for h, p in measured if h is primary), measured[0][1].windows)
+    return kind([rescale(g, windows / p.windows, h) for h, p in measured for g in p.gpus], windows)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, needs_gpu, per_primary_windows,
+    Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu,
     register,
 )
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
@@ -104,6 +104,14 @@ class GpuPrecision:
     cuda_core_fp32_ps: int = 0  # fp32 GEMMs on CUDA cores of an Ampere+ NVIDIA GPU: TF32 off (PyTorch traces)
     wrong_kernels: list[tuple[str, int, int]] = field(default_factory=list)  # the largest of either
 
+    def scaled(self, k: float) -> "GpuPrecision":
+        """Every total times K."""
+        return replace(self, total_ps=round(self.total_ps * k), low_ps=round(self.low_ps * k),
+                       eligible32_ps=round(self.eligible32_ps * k), fp64_ps=round(self.fp64_ps * k),
+                       cuda_core_fp32_ps=round(self.cuda_core_fp32_ps * k),
+                       offenders=[(name, round(ps * k), n) for name, ps, n in self.offenders],
+                       wrong_kernels=[(name, round(ps * k), n) for name, ps, n in self.wrong_kernels])
+
 
 @dataclass
 class Precision:
@@ -157,16 +165,7 @@ def _scenario(model: SessionModel) -> Scenario:
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Precision | None:
     """Every host's GPUs, their totals brought to the primary host's number of step windows."""
-    windows, scaled = per_primary_windows(primary, parts, Precision)
-    if not scaled:
-        return None
-    gpus = [replace(g, total_ps=round(g.total_ps * k), low_ps=round(g.low_ps * k),
-                    eligible32_ps=round(g.eligible32_ps * k), fp64_ps=round(g.fp64_ps * k),
-                    cuda_core_fp32_ps=round(g.cuda_core_fp32_ps * k),
-                    offenders=[(name, round(ps * k), n) for name, ps, n in g.offenders],
-                    wrong_kernels=[(name, round(ps * k), n) for name, ps, n in g.wrong_kernels])
-            for k, _, p in scaled for g in p.gpus]
-    return Precision(gpus, windows)
+    return join_per_gpu(primary, parts, Precision, lambda gpu, k, host: gpu.scaled(k))
 
 
 @register(CHECK_ID, "Mixed precision (16-bit compute)", __doc__,

@@ -44,7 +44,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, needs_gpu, per_primary_windows,
+    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu,
     register,
 )
 from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
@@ -118,6 +118,13 @@ class GpuTensorCores:
     misaligned: dict[str, list[int]]        # op display name -> dimensions not a multiple of 8
     vendor: str | None = None
 
+    def scaled(self, k: float) -> "GpuTensorCores":
+        """Every total times K (the first layout change is a time, not a total)."""
+        return replace(self, eligible_ps=round(self.eligible_ps * k), tc_ps=round(self.tc_ps * k),
+                       missing_ps=round(self.missing_ps * k), compute_ps=round(self.compute_ps * k),
+                       layout_ps=round(self.layout_ps * k),
+                       ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in self.ops.items()})
+
 
 @dataclass
 class TensorCores:
@@ -179,16 +186,8 @@ def measure(analysis: Analysis) -> TensorCores | Finding:
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> TensorCores | None:
     """Every host's GPUs, their totals brought to the primary host's number of step windows and
     their first layout change onto the session clock."""
-    windows, scaled = per_primary_windows(primary, parts, TensorCores)
-    if not scaled:
-        return None
-    gpus = [replace(g, eligible_ps=round(g.eligible_ps * k), tc_ps=round(g.tc_ps * k),
-                    missing_ps=round(g.missing_ps * k), compute_ps=round(g.compute_ps * k),
-                    layout_ps=round(g.layout_ps * k),
-                    layout_first_ps=int(alignment.on_session_clock(h, np.int64(g.layout_first_ps))),
-                    ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in g.ops.items()})
-            for k, h, p in scaled for g in p.gpus]
-    return TensorCores(gpus, windows)
+    return join_per_gpu(primary, parts, TensorCores, lambda gpu, k, host: replace(
+        gpu.scaled(k), layout_first_ps=int(alignment.on_session_clock(host, np.int64(gpu.layout_first_ps)))))
 
 
 def judge_joined(measured: TensorCores, scale) -> Finding:
