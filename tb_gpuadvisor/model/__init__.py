@@ -129,12 +129,13 @@ def load_session(ref: SessionRef) -> SessionModel:
         for capture, _ in captures:
             capture.shift((capture.origin_ns - origin) * 1000)
     host_captures = [c for c, _ in captures]
+    made_by = framework(host_captures)
     with timed("model"):
-        steps = find_steps(host_captures)
+        steps = find_steps(host_captures, made_by)
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events,
                        c.partial_trace)
              for c, path in captures]
-    model = SessionModel(ref.run, ref.session, hosts, steps, framework(host_captures), errors)
+    model = SessionModel(ref.run, ref.session, hosts, steps, made_by, errors)
     if budget_warning:
         model.warnings.append(budget_warning)
     for c in host_captures:

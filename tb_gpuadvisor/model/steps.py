@@ -74,11 +74,11 @@ def _steps_line(hosts: list[HostCapture]) -> Steps | None:
     return None
 
 
-def _inferred(hosts: list[HostCapture]) -> Steps | None:
+def _inferred(hosts: list[HostCapture], made_by: str) -> Steps | None:
     """Steps from repeated top-level function runs (TensorFlow) or XLA module runs (JAX)."""
-    if framework(hosts) == "jax":
+    if made_by == "jax":
         return _jax_inferred(hosts)
-    if framework(hosts) == pytorch.FRAMEWORK:
+    if made_by == pytorch.FRAMEWORK:
         # Eager PyTorch has no function runs to repeat: without ProfilerStep#N, iterations run
         # from one optimizer step's end to the next one's; with fewer than two optimizer steps
         # the capture is judged on the span of its device work (the host's set-up is not a step).
@@ -262,10 +262,11 @@ def _capture_span(hosts: list[HostCapture]) -> tuple[int, int]:
     return (min(int(t.start_ps.min()) for t in tables), max(int(t.end_ps.max()) for t in tables))
 
 
-def find_steps(hosts: list[HostCapture]) -> Steps:
+def find_steps(hosts: list[HostCapture], made_by: str) -> Steps:
+    """The session's steps; MADE_BY is the framework that wrote the capture (``framework``)."""
     # The Steps line is already on the device timeline and includes the partly captured
     # first and last steps, so it wins over the raw markers it was derived from.
-    steps = _steps_line(hosts) or _marker_steps(hosts) or _inferred(hosts)
+    steps = _steps_line(hosts) or _marker_steps(hosts) or _inferred(hosts, made_by)
     if steps is None:
         return Steps("none", _EMPTY, _EMPTY, _EMPTY, _EMPTY)
     _to_periods(steps, hosts)
