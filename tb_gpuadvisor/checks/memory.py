@@ -136,10 +136,10 @@ def check(analysis: Analysis) -> Finding:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
                        "The capture has no GPU allocator records (or no GPU memory size), so peak "
                        "memory cannot be measured."
-                       + ("" if analysis.model.framework in ("jax", "pytorch") else
+                       + ("" if analysis.model.framework in ("jax", pytorch.FRAMEWORK) else
                           " TensorFlow records them when the profiler's memory tracking is on "
                           "(the default for tf.profiler captures of GPU runs)."))
-    if analysis.model.framework == "pytorch":
+    if analysis.model.framework == pytorch.FRAMEWORK:
         return _torch_finding(peaks)
     worst = max(peaks, key=lambda p: p.percent)
     claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]

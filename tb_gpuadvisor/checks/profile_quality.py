@@ -40,7 +40,7 @@ from tb_gpuadvisor.checks.fixes import (
 )
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "profile_quality"
 MIN_STEPS, MAX_STEPS = 3, 10
@@ -268,7 +268,7 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
     elif n == 1:
         issues.append(Issue(Severity.INFO, "One step captured",
                             "The capture holds one step"
-                            + (". " if model.framework == "pytorch" else
+                            + (". " if model.framework == pytorch.FRAMEWORK else
                                " (the Keras callback profiles batch 2 by default). ")
                             + "Nothing in it looks atypical (no autotuning, no compilation), so it is judged on "
                             "its own; a few more steps would show how much steps vary.", STEP_WINDOW))
