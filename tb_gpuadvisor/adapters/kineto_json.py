@@ -279,8 +279,8 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
         del events[:]
         if allocations:     # turned into columns run by run: their objects go with the run's
             held = [e.args for e in allocations]
-            memory.append((_floats([e.ts for e in allocations]),
-                           *(_ints([getattr(a, f) for a in held]) for f in _MEMORY_FIELDS)))
+            memory.append(_memory_part([e.ts for e in allocations],
+                                       [[getattr(a, f) for a in held] for f in _MEMORY_FIELDS]))
             del held
         allocations.clear()
         empty = _Args()
@@ -306,8 +306,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
         cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
             np.concatenate(column) for column in zip(*numbers))
     if memory:
-        (cols.mem_ts, cols.mem_allocated, cols.mem_reserved, cols.mem_bytes, cols.mem_device_type,
-         cols.mem_device) = (np.concatenate(column) for column in zip(*memory))
+        _set_memory(cols, [np.concatenate(column) for column in zip(*memory)])
     base = next((h.baseTimeNanoseconds for h in headers if h.baseTimeNanoseconds is not None), None)
     props = next((h.deviceProperties for h in headers if h.deviceProperties is not None), None)
     cols.base_ns = _base_ns(base)
@@ -317,15 +316,14 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     return cols
 
 
-def _memory_columns(cols: Columns, times: list, values: list[list]) -> None:
-    """The [memory] events' columns from their times and (allocated, reserved, bytes, device
-    type, device id) rows."""
-    if not times:
-        return
-    cols.mem_ts = _floats(times)
-    table = _ints([v for row in values for v in row]).reshape(len(values), len(_MEMORY_ARGS))
-    (cols.mem_allocated, cols.mem_reserved, cols.mem_bytes, cols.mem_device_type,
-     cols.mem_device) = (np.ascontiguousarray(table[:, i]) for i in range(len(_MEMORY_ARGS)))
+def _memory_part(times: list, fields: list[list]) -> list[np.ndarray]:
+    """[memory] events' times and their _MEMORY_ARGS, one list per field, as columns."""
+    return [_floats(times), *(_ints(values) for values in fields)]
+
+
+def _set_memory(cols: Columns, columns: list[np.ndarray]) -> None:
+    (cols.mem_ts, cols.mem_allocated, cols.mem_reserved, cols.mem_bytes, cols.mem_device_type,
+     cols.mem_device) = columns
 
 
 # Between two elements of the traceEvents array: the end of one object and the start of the next.
@@ -409,10 +407,11 @@ def _from_dicts(trace) -> Columns:
         setattr(cols, "nbytes" if column == "bytes" else column, values)
     cols.comms = {i: _comm(*(a.get(key) for key in _COMM_ARGS)) for i, a in enumerate(args)
                   if a.get("Collective name") is not None or a.get("In msg nelems") is not None}
-    defaults = (-1, -1, 0, -1, -1)
-    _memory_columns(cols, [e["ts"] for e in memory],
-                    [[e["args"].get(key, default) for key, default in zip(_MEMORY_ARGS, defaults)]
-                     for e in memory])
+    if memory:
+        defaults = (-1, -1, 0, -1, -1)
+        _set_memory(cols, _memory_part([e["ts"] for e in memory],
+                                       [[e["args"].get(key, default) for e in memory]
+                                        for key, default in zip(_MEMORY_ARGS, defaults)]))
     props = trace.get("deviceProperties")
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict):
