@@ -18,7 +18,7 @@ def _whole(data) -> kineto_json.Columns:
 
 
 def _runs(data) -> kineto_json.Columns:
-    return kineto_json._typed(kineto_json._documents(data))
+    return kineto_json._typed(kineto_json._documents(kineto_json._Buffer(data)))
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_runs_give_the_whole_decode_columns_on_every_corpus_trace(corpus, small_
     assert paths
     for path in paths:
         data = inflate(read_bytes(str(path)))
-        assert sum(1 for _ in kineto_json._documents(data)) > 100
+        assert sum(1 for _ in kineto_json._documents(kineto_json._Buffer(data))) > 100
         assert _runs(data) == _whole(data), path
 
 
@@ -104,15 +104,27 @@ def test_a_trace_larger_than_the_memory_budget_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
-def test_every_decoder_reads_a_mapped_plain_file(tmp_path, backend):
-    """A plain (not gzip) trace is decoded from its read-only mapping; the orjson and json
-    fallbacks must read it too (json.loads takes no buffer, orjson no mmap object)."""
+def test_every_decoder_reads_a_plain_file_by_ranges(tmp_path, backend):
+    """A plain (not gzip) local trace is decoded from the file a range at a time (LocalFile);
+    the orjson and json fallbacks must read it too (json.loads takes no buffer but bytes)."""
     from synth_kineto import kineto_trace, write_trace
-    from tb_gpuadvisor.adapters.kineto import _mapped
+    from tb_gpuadvisor.xspace.reader import LocalFile
 
     path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace())
-    mapped = _mapped(str(path))
-    try:
-        assert decode(mapped, backend) == decode(bytearray(path.read_bytes()), "json")
-    finally:
-        mapped.close()
+    with LocalFile(str(path)) as local:
+        assert decode(local, backend) == decode(bytearray(path.read_bytes()), "json")
+
+
+def test_a_plain_trace_truncated_while_read_is_one_clear_error(tmp_path, small_runs):
+    """The file is read by ranges, never mapped: one truncated under the reader (rewritten while
+    TensorBoard reads it) is a CaptureError, not a SIGBUS that takes the server down."""
+    import os
+
+    from synth_kineto import kineto_trace, write_trace
+    from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile
+
+    path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=20, kernels=100))
+    with LocalFile(str(path)) as local:
+        os.truncate(path, 4096)
+        with pytest.raises(CaptureError, match="changed while it was read"):
+            decode(local)

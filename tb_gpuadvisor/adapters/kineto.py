@@ -11,20 +11,16 @@ are microseconds in the file (integers, or floats with nanosecond digits counted
 
 from __future__ import annotations
 
-import mmap
-import os
-import stat
-
 import numpy as np
 
 from tb_gpuadvisor.arrays import renumber_small_ints
-from tb_gpuadvisor.adapters.kineto_json import Columns, CommArgs, DeviceProperties, decode, inflate
+from tb_gpuadvisor.adapters.kineto_json import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.timeline import (
     CollectiveCall, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, MemoryRecords,
 )
 from tb_gpuadvisor.vocab import gpu, pytorch
-from tb_gpuadvisor.xspace.reader import CaptureError, Opener, read_bytes
+from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile, Opener, read_bytes
 
 # Peak bytes per byte of (inflated) JSON, measured by benchmarks/kineto.py on the 1 GB tiled
 # trace: 0.75 for a plain file (decoded from its mapping a run at a time), 1.57 for a gzip file
@@ -33,39 +29,26 @@ MEMORY_PER_JSON_BYTE = 2
 
 
 def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
-    """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read."""
-    stored = (_mapped(path) if opener is None else None) or read_bytes(path, opener)
-    try:
+    """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read.
+    A local plain-JSON trace is decoded a run at a time from the file, never held whole."""
+    if opener is None:
+        with LocalFile(path) as local:
+            _check_budget(len(local), budget)
+            gzipped = bytes(local.read(0, 2)) == GZIP_MAGIC
+            cols = _decode_bytes(local.read(0, len(local)), budget) if gzipped else decode(local)
+    else:
+        stored = read_bytes(path, opener)
         _check_budget(len(stored), budget)
-        text = inflate(stored)
-        _check_budget(len(text), budget)
-        cols = decode(text)
-        del text            # the columns hold all that is needed: the text can go before building
-    finally:
-        if isinstance(stored, mmap.mmap):
-            stored.close()
+        cols = _decode_bytes(stored, budget)
     return build(cols, host)
 
 
-def _mapped(path: str) -> mmap.mmap | None:
-    """A local regular file mapped read-only, or None (read_bytes then says what is wrong with it).
-    The JSON is decoded straight from the page cache: no copy into fresh memory, and the runs
-    already decoded leave this process's memory (kineto_json)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size == 0:
-            return None
-        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    if hasattr(mmap, "MADV_SEQUENTIAL"):
-        mapped.madvise(mmap.MADV_SEQUENTIAL)
-    return mapped
+def _decode_bytes(stored, budget: int | None) -> Columns:
+    """The columns of a trace's bytes (gzip inflated first, within the budget)."""
+    text = inflate(stored)
+    del stored
+    _check_budget(len(text), budget)
+    return decode(text)
 
 
 def _check_budget(size: int, budget: int | None) -> None:

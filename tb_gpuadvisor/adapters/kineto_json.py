@@ -10,7 +10,6 @@ trace is parsed into dicts by orjson or, last, the standard library.  All paths 
 from __future__ import annotations
 
 import json
-import mmap
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Iterator, Union
 
 import numpy as np
 
-from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile
 
 try:
     import msgspec
@@ -33,7 +32,7 @@ try:    # ISA-L's inflate: 1.7x zlib's on a 1 GB trace (benchmarks/README.md); z
 except ImportError:             # pragma: no cover
     _gzip = zlib
 
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 16 << 20
 _RUN = 32 << 20         # bytes of JSON events decoded at once by msgspec
 _SEEK = 4 << 20         # how far past a run's end to look for the next event
@@ -43,7 +42,7 @@ _HEAD = 1 << 20         # where the traceEvents key must be for a trace to be cu
 def inflate(data: "bytearray | np.ndarray") -> "bytearray | np.ndarray":
     """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error).
     DATA is any buffer of bytes (the reader hands over a numpy array of the file)."""
-    if bytes(memoryview(data)[:2]) != _GZIP_MAGIC:
+    if bytes(memoryview(data)[:2]) != GZIP_MAGIC:
         return data
     out = bytearray()
     inflater = _gzip.decompressobj(16 + zlib.MAX_WBITS)
@@ -236,20 +235,21 @@ def _base_ns(value) -> int:
         return 0
 
 
-def _msgspec(data) -> Columns:
+def _msgspec(text: "LocalFile | _Buffer") -> Columns:
     """Columns through msgspec: a large trace a run of events at a time, else (or when a cut
     was not between two events) in one go."""
-    if len(data) >= 2 * _RUN:
+    if len(text) >= 2 * _RUN:
         try:
-            return _typed(_documents(data))
+            return _typed(_documents(text))
         except msgspec.MsgspecError:
             pass
+    whole = text.read(0, len(text))
     try:
-        return _typed(iter([("trace", data)]))
+        return _typed(iter([("trace", whole)]))
     except msgspec.ValidationError:
         # Valid JSON of another shape (a field of an unexpected type): the generic
         # path says precisely what is wrong, or reads it.
-        return _from_dicts(msgspec.json.decode(data))
+        return _from_dicts(msgspec.json.decode(whole))
 
 
 def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
@@ -330,7 +330,23 @@ def _set_memory(cols: Columns, columns: list[np.ndarray]) -> None:
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")
 
 
-def _documents(data) -> Iterator[tuple[str, Any]]:
+class _Buffer:
+    """Text already in memory, read like a LocalFile (``read``, ``read_into``)."""
+
+    def __init__(self, data) -> None:
+        self.view = memoryview(data).cast("B")
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def read(self, start: int, stop: int) -> memoryview:
+        return self.view[start:stop]
+
+    def read_into(self, start: int, view: memoryview) -> None:
+        view[:] = self.view[start:start + len(view)]
+
+
+def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
     """DATA as JSON documents to decode one after another: the trace up to a first cut (closed
     after it), runs of about _RUN bytes of whole events, and the rest (reopened before it); the
     whole trace when no cut is found.  Each is copied only when its turn comes.
@@ -340,39 +356,30 @@ def _documents(data) -> Iterator[tuple[str, Any]]:
     piece unterminated or unbalanced, which fails to decode, and the caller then decodes the
     file in one go: a wrong cut costs time, never a wrong column."""
     size = len(data)
-    view = memoryview(data).cast("B")
-    key = bytes(view[:_HEAD]).find(b'"traceEvents"')
+    key = bytes(data.read(0, min(_HEAD, size))).find(b'"traceEvents"')
     cuts = []                                       # (end of an event + 1, start of the next)
     at = key + _RUN
     while key >= 0 and at + _RUN < size:
-        found = _BETWEEN.search(bytes(view[at:at + _SEEK]))
+        found = _BETWEEN.search(bytes(data.read(at, min(at + _SEEK, size))))
         if found is None:
             at += _SEEK - 16                        # a long event: look further on
             continue
         cuts.append((at + found.start() + 1, at + found.end() - 1))
         at += found.end() + _RUN
     if not cuts:
-        yield "trace", data
+        yield "trace", data.read(0, size)
         return
-    yield "trace", b"".join((view[:cuts[0][0]], b"]}"))
+    yield "trace", b"".join((data.read(0, cuts[0][0]), b"]}"))
     # The runs between are copied, bracketed, into one reused buffer: a fresh one per run
     # would fault in 32 MB of new pages each time.
     buffer = bytearray(2 + max((end - start for (_, start), (end, _) in zip(cuts, cuts[1:])), default=0))
     into = memoryview(buffer)
     for (_, start), (end, _) in zip(cuts, cuts[1:]):
         n = end - start
-        into[0], into[1:n + 1], into[n + 1] = ord("["), view[start:end], ord("]")
-        _release(data, start, end)
+        into[0], into[n + 1] = ord("["), ord("]")
+        data.read_into(start, into[1:n + 1])
         yield "events", into[:n + 2]
-    yield "trace", b"".join((b'{"traceEvents":[', view[cuts[-1][1]:]))
-
-
-def _release(data, start: int, end: int) -> None:
-    """A file mapping's pages of [START, END), copied already, leave this process's memory (they
-    stay in the page cache); anything else is left alone."""
-    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        first = start - start % mmap.PAGESIZE
-        data.madvise(mmap.MADV_DONTNEED, first, (end - first) // mmap.PAGESIZE * mmap.PAGESIZE)
+    yield "trace", b"".join((b'{"traceEvents":[', data.read(cuts[-1][1], size)))
 
 
 def _from_dicts(trace) -> Columns:
@@ -422,20 +429,22 @@ def _from_dicts(trace) -> Columns:
     return cols
 
 
-def decode(data: bytearray, backend: str | None = None) -> Columns:
-    """The columns of a Kineto trace (raw or gzip bytes).  BACKEND forces "msgspec", "orjson"
-    or "json" (benchmarks compare them); by default the fastest one installed.
+def decode(data: "bytearray | np.ndarray | LocalFile", backend: str | None = None) -> Columns:
+    """The columns of a Kineto trace: its bytes (raw or gzip), or a LocalFile of plain JSON read
+    a run at a time (never held whole).  BACKEND forces "msgspec", "orjson" or "json"
+    (benchmarks compare them); by default the fastest one installed.
 
     Raises CaptureError, with one line saying what is wrong, for anything that is not a trace.
     """
-    data = inflate(data)
+    text = data if isinstance(data, LocalFile) else _Buffer(inflate(data))
     backend = backend or ("msgspec" if msgspec is not None else "orjson" if orjson is not None else "json")
     try:
         if backend == "msgspec":
-            return _msgspec(data)
+            return _msgspec(text)
+        whole = text.read(0, len(text))
         if backend == "orjson":
-            return _from_dicts(orjson.loads(memoryview(data)))
-        return _from_dicts(json.loads(bytes(data)))   # it reads no buffer but bytes
+            return _from_dicts(orjson.loads(whole))
+        return _from_dicts(json.loads(bytes(whole)))   # it reads no buffer but bytes
     except CaptureError:
         raise
     except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors

@@ -156,32 +156,79 @@ _OS_ERRORS = (
 )
 
 
+class LocalFile:
+    """A local file read a range at a time (pread), never mapped and never held whole: files are
+    rewritten while TensorBoard runs, and a mapped file that shrinks kills the process (SIGBUS)
+    when a vanished page is touched. Every read is checked against the size and mtime seen at
+    open, so a file that changes while it is read becomes a CaptureError. Only regular files are
+    opened, without blocking (a FIFO named like a capture would hang the reader forever)."""
+
+    def __init__(self, path: str):
+        self._fd: int | None = None
+        self._fd, self._stamp = _open_local(path)
+        self.size = self._stamp[0]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read_into(self, start: int, view: memoryview) -> None:
+        """Fill VIEW with the bytes from START on."""
+        if self._fd is None:
+            raise CaptureError("the capture was closed before it was read")
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(self._fd, [view[got:]], start + got)
+                if n == 0:
+                    break
+                got += n
+            after = os.fstat(self._fd)
+        except OSError as err:
+            raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
+        if got != len(view) or (after.st_size, after.st_mtime_ns) != self._stamp:
+            raise CaptureError(_CHANGED)
+
+    def read(self, start: int, stop: int) -> memoryview:
+        """The bytes of [START, STOP) in a fresh buffer (drop it to free them)."""
+        data = np.empty(stop - start, np.uint8)
+        view = memoryview(data)
+        self.read_into(start, view)
+        return view
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "LocalFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class CaptureFile:
     """An open capture: the index of its planes, and each plane's bytes on request (``read``).
 
     A local file is never held whole: the top level is indexed from its field headers alone
     and each plane is read (pread) into its own buffer when it is decoded, so a caller that
-    drops a plane once decoded holds one plane's bytes at a time, not the file.  It is not
-    memory-mapped: captures are rewritten while TensorBoard runs, and a mapped file that
-    shrinks kills the process (SIGBUS) when a vanished page is touched.  Every read is checked
-    against the size and mtime seen at open, so a file that changes while it is read becomes
-    a CaptureError.  Only regular files are opened, without blocking: a FIFO named like a
-    capture would otherwise hang the reader forever.  Remote files (OPENER, an fsspec
+    drops a plane once decoded holds one plane's bytes at a time, not the file (a LocalFile:
+    never mapped, every read checked against the file as opened).  Remote files (OPENER, an fsspec
     filesystem) are read whole at open, in bounded ranges into a buffer of the size the store
     reported, and compared with the store's info after the read.  Use as a context manager.
     """
 
     def __init__(self, path: str, opener: Opener | None = None):
         self.path = path
-        self._fd: int | None = None
+        self._file: LocalFile | None = None
         self._whole: np.ndarray | None = None
         if opener is not None:
             self._whole = read_bytes(path, opener)
             self.size = len(self._whole)
             self.index = index_space(memoryview(self._whole))
             return
-        self._fd, self._stamp = _open_local(path)
-        self.size = self._stamp[0]
+        self._file = LocalFile(path)
+        self.size = self._file.size
         try:
             self.index = index_space(_Headers(self))
         except BaseException:
@@ -193,29 +240,14 @@ class CaptureFile:
         start, stop = span
         if self._whole is not None:
             return memoryview(self._whole)[start:stop]
-        if self._fd is None:
+        if self._file is None:
             raise CaptureError("the capture was closed before it was read")
-        try:
-            data = np.empty(stop - start, np.uint8)
-            view = memoryview(data)
-            got = 0
-            while got < len(data):
-                n = os.preadv(self._fd, [view[got:]], start + got)
-                if n == 0:
-                    break
-                got += n
-            view.release()
-            after = os.fstat(self._fd)
-        except OSError as err:
-            raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
-        if got != len(data) or (after.st_size, after.st_mtime_ns) != self._stamp:
-            raise CaptureError(_CHANGED)
-        return memoryview(data)
+        return self._file.read(start, stop)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         self._whole = None
 
     def __enter__(self) -> "CaptureFile":
