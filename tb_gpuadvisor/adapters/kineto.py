@@ -23,7 +23,7 @@ from tb_gpuadvisor.vocab import gpu, pytorch
 from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile, Opener, read_bytes
 
 # Peak bytes per byte of (inflated) JSON, measured by benchmarks/kineto.py on the 1 GB tiled
-# trace: 0.75 for a plain file (decoded from its mapping a run at a time), 1.57 for a gzip file
+# trace: 0.76 for a plain file (read and decoded a run at a time), 1.57 for a gzip file
 # (its inflated text is held whole), with room for traces of smaller events.
 MEMORY_PER_JSON_BYTE = 2
 
