@@ -124,13 +124,21 @@ FIXES = [
 ]
 
 
-def busy_intervals(dev: DeviceActivity, model: SessionModel) -> tuple[intervals.Intervals, intervals.Intervals]:
-    """Unions of one GPU's kernel and copy intervals inside the steps: outside collectives, and
-    in them."""
-    collective, in_steps = kernels.classify(dev).collective, kernels.in_steps(dev, model)
-    work, coll = in_steps & ~collective, in_steps & collective
-    return (intervals.union(dev.start_ps[work], dev.end_ps[work]),
-            intervals.union(dev.start_ps[coll], dev.end_ps[coll]))
+def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Intervals:
+    """Union of one GPU's kernel and copy intervals inside the steps, collectives excluded."""
+    cls = kernels.classify(dev)
+    keep = kernels.in_steps(dev, model) & ~cls.collective
+    return intervals.union(dev.start_ps[keep], dev.end_ps[keep])
+
+
+def _collective_and_idle(dev: DeviceActivity, model: SessionModel, lo: np.ndarray,
+                         hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step window: the GPU's time in collective kernels, and its time with nothing running."""
+    in_steps = kernels.in_steps(dev, model)
+    coll = in_steps & kernels.classify(dev).collective
+    collective = intervals.per_bin_total(intervals.union(dev.start_ps[coll], dev.end_ps[coll]), lo, hi)
+    busy = intervals.per_bin_total(intervals.union(dev.start_ps[in_steps], dev.end_ps[in_steps]), lo, hi)
+    return collective, (hi - lo) - busy
 
 
 @dataclass
@@ -175,12 +183,8 @@ def measure(analysis: Analysis) -> Replicas | Finding:
     if not active:
         return _alone(analysis)
     lo, hi, _ = kernels.step_windows(model)
-    both = [busy_intervals(dev, model) for dev in active]
-    busy = [work for work, _ in both]
+    busy = [busy_intervals(dev, model) for dev in active]
     per_step = np.vstack([intervals.per_bin_total(b, lo, hi) for b in busy])    # GPU x step
-    collective = np.vstack([intervals.per_bin_total(coll, lo, hi) for _, coll in both])
-    anything = [intervals.union(np.concatenate((w[0], c[0])), np.concatenate((w[1], c[1]))) for w, c in both]
-    nothing = np.vstack([(hi - lo) - intervals.per_bin_total(a, lo, hi) for a in anything])
     min_overlap, serial_pairs = _overlaps(busy)
     combined = 0
     if serial_pairs:
@@ -188,11 +192,12 @@ def measure(analysis: Analysis) -> Replicas | Finding:
                                                    np.concatenate([b[1] for b in busy])))
     idle = [(kernels.device_label(model, dev), dev.device.name, dev.device.host, len(dev))
             for dev in planes if dev not in active]
+    waits = [_collective_and_idle(dev, model, lo, hi) for dev in active]
     return Replicas([kernels.device_label(model, dev) for dev in active],
                     [(dev.device.name, dev.device.host) for dev in active], per_step, lo, hi,
                     min_overlap, serial_pairs, int(combined), idle, len(planes),
                     [d.name for d in analysis.trust.partial_devices],
-                    collective, nothing)
+                    np.vstack([c for c, _ in waits]), np.vstack([i for _, i in waits]))
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Replicas | None:
