@@ -71,6 +71,34 @@ def test_cupti_plane_launches_are_host_activity(tmp_path):
     assert "cuLaunchKernel" in launch_names
 
 
+def test_host_planes_built_apart_merge_into_one_time_ordered_table(tmp_path):
+    """Each host plane's table is built in its own worker from its own origin; the host's table
+    is their rows in time order (ties in plane order, then line order), with one list of names,
+    threads and ids: the same rows, read here straight from the synthetic XSpace's two planes."""
+    synth = build_training_session(steps=3, launch_api="cuLaunchKernel", cupti_plane=True, marker="r",
+                                   memcpy_frac=0.05)
+    expected = []
+    for plane in synth.space.planes:
+        if plane.name not in ("/host:CPU", "/host:CUPTI"):
+            continue
+        prefix = "" if plane.name == "/host:CPU" else "CUPTI/"
+        names = {mid: meta.name for mid, meta in plane.event_metadata.items()}
+        stat_ids = {meta.name: sid for sid, meta in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                corr = next((s.int64_value or s.uint64_value for s in event.stats
+                             if s.metadata_id == stat_ids.get("correlation_id")), -1)
+                expected.append((line.timestamp_ns * 1000 + event.offset_ps, names[event.metadata_id],
+                                 prefix + (line.display_name or line.name), corr))
+    expected.sort(key=lambda row: row[0])       # stable: plane order, then line order, on ties
+    activity = _load(tmp_path, synth).hosts[0].activity
+    got = [(int(s), activity.names[n], activity.threads[t], int(c))
+           for s, n, t, c in zip(activity.start_ps, activity.name, activity.thread, activity.correlation_id)]
+    assert any(t.startswith("CUPTI/") for _, _, t, _ in got) and any(c >= 0 for *_, c in got)
+    assert any(not t.startswith("CUPTI/") for _, _, t, _ in got)
+    assert got == [(s - expected[0][0] + got[0][0], n, t, c) for s, n, t, c in expected]
+
+
 def test_input_wait_is_classified(tmp_path):
     synth = build_training_session(steps=5, input_wait_frac=0.3, marker="r", derived_lines=False)
     model = _load(tmp_path, synth)

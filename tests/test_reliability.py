@@ -194,27 +194,36 @@ print(needed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grew <= needed
 
 
-def test_events_only_count_bounds_the_exact_estimate(tmp_path):
-    """The budget check first counts events alone (stats stepped over): the bound it computes
-    from them is never below the estimate from the full count, so skipping that count is safe;
-    a budget between the two still gets the full count's refusal."""
+def test_planes_are_admitted_by_their_event_count_and_read_once(tmp_path, monkeypatch):
+    """Each worker counts the events of the plane it just read (stats stepped over) and adds the
+    most that plane can need; the whole capture's exact count runs only once that sum passes the
+    budget. The events-only bound is never below the exact estimate, so a budget at the bound
+    decodes without the exact count, a budget at the estimate passes it, one byte less is refused,
+    and no plane is read twice."""
     if not decode.has_fast_decoder():
         pytest.skip("C decoder not built")
-    from tb_gpuadvisor.model.build import COST_C, _check_budget, memory_needed
+    from tb_gpuadvisor.model import build
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(build_training_session(steps=20, gpus=2, memcpy_frac=0.05).space.SerializeToString())
     with CaptureFile(str(path)) as cap:
-        shallow = [decode.count_events(cap.read(span), stats=False) for span in cap.index.plane_spans]
-        full = [decode.count_events(cap.read(span)) for span in cap.index.plane_spans]
+        spans = cap.index.plane_spans
+        shallow = [decode.count_events(cap.read(span), stats=False) for span in spans]
+        full = [decode.count_events(cap.read(span)) for span in spans]
         assert [e for e, _ in shallow] == [e for e, _ in full] and all(s == -1 for _, s in shallow)
-        events = sum(e for e, _ in full)
-        needed, counted = memory_needed(cap)
-        bound = COST_C.most(cap.size, events)
-        assert counted == events > 0 and needed <= bound < COST_C.most(cap.size)
-        _check_budget(cap, bound)           # the events-only bound fits: no refusal
-        _check_budget(cap, needed)
-        with pytest.raises(CaptureError, match="refused"):
-            _check_budget(cap, needed - 1)
+        needed, counted = build.memory_needed(cap)
+        bound = cap.size - sum(b - a for a, b in spans) + sum(
+            build.COST_C.most(b - a, events) for (a, b), (events, _) in zip(spans, shallow))
+        assert counted == sum(e for e, _ in full) > 0 and needed <= bound < build.COST_C.most(cap.size)
+    reads = []
+    real_read = CaptureFile.read
+    monkeypatch.setattr(CaptureFile, "read", lambda self, span: reads.append(span) or real_read(self, span))
+    exact = []
+    monkeypatch.setattr(build, "memory_needed", lambda cap: exact.append(1) or (needed, counted))
+    assert build.read_host(str(path), "h", budget=bound).devices
+    assert not exact and sorted(r for r in reads if r in spans) == sorted(spans)
+    assert build.read_host(str(path), "h", budget=needed).devices and exact == [1]
+    with pytest.raises(CaptureError, match=f"refused: this capture holds {counted:,} events"):
+        build.read_host(str(path), "h", budget=needed - 1)
 
 
 def test_bad_memory_limit_setting_is_ignored_with_a_warning(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ are decoded one at a time and dropped once converted.
 from __future__ import annotations
 
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -284,150 +285,150 @@ def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
     return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
-@dataclass
-class _HostPart:
-    """One host plane's events in plane order; its int stats stay sparse until sorted."""
+def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActivity, MemoryRecords]:
+    """One host plane's events sorted by start, and its allocator records (a worker thread
+    builds them while other planes decode)."""
+    n = dp.n_events
+    names, threads = _Interner(), _Interner()
+    metadata = dp.shell.event_metadata
+    md_name = {mid: names.add(meta.name) for mid, meta in metadata.items()}
+    prefix = "" if dp.shell.name == "/host:CPU" else dp.shell.name.split(":", 1)[1] + "/"
+    line_thread = np.fromiter(
+        (threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
+        np.int32, len(dp.lines))
+    start = _starts(dp, origin_ns)
+    order = np.argsort(start, kind="stable")
+    name = _name_indices(dp.metadata_id, md_name, names)[order]
+    thread = np.repeat(line_thread, [line.count for line in dp.lines])[order]
+    stats = _sorted_stats({key: dp.stats[key].int_values(dp.strings) for key in _HOST_INTS}, order)
+    kind_of_name = np.fromiter((classify.host_event_kind(n) for n in names.strings), np.int8, len(names.strings))
+    kind = kind_of_name[name] if n else np.empty(0, np.int8)
+    # Events that carry a correlation id are launch/enqueue calls whatever their name
+    # (TensorFlow 2.4 names host launch events after the kernel); _r=1 events with a
+    # step number are step markers (FunctionRun also carries _r=1, without step_num).
+    kind = np.where((stats["correlation_id"] >= 0) & (kind != HostEventKind.MEMORY), np.int8(HostEventKind.LAUNCH), kind)
+    kind = np.where(stats["_r"] & (stats["step_num"] >= 0), np.int8(HostEventKind.STEP_MARKER), kind)
+    xla_cpu = np.fromiter(map(classify.is_xla_cpu_thread, threads.strings), bool, len(threads.strings))
+    if xla_cpu.any():
+        kind = np.where(xla_cpu[thread] & (kind == HostEventKind.OTHER), np.int8(HostEventKind.FRAMEWORK_OP), kind)
+    activity = HostActivity(
+        host=host, start_ps=start[order], dur_ps=dp.duration_ps[order], thread=thread, name=name,
+        kind=kind.astype(np.int8), step_num=stats["step_num"], is_root=stats["_r"],
+        group_id=stats["group_id"], correlation_id=stats["correlation_id"], names=names.strings,
+        threads=threads.strings, datasets=_datasets(dp))
+    return activity, _memory_records(dp, host, start)
 
-    n: int
-    start_ps: np.ndarray
-    dur_ps: np.ndarray
-    name: np.ndarray
-    thread: np.ndarray
-    stats: dict[str, tuple[np.ndarray, np.ndarray]]      # stat -> (events, values)
 
-
-class _HostBuilder:
-    """Accumulates host-thread lines from the CPU plane (and a CUPTI plane, if any)."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.names = _Interner()
-        self.threads = _Interner()
-        self.allocators = _Interner()
-        self.mem_ops = _Interner()
-        self.parts: list[_HostPart] = []
-        self.memory_parts: list[dict[str, np.ndarray]] = []
-        self.datasets: dict[str, str] = {}
-
-    def add_plane(self, dp: DecodedPlane, origin_ns: int) -> None:
-        n = dp.n_events
-        metadata = dp.shell.event_metadata
-        md_name = {mid: self.names.add(meta.name) for mid, meta in metadata.items()}
-        prefix = "" if dp.shell.name == "/host:CPU" else dp.shell.name.split(":", 1)[1] + "/"
-        line_thread = np.fromiter(
-            (self.threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
-            np.int32, len(dp.lines))
-        start = _starts(dp, origin_ns)
-        self.parts.append(_HostPart(
-            n, start, dp.duration_ps, _name_indices(dp.metadata_id, md_name, self.names),
-            np.repeat(line_thread, [line.count for line in dp.lines]),
-            {name: dp.stats[name].int_values(dp.strings) for name in _HOST_INTS}))
-        self._add_datasets(dp)
-        memory_md = [mid for mid, meta in metadata.items() if meta.name in tensorflow.MEMORY_EVENTS]
-        rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
-        if rows.size:
-            alloc_md = [mid for mid, meta in metadata.items() if meta.name == tensorflow.MEMORY_ALLOCATION]
-            # Only the memory events' stats are needed: select them before densifying.
-            stat = {name: dp.stats[name].at(rows) for name in _MEMORY_STATS}
-            part = {"time_ps": start[rows], "is_alloc": np.isin(dp.metadata_id[rows], alloc_md),
-                    "allocator": stat["allocator_name"].interned(
-                        rows.size, dp.stat_names, dp.strings, self.allocators.add),
-                    "op": stat["tf_op"].interned(rows.size, dp.stat_names, dp.strings, self.mem_ops.add),
-                    "fragmentation": stat["fragmentation"].floats(rows.size)}
-            for name in _MEMORY_INTS:
-                part[name] = np.maximum(stat[name].ints(rows.size, dp.strings), 0)
-            self.memory_parts.append(part)
-
-    def _add_datasets(self, dp: DecodedPlane) -> None:
-        """The ``name`` stat (the dataset op) of each tf.data stage, from its first event that has it."""
-        metadata = dp.shell.event_metadata
-        stage_md = [mid for mid, meta in metadata.items() if meta.name.startswith(tensorflow.INPUT_STAGE_PREFIX)]
-        rows = np.flatnonzero(np.isin(dp.metadata_id, stage_md))
-        if not rows.size:
-            return
-        values = _Interner()
-        named = dp.stats["name"].at(rows).interned(rows.size, dp.stat_names, dp.strings, values.add)
-        has = named >= 0
-        stage_ids, first = np.unique(dp.metadata_id[rows[has]], return_index=True)
-        for mid, value in zip(stage_ids.tolist(), named[has][first].tolist()):
-            if values.strings[value]:
-                self.datasets.setdefault(metadata[mid].name, values.strings[value])
-
-    @staticmethod
-    def _concat(parts: list[dict[str, np.ndarray]], key: str, dtype) -> np.ndarray:
-        arrays = [p[key] for p in parts]
-        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
-
-    def _sorted(self, key: str, dtype, order: np.ndarray) -> np.ndarray:
-        """One dense column of every part, in ORDER (one copy when there is one part)."""
-        arrays = [getattr(p, key) for p in self.parts]
-        whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays) if arrays else np.empty(0, dtype)
-        return whole[order].astype(dtype, copy=False)
-
-    def _sorted_stats(self, order: np.ndarray) -> dict[str, np.ndarray]:
-        """The int stats of every part in ORDER: a stat every event of the only part carries
-        once is gathered; sparse ones are scattered straight to their sorted rows."""
-        n = order.size
-        dense: dict[str, np.ndarray] = {}
-        scattered = []
-        only = self.parts[0].stats if len(self.parts) == 1 else {}
-        for name in _HOST_INTS:
-            event, value = only.get(name, (None, None))
-            if event is not None and event.size == n and np.all(event[1:] > event[:-1]):
-                dense[name] = value[order] == 1 if name == "_r" else value[order]
-            else:
-                scattered.append(name)
-        if not scattered:
-            return dense
+def _sorted_stats(stats: dict[str, tuple[np.ndarray, np.ndarray]], order: np.ndarray) -> dict[str, np.ndarray]:
+    """Dense int stat columns in ORDER from sparse (events, values) ones: a stat every event
+    carries once is gathered; sparse ones are scattered straight to their sorted rows."""
+    n = order.size
+    dense: dict[str, np.ndarray] = {}
+    scattered = []
+    for name, (event, value) in stats.items():
+        if event.size == n and np.all(event[1:] > event[:-1]):
+            dense[name] = value[order] == 1 if name == "_r" else value[order]
+        else:
+            scattered.append(name)
+    if scattered:
         place = np.empty(n, np.int64)
         place[order] = np.arange(n)
         for name in scattered:
-            dense[name] = np.zeros(n, bool) if name == "_r" else np.full(n, -1, np.int64)
-        first = 0
-        for part in self.parts:
-            rows = place[first:first + part.n]
-            for name in scattered:
-                event, value = part.stats[name]
-                dense[name][rows[event]] = value == 1 if name == "_r" else value
-            first += part.n
-        return dense
+            event, value = stats[name]
+            column = dense[name] = np.zeros(n, bool) if name == "_r" else np.full(n, -1, np.int64)
+            column[place[event]] = value == 1 if name == "_r" else value
+    return dense
 
-    def finish(self) -> tuple[HostActivity, MemoryRecords]:
-        cat = self._concat
-        starts = [p.start_ps for p in self.parts]
-        start = starts[0] if len(starts) == 1 else np.concatenate(starts) if starts else np.empty(0, np.int64)
-        order = np.argsort(start, kind="stable")
-        stats = self._sorted_stats(order)
-        col = {"dur_ps": self._sorted("dur_ps", np.int64, order), "name": self._sorted("name", np.int32, order),
-               "thread": self._sorted("thread", np.int32, order), "step_num": stats["step_num"],
-               "is_root": stats["_r"], "group": stats["group_id"], "corr": stats["correlation_id"]}
-        kind_of_name = np.fromiter((classify.host_event_kind(n) for n in self.names.strings), np.int8,
-                                   len(self.names.strings))
-        kind = kind_of_name[col["name"]] if col["name"].size else np.empty(0, np.int8)
-        # Events that carry a correlation id are launch/enqueue calls whatever their name
-        # (TensorFlow 2.4 names host launch events after the kernel); _r=1 events with a
-        # step number are step markers (FunctionRun also carries _r=1, without step_num).
-        kind = np.where((col["corr"] >= 0) & (kind != HostEventKind.MEMORY), np.int8(HostEventKind.LAUNCH), kind)
-        kind = np.where(col["is_root"] & (col["step_num"] >= 0), np.int8(HostEventKind.STEP_MARKER), kind)
-        xla_cpu = np.fromiter(map(classify.is_xla_cpu_thread, self.threads.strings), bool, len(self.threads.strings))
-        if xla_cpu.any():
-            kind = np.where(xla_cpu[col["thread"]] & (kind == HostEventKind.OTHER),
-                            np.int8(HostEventKind.FRAMEWORK_OP), kind)
-        activity = HostActivity(
-            host=self.host, start_ps=start[order], dur_ps=col["dur_ps"], thread=col["thread"],
-            name=col["name"], kind=kind.astype(np.int8), step_num=col["step_num"], is_root=col["is_root"],
-            group_id=col["group"], correlation_id=col["corr"], names=self.names.strings,
-            threads=self.threads.strings, datasets=self.datasets)
-        mem = self.memory_parts
-        time_ps = cat(mem, "time_ps", np.int64)
-        morder = np.argsort(time_ps, kind="stable")
-        memory = MemoryRecords(
-            host=self.host, time_ps=time_ps[morder], allocator=cat(mem, "allocator", np.int32)[morder],
-            is_alloc=cat(mem, "is_alloc", bool)[morder],
-            **{name: cat(mem, name, np.int64)[morder] for name in _MEMORY_INTS},
-            fragmentation=cat(mem, "fragmentation", np.float64)[morder], op=cat(mem, "op", np.int32)[morder],
-            allocators=self.allocators.strings, ops=self.mem_ops.strings)
-        return activity, memory
+
+def _datasets(dp: DecodedPlane) -> dict[str, str]:
+    """The ``name`` stat (the dataset op) of each tf.data stage, from its first event that has it."""
+    metadata = dp.shell.event_metadata
+    stage_md = [mid for mid, meta in metadata.items() if meta.name.startswith(tensorflow.INPUT_STAGE_PREFIX)]
+    rows = np.flatnonzero(np.isin(dp.metadata_id, stage_md))
+    if not rows.size:
+        return {}
+    values = _Interner()
+    named = dp.stats["name"].at(rows).interned(rows.size, dp.stat_names, dp.strings, values.add)
+    has = named >= 0
+    stage_ids, first = np.unique(dp.metadata_id[rows[has]], return_index=True)
+    datasets: dict[str, str] = {}
+    for mid, value in zip(stage_ids.tolist(), named[has][first].tolist()):
+        if values.strings[value]:
+            datasets.setdefault(metadata[mid].name, values.strings[value])
+    return datasets
+
+
+def _memory_records(dp: DecodedPlane, host: str, start: np.ndarray) -> MemoryRecords:
+    """The plane's MemoryAllocation/MemoryDeallocation events with their allocator stats, by time."""
+    metadata = dp.shell.event_metadata
+    memory_md = [mid for mid, meta in metadata.items() if meta.name in tensorflow.MEMORY_EVENTS]
+    rows = np.flatnonzero(np.isin(dp.metadata_id, memory_md))
+    alloc_md = [mid for mid, meta in metadata.items() if meta.name == tensorflow.MEMORY_ALLOCATION]
+    allocators, ops = _Interner(), _Interner()
+    # Only the memory events' stats are needed: select them (in plane order) before densifying.
+    stat = {name: dp.stats[name].at(rows) for name in _MEMORY_STATS}
+    columns = {
+        "time_ps": start[rows], "is_alloc": np.isin(dp.metadata_id[rows], alloc_md),
+        "allocator": stat["allocator_name"].interned(rows.size, dp.stat_names, dp.strings, allocators.add),
+        "op": stat["tf_op"].interned(rows.size, dp.stat_names, dp.strings, ops.add),
+        "fragmentation": stat["fragmentation"].floats(rows.size),
+        **{name: np.maximum(stat[name].ints(rows.size, dp.strings), 0) for name in _MEMORY_INTS}}
+    order = np.argsort(columns["time_ps"], kind="stable")
+    return MemoryRecords(host=host, **{name: column[order] for name, column in columns.items()},
+                         allocators=allocators.strings, ops=ops.strings)
+
+
+_HOST_COLUMNS = ("start_ps", "dur_ps", "thread", "name", "kind", "step_num", "is_root", "group_id", "correlation_id")
+_MEMORY_COLUMNS = ("time_ps", "allocator", "is_alloc", *_MEMORY_INTS, "fragmentation", "op")
+
+
+def _merged(tables: list, columns: tuple[str, ...], text_columns: dict[str, str]):
+    """One table of TABLES (host activities or memory records of one host's planes, each sorted
+    by its first column, a time): their COLUMNS' rows in time order, ties in plane order, each
+    interned column (TEXT_COLUMNS: column -> its strings) indexing one merged list."""
+    first = tables[0]
+    if len(tables) == 1:
+        return first
+    strings = {}
+    remapped: dict[str, list[np.ndarray]] = {}
+    for column, field_name in text_columns.items():
+        interner = _Interner()
+        remapped[column] = []
+        for table in tables:
+            remap = np.fromiter(map(interner.add, getattr(table, field_name)), np.int32, len(getattr(table, field_name)))
+            values = getattr(table, column)
+            remapped[column].append(np.where(values >= 0, remap[np.clip(values, 0, None)] if remap.size else -1, -1)
+                                    .astype(np.int32))
+        strings[field_name] = interner.strings
+    whole = {name: np.concatenate(remapped.get(name) or [getattr(t, name) for t in tables]) for name in columns}
+    order = np.argsort(whole[columns[0]], kind="stable")
+    return replace(first, **{name: column[order] for name, column in whole.items()}, **strings)
+
+
+def _host_planes_merged(planes: list["_HostPlane"], host: str) -> tuple[HostActivity, MemoryRecords]:
+    """The host's activity and memory records from all its host planes (usually one)."""
+    if not planes:
+        return _no_host_events(host)
+    activity = _merged([p.activity for p in planes], _HOST_COLUMNS, {"name": "names", "thread": "threads"})
+    datasets: dict[str, str] = {}
+    for plane in planes:
+        for stage, op in plane.activity.datasets.items():
+            datasets.setdefault(stage, op)
+    activity.datasets = datasets
+    memory = _merged([p.memory for p in planes], _MEMORY_COLUMNS, {"allocator": "allocators", "op": "ops"})
+    return activity, memory
+
+
+def _no_host_events(host: str) -> tuple[HostActivity, MemoryRecords]:
+    """The tables of a capture without a host plane (a device-only capture)."""
+    ints, small = np.empty(0, np.int64), np.empty(0, np.int32)
+    activity = HostActivity(host=host, start_ps=ints, dur_ps=ints, thread=small, name=small,
+                            kind=np.empty(0, np.int8), step_num=ints, is_root=np.empty(0, bool),
+                            group_id=ints, correlation_id=ints, names=[], threads=[])
+    memory = MemoryRecords(host=host, time_ps=ints, allocator=small, is_alloc=np.empty(0, bool),
+                           **{name: ints for name in _MEMORY_INTS}, fragmentation=np.empty(0, np.float64),
+                           op=small, allocators=[], ops=[])
+    return activity, memory
 
 
 def _wanted_stats(plane) -> tuple[str, ...] | None:
@@ -455,7 +456,7 @@ class _DevicePlane:
     origin_ns: int | None
 
     def rebase(self, origin_ns: int) -> None:
-        delta = 0 if self.origin_ns is None else (self.origin_ns - origin_ns) * 1000
+        delta = _delta_ps(self.origin_ns, origin_ns)
         for table in [self.activity, *([self.steps_line] if self.steps_line else []), *self.modules]:
             table.start_ps += delta
             if isinstance(table, DeviceActivity):
@@ -464,14 +465,41 @@ class _DevicePlane:
                 table.end_ps += delta
 
 
-def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str) -> _DevicePlane | DecodedPlane | None:
-    """Read and decode one plane (its bytes are dropped once decoded); device planes are turned
-    into tables right away (in a worker thread)."""
-    dp = decode_plane(capture.read(span), _wanted_stats, at=span[0])
-    if dp is None or not _DEVICE_PLANE.match(dp.shell.name):
-        return dp           # None for planes we do not model (metadata, task environment)
+@dataclass
+class _HostPlane:
+    """A host plane's tables, timed from the plane's own origin until the host's is known."""
+
+    activity: HostActivity
+    memory: MemoryRecords
+    origin_ns: int | None
+
+    def rebase(self, origin_ns: int) -> None:
+        delta = _delta_ps(self.origin_ns, origin_ns)
+        self.activity.start_ps += delta
+        self.activity.moved()
+        self.memory.time_ps += delta
+
+
+def _delta_ps(plane_origin_ns: int | None, origin_ns: int) -> int:
+    """Picoseconds from the host's origin to a plane's, refused when times would overflow."""
+    delta = 0 if plane_origin_ns is None else (plane_origin_ns - origin_ns) * 1000
+    if abs(delta) >= MAX_PS:
+        raise CaptureError(f"a plane's timestamps ({plane_origin_ns} ns) are too far from the capture's "
+                           "other times; the capture is corrupt")
+    return delta
+
+
+def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str,
+                admission: "_Admission") -> _DevicePlane | _HostPlane | None:
+    """Read, admit and decode one plane (its bytes are dropped once decoded), and turn it into
+    tables right away, in a worker thread, timed from the plane's own origin."""
+    dp = decode_plane(admission.admitted(capture.read(span)), _wanted_stats, at=span[0])
+    if dp is None:
+        return None         # a plane we do not model (metadata, task environment)
     origin = _plane_origin(dp)
-    return _DevicePlane(*_build_device(dp, host, origin or 0), origin)
+    if _DEVICE_PLANE.match(dp.shell.name):
+        return _DevicePlane(*_build_device(dp, host, origin or 0), origin)
+    return _HostPlane(*_host_tables(dp, host, origin or 0), origin)
 
 
 @dataclass(frozen=True)
@@ -511,23 +539,50 @@ def memory_needed(capture: CaptureFile) -> tuple[int, int]:
 
 
 def _check_budget(capture: CaptureFile, budget: int | None) -> None:
-    fast = has_fast_decoder()
-    cost = COST_C if fast else COST_PYTHON
-    if budget is None or cost.most(capture.size) <= budget:
-        return          # fits whatever it holds: no need to count its events
-    if fast:
-        # Counting the events alone steps over their bodies; their stats cost most of a count.
-        events = sum(count_events(capture.read(span), stats=False)[0] for span in capture.index.plane_spans)
-        if cost.most(capture.size, events) <= budget:
-            return
+    """Refuse the capture when building its tables needs more than BUDGET bytes (a count of
+    every plane's events and stats, nothing decoded)."""
     needed, events = memory_needed(capture)
-    if needed > budget:
+    if budget is not None and needed > budget:
         hint = "" if has_fast_decoder() else "; installing with a C compiler (the fast decoder) needs far less"
         raise CaptureError(
             f"refused: this capture holds {events:,} events and analysing it needs about "
             f"{needed / 2**30:.2f} GiB of memory, more than the {budget / 2**30:.2f} GiB available for it "
             f"(free memory or TB_GPUADVISOR_MEMORY_LIMIT_MB){hint}; capture fewer steps "
             "(a shorter profile_batch range) or analyse it on a machine with more memory")
+
+
+class _Admission:
+    """Lets a plane be decoded only while the memory its tables may take still fits the budget.
+
+    Each worker counts the events of the plane it has just read (stepping over their bodies, on
+    bytes it reads anyway) and adds the most that plane can need (``MemoryCost.most``). While
+    the sum stays within the budget, the planes decoded so far fit in it; once it does not, the
+    whole capture's exact count decides, once, before anything else is decoded. A file too small
+    to ever exceed the budget, or one read without the C decoder, is settled when opened.
+    """
+
+    def __init__(self, capture: CaptureFile, budget: int | None) -> None:
+        self.capture, self.budget = capture, budget
+        self.lock = threading.Lock()
+        self.settled = budget is None or COST_C.most(capture.size) <= budget
+        if not self.settled and not has_fast_decoder():
+            _check_budget(capture, budget)   # the Python count is slow, and needed anyway
+            self.settled = True
+        plane_bytes = sum(stop - start for start, stop in capture.index.plane_spans)
+        self.bound = COST_C.per_file_byte * (capture.size - plane_bytes)
+
+    def admitted(self, data: memoryview) -> memoryview:
+        """DATA (a plane's bytes) once it may be decoded; CaptureError when the capture is refused."""
+        if self.settled:
+            return data
+        events = count_events(data, stats=False)[0]
+        with self.lock:
+            if not self.settled:
+                self.bound += COST_C.most(len(data), events)
+                if self.bound > self.budget:
+                    _check_budget(self.capture, self.budget)
+                    self.settled = True
+        return data
 
 
 # Planes are read, decoded and converted in parallel: the C decoder and numpy release the GIL.
@@ -539,29 +594,25 @@ def read_host(path: str, host: str, opener: Opener | None = None, budget: int | 
     """Build one host's tables from its capture file.
 
     Raises CaptureError when the file is unreadable, or when its events would need more than
-    BUDGET bytes (checked by counting them before anything is decoded).
+    BUDGET bytes (counted before the plane that would pass it is decoded: see ``_Admission``).
     """
     with CaptureFile(path, opener) as capture:
-        _check_budget(capture, budget)
+        admission = _Admission(capture, budget)
         warnings = [f"profiler error: {e}" for e in capture.index.errors]
         warnings += [f"profiler warning: {w}" for w in capture.index.warnings]
         spans = capture.index.plane_spans
         # The largest planes first, so that the last to finish is a small one.
         largest = sorted(range(len(spans)), key=lambda i: spans[i][0] - spans[i][1])
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
-            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host), largest)))
+            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host, admission), largest)))
         planes = [p for p in (done[i] for i in range(len(spans))) if p is not None]
     device_planes = [p for p in planes if isinstance(p, _DevicePlane)]
-    host_planes = [p for p in planes if isinstance(p, DecodedPlane)]
-    origins = [o for o in [*(p.origin_ns for p in device_planes), *map(_plane_origin, host_planes)]
-               if o is not None]
+    host_planes = [p for p in planes if isinstance(p, _HostPlane)]
+    origins = [p.origin_ns for p in planes if p.origin_ns is not None]
     origin_ns = min(origins) if origins else 0
-    builder = _HostBuilder(host)
-    for dp in host_planes:
-        builder.add_plane(dp, origin_ns)
-    activity, memory = builder.finish()
-    for plane in device_planes:
+    for plane in planes:
         plane.rebase(origin_ns)
+    activity, memory = _host_planes_merged(host_planes, host)
     devices = sorted((p.activity for p in device_planes), key=lambda d: (d.device.kind, d.device.index))
     steps_line = next((p.steps_line for p in device_planes if p.steps_line is not None), None)
     modules = [m for p in device_planes for m in p.modules]
