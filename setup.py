@@ -45,8 +45,10 @@ setup(
     package_dir={"tb_gpuadvisor.frontend": "frontend"},
     package_data={"tb_gpuadvisor.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSE*"],
                   "tb_gpuadvisor.schema": ["*.json"]},
-    # The C event decoder is optional: without a compiler the pure-Python decoder is used.
-    ext_modules=[Extension("tb_gpuadvisor.xspace._wire", ["tb_gpuadvisor/xspace/_wire.c"],
+    # The C event decoder and interval algebra are optional: without a compiler the pure-Python
+    # decoder and the numpy interval functions are used.
+    ext_modules=[Extension("tb_gpuadvisor.xspace._wire", ["tb_gpuadvisor/xspace/_wire.c"], optional=True),
+                 Extension("tb_gpuadvisor.model._intervals", ["tb_gpuadvisor/model/_intervals.c"],
                            optional=True)],
     install_requires=[
         "tensorboard>=2.12",

@@ -127,3 +127,62 @@ def test_pairwise_overlaps_swept_in_blocks(monkeypatch, block):
         for a, b in zip(starts, ends):
             row[a + 50:b + 50] = True
     assert np.array_equal(whole, covered.astype(np.int64) @ covered.T.astype(np.int64))
+
+
+def _shaped_set(rng, n, shape):
+    """A set of one of the shapes the stages pass: disjoint (a union's output), touching pieces
+    (a cut's output, empty pieces included), or raw events (overlapping, some empty, sorted by
+    start), in a narrow time range so that ties are common."""
+    starts, ends = _random_set(rng, n)
+    if shape == "disjoint":
+        return iv.union(starts, ends)
+    if shape == "touching":
+        points = np.sort(rng.integers(0, SPAN, 2 * n))
+        return points[:-1:2].copy(), points[1::2].copy()
+    order = np.argsort(starts, kind="stable")
+    return starts[order], ends[order]
+
+
+def _numpy(monkeypatch, operation, *args):
+    """OPERATION's result from the numpy path alone."""
+    with monkeypatch.context() as patch:
+        patch.setattr(iv, "_fast", None)
+        return operation(*args)
+
+
+def _same(x, y) -> bool:
+    return all(np.array_equal(p, q) and p.dtype == q.dtype == np.int64 for p, q in zip(x, y))
+
+
+@pytest.mark.skipif(iv._fast is None, reason="the C interval module is not built")
+@pytest.mark.parametrize("seed", range(200))
+def test_c_interval_functions_give_the_numpy_intervals_exactly(seed, monkeypatch):
+    """The one-pass C functions return the very intervals of the numpy formulas (not only the
+    same coverage): the same pieces, touching pieces and empty ones alike, so a report never
+    depends on which ran. Inputs they do not take (unsorted, overlapping where a set must be
+    disjoint) fall back to numpy."""
+    rng = np.random.default_rng(1000 + seed)
+    shapes = ("disjoint", "touching", "events")
+    a = _shaped_set(rng, int(rng.integers(0, 25)), shapes[seed % 3])
+    b = _shaped_set(rng, int(rng.integers(0, 25)), shapes[(seed // 3) % 3])
+    for operation in (iv.intersect, iv.subtract, iv.union_of):
+        assert _same(operation(a, b), _numpy(monkeypatch, operation, a, b)), operation.__name__
+    subset = iv.intersect(a, b)         # cut takes a subset of its first set
+    assert _same(iv.cut(a, subset), _numpy(monkeypatch, iv.cut, a, subset))
+    events = _shaped_set(rng, int(rng.integers(0, 40)), "events")
+    keep = rng.random(events[0].size) < 0.6
+    assert _same(iv.union(*events, keep), _numpy(monkeypatch, iv.union, events[0][keep], events[1][keep]))
+    assert _same(iv.union(*events), _numpy(monkeypatch, iv.union, *events))
+    shuffled = rng.permutation(events[0].size)
+    unsorted = (events[0][shuffled], events[1][shuffled])
+    assert _same(iv.union(*unsorted, keep), _numpy(monkeypatch, iv.union, *unsorted, keep))
+
+
+@pytest.mark.skipif(iv._fast is None, reason="the C interval module is not built")
+def test_c_union_keeps_numpys_running_end_across_blocks():
+    """An interval ending before it starts (a corrupt duration) does not lower a block's end:
+    the running end covers every earlier interval, as numpy's maximum.accumulate does."""
+    starts, ends = np.array([0, 11, 20], np.int64), np.array([10, 5, 30], np.int64)
+    assert [x.tolist() for x in iv.union(starts, ends)] == [[0, 11, 20], [10, 10, 30]]
+    assert [x.tolist() for x in iv.union_of((starts[:1], ends[:1]), (starts[1:], ends[1:]))] == \
+        [[0, 11, 20], [10, 10, 30]]

@@ -259,19 +259,11 @@ def _ms(ps: float) -> float:
 
 
 def _set(starts: np.ndarray, ends: np.ndarray, mask: np.ndarray | None = None) -> Intervals:
-    if mask is not None:
-        starts, ends = starts[mask], ends[mask]
-    return iv.union(starts, ends)
+    return iv.union(starts, ends, mask)
 
 
 def _merge(*sets: Intervals) -> Intervals:
     return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
-
-
-def _merge_disjoint(a: Intervals, b: Intervals) -> Intervals:
-    """The union of two sorted sets that do not overlap: one ordered insert, no sort."""
-    at = np.searchsorted(a[0], b[0])
-    return iv.union(np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1]))
 
 
 def _both(a: Intervals, b: Intervals) -> Intervals:
@@ -279,19 +271,6 @@ def _both(a: Intervals, b: Intervals) -> Intervals:
     if not a[0].size or not b[0].size:
         return iv.EMPTY
     return iv.intersect(a, b) if a[0].size <= b[0].size else iv.intersect(b, a)
-
-
-def _cut(a: Intervals, b: Intervals) -> Intervals:
-    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them.
-
-    Each side is a merge of two sorted runs, which the stable sort (timsort) does in one
-    linear pass."""
-    if not b[0].size:
-        return a
-    starts = np.sort(np.concatenate((a[0], b[1])), kind="stable")
-    ends = np.sort(np.concatenate((a[1], b[0])), kind="stable")
-    keep = ends > starts
-    return starts[keep], ends[keep]
 
 
 @dataclass
@@ -401,23 +380,23 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     sets["compute_16bit"] = low = within(raw.compute_low)
     fp32 = within(raw.compute_fp32_eligible)
     sets["compute_fp32_eligible"] = fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
-    sets["compute_other"] = _cut(compute, _merge_disjoint(low, fp32))
+    sets["compute_other"] = iv.cut(compute, iv.union_of(low, fp32))
     busy = compute
     for key in ("collective", "copy_h2d", "copy_d2h", "copy_other"):
         candidate = getattr(raw, key)
         sets[key] = part = within(iv.subtract(candidate, busy)) if candidate[0].size else iv.EMPTY
         if part[0].size:
-            busy = _merge_disjoint(busy, part)
+            busy = iv.union_of(busy, part)
     # The rest of the steps is device idle time, cut by priority; what is left is other host work.
-    rest = _cut(windows, busy)
+    rest = iv.cut(windows, busy)
     for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
                            ("launch", raw.launch)):
         if key == "not_traced":
-            part = iv.EMPTY if raw.covered is None else _cut(rest, _both(rest, raw.covered))
+            part = iv.EMPTY if raw.covered is None else iv.cut(rest, _both(rest, raw.covered))
         else:
             part = _both(rest, candidate)
         sets[key] = part
-        rest = _cut(rest, part)
+        rest = iv.cut(rest, part)
     sets["other_host"] = rest
 
     def per_step(s: Intervals) -> np.ndarray:

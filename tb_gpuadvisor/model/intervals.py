@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:        # the one-pass C versions (optional: without a compiler the numpy ones below run)
+    from tb_gpuadvisor.model import _intervals as _fast
+except ImportError:
+    _fast = None
+
 Intervals = tuple[np.ndarray, np.ndarray]   # (starts, ends), sorted and disjoint after union()
 
 EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
@@ -17,8 +22,36 @@ EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
 _NEVER = np.int64(-(1 << 62))
 
 
-def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
-    """Merge possibly overlapping intervals into a sorted disjoint set."""
+def _fitted(out: np.ndarray, count: int) -> np.ndarray:
+    """The first COUNT entries of a fresh output buffer, shrunk in place (no copy)."""
+    out.resize(count, refcheck=False)
+    return out
+
+
+def _in_c(operation, a: Intervals, b: Intervals) -> Intervals | None:
+    """A binary OPERATION of the C module on A and B, or None where it cannot run (not built,
+    or inputs it does not take: the numpy path then gives the answer)."""
+    if _fast is None:
+        return None
+    columns = [np.ascontiguousarray(x, np.int64) for x in (*a, *b)]
+    size = columns[0].size + columns[2].size
+    out_s, out_e = np.empty(size, np.int64), np.empty(size, np.int64)
+    count = operation(*columns, out_s, out_e)
+    return None if count < 0 else (_fitted(out_s, count), _fitted(out_e, count))
+
+
+def union(starts: np.ndarray, ends: np.ndarray, keep: np.ndarray | None = None) -> Intervals:
+    """Merge possibly overlapping intervals (the rows KEEP selects, when given) into a sorted
+    disjoint set."""
+    if _fast is not None and starts.size:
+        s, e = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(ends, np.int64)
+        mask = None if keep is None else np.ascontiguousarray(keep, bool).view(np.uint8)
+        out_s, out_e = np.empty(s.size, np.int64), np.empty(s.size, np.int64)
+        count = _fast.union(s, e, mask, out_s, out_e)
+        if count >= 0:          # -1: not sorted by start
+            return _fitted(out_s, count), _fitted(out_e, count)
+    if keep is not None:
+        starts, ends = starts[keep], ends[keep]
     if starts.size == 0:
         return EMPTY
     s = starts.astype(np.int64, copy=False)
@@ -35,6 +68,32 @@ def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     first = np.flatnonzero(new_block)
     last = np.append(first[1:] - 1, s.size - 1)
     return s[first], running_end[last]
+
+
+def union_of(a: Intervals, b: Intervals) -> Intervals:
+    """The union of two sets sorted by start (B's intervals are merged into A's order, so
+    nothing is sorted again)."""
+    found = _in_c(_fast.merge_union, a, b) if _fast is not None else None
+    if found is not None:
+        return found
+    at = np.searchsorted(a[0], b[0])
+    return union(np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1]))
+
+
+def cut(a: Intervals, b: Intervals) -> Intervals:
+    """A sorted set minus a sorted subset of it: B's ends start pieces, B's starts end them.
+
+    Each side is a merge of two sorted runs, which the stable sort (timsort) does in one
+    linear pass."""
+    if not b[0].size:
+        return a
+    found = _in_c(_fast.cut, a, b) if _fast is not None else None
+    if found is not None:
+        return found
+    starts = np.sort(np.concatenate((a[0], b[1])), kind="stable")
+    ends = np.sort(np.concatenate((a[1], b[0])), kind="stable")
+    keep = ends > starts
+    return starts[keep], ends[keep]
 
 
 def total(intervals: Intervals) -> int:
@@ -117,6 +176,9 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     b_s, b_e = b
     if a_s.size == 0 or b_s.size == 0:
         return EMPTY
+    found = _in_c(_fast.intersect, a, b) if _fast is not None else None
+    if found is not None:
+        return found
     # For each interval of a, the b intervals that can overlap it form a contiguous range.
     lo = np.searchsorted(b_e, a_s, side="right")
     hi = np.searchsorted(b_s, a_e, side="left")
@@ -145,6 +207,9 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     """Parts of disjoint set a not covered by disjoint set b."""
     if a[0].size == 0:
         return EMPTY
+    found = _in_c(_fast.subtract, a, b) if _fast is not None else None
+    if found is not None:
+        return found
     lo, hi = int(a[0][0]), int(a[1][-1])
     return intersect(a, complement(b, lo, hi))
 
