@@ -186,3 +186,23 @@ def test_c_union_keeps_numpys_running_end_across_blocks():
     assert [x.tolist() for x in iv.union(starts, ends)] == [[0, 11, 20], [10, 10, 30]]
     assert [x.tolist() for x in iv.union_of((starts[:1], ends[:1]), (starts[1:], ends[1:]))] == \
         [[0, 11, 20], [10, 10, 30]]
+
+
+@pytest.mark.skipif(iv._fast is None, reason="the C interval module is not built")
+@pytest.mark.parametrize("seed", range(50))
+def test_c_covered_lengths_and_chain_ends_match_numpy(seed, monkeypatch):
+    """covered_until (times in order, out of order, repeated, before and after the set) and the
+    replay's chain recurrence (releases held back by nothing, far in the past) give numpy's values."""
+    rng = np.random.default_rng(5000 + seed)
+    covered = _shaped_set(rng, int(rng.integers(0, 25)), ("disjoint", "touching")[seed % 2])
+    times = rng.integers(-20, SPAN + 20, int(rng.integers(0, 60)))
+    for t in (times, np.sort(times), np.repeat(np.sort(times), 2)):
+        assert np.array_equal(iv.covered_until(covered, t), _numpy(monkeypatch, iv.covered_until, covered, t))
+        if covered[0].size:
+            lo, hi = np.minimum(t, t[::-1]), np.maximum(t, t[::-1])
+            assert np.array_equal(iv.per_bin_total(covered, lo, hi),
+                                  _numpy(monkeypatch, iv.per_bin_total, covered, lo, hi))
+    n = int(rng.integers(0, 80))
+    release = np.where(rng.random(n) < 0.3, -(1 << 60), rng.integers(0, 1000, n)).astype(np.int64)
+    durations = rng.integers(0, 30, n).astype(np.int64)
+    assert np.array_equal(iv.chain_ends(release, durations), _numpy(monkeypatch, iv.chain_ends, release, durations))

@@ -21,8 +21,8 @@ Each device's in-step events form a dependency chain, rebuilt from the capture:
   a straggler's extra work is what the others wait for inside their collectives.
 
 The chain is the max-plus recurrence ``end[i] = max(release[i], end[i-1]) + d[i]``,
-solved for all events at once: with ``S`` the running sum of ``d``,
-``end[i] = S[i] + max(release[j] - S[j-1] for j <= i)`` (one cumulative maximum).
+solved in one pass over the events (``intervals.chain_ends``; in numpy, with ``S`` the
+running sum of ``d``, ``end[i] = S[i] + max(release[j] - S[j-1] for j <= i)``).
 Replayed unchanged it reproduces the observed busy time exactly; a scenario changes
 durations (faster kernels, hidden copies) or releases (host time removed), and the
 gain of each step is how much earlier its last event ends, plus the host time removed
@@ -213,25 +213,19 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
 
 @dataclass(frozen=True)
 class _Durations:
-    """A chain's event durations with their running sums: what every solve with them shares
-    (the rounds of a replay, and every scenario that changes no duration)."""
+    """A chain's event durations: what every solve with them shares (the rounds of a replay,
+    and every scenario that changes no duration)."""
 
-    total: np.ndarray           # running sum of the durations
-    before: np.ndarray          # running sum before each event
-
-    @classmethod
-    def of(cls, d: np.ndarray) -> "_Durations":
-        total = np.cumsum(d)
-        return cls(total, total - d)
+    d: np.ndarray
 
     def solve(self, release: np.ndarray) -> np.ndarray:
-        """end[i] = max(release[i], end[i-1]) + d[i] for all i at once (see the module doc)."""
-        return self.total + np.maximum.accumulate(release - self.before)
+        """end[i] = max(release[i], end[i-1]) + d[i] for every event (see the module doc)."""
+        return iv.chain_ends(release, self.d)
 
 
 def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
     """The chain's ends with durations D, solved once (see _Durations.solve)."""
-    return _Durations.of(d).solve(release) if d.size else d
+    return _Durations(d).solve(release) if d.size else d
 
 
 def _released(chain: _Chain, held: _Held, shift: np.ndarray) -> np.ndarray:
@@ -349,7 +343,7 @@ class Replay:
         if scenario.hide_copies:
             own = np.where(chain.classes["copy"], 0.0, own)
             gap = np.where(chain.classes["copy"], 0, gap)
-        found = _Durations.of(np.rint(gap + own).astype(np.int64))
+        found = _Durations(np.rint(gap + own).astype(np.int64))
         if plain:
             self._plain[id(chain)] = found
         return found

@@ -209,9 +209,10 @@ def _launch_threads(model: SessionModel, active: list[DeviceActivity], labels: l
         if not launch.any() or not label_of:
             continue
         width = len(host.devices)
-        keys, counts = np.unique(act.thread[launch].astype(np.int64) * width + target[launch],
-                                 return_counts=True)
-        for key, count in zip(keys.tolist(), counts.tolist()):
+        # (thread, device) pairs are few: counted by bincount, not by sorting every launch
+        per_pair = np.bincount(act.thread[launch].astype(np.int64) * width + target[launch])
+        keys = np.flatnonzero(per_pair)
+        for key, count in zip(keys.tolist(), per_pair[keys].tolist()):
             thread, pos = divmod(key, width)
             if pos in label_of:
                 by_thread[(host.name, act.threads[thread])][label_of[pos]] += count

@@ -20,6 +20,11 @@
  * cut(a_s, a_e, b_s, b_e, out_s, out_e)             capacity len(a) + len(b)
  *     A minus a subset B of it, as the rank-wise pairing of the merged (A starts, B ends) and
  *     (A ends, B starts): B's empty intervals split A's pieces there.
+ * covered_before(starts, cum, previous_end, times, out)
+ *     intervals._Covered.before: for each time t, with i the count of starts <= t,
+ *     cum[i] - max(previous_end[i] - t, 0); returns len(times).
+ * chain_ends(release, durations, out)
+ *     the replay's recurrence end[i] = max(release[i], end[i-1]) + durations[i]; returns len.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -298,12 +303,108 @@ static PyObject *py_cut(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(k);
 }
 
+/* ---- covered_before ----------------------------------------------------------------- */
+
+static PyObject *py_covered_before(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    if (!PyArg_UnpackTuple(args, "covered_before", 5, 5, &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
+    In starts = {0}, cum = {0}, prev = {0}, times = {0};
+    Out out = {0};
+    In *ins[] = {&starts, &cum, &prev, &times};
+    int got = 0;
+    Py_ssize_t k = -1;
+    for (; got < 4; got++)
+        if (get_in(o[got], ins[got]) < 0) goto done;
+    if (get_out(o[4], &out) < 0) goto done;
+    got = 5;
+    if (cum.n != starts.n + 1 || prev.n != starts.n + 1 || out.cap < times.n) {
+        PyErr_SetString(PyExc_ValueError, "mismatched covered-length columns");
+        goto done;
+    }
+    {
+        const int64_t *s = starts.at, *c = cum.at, *pe = prev.at, *t = times.at;
+        int64_t *w = out.at;
+        Py_ssize_t n = starts.n, m = times.n;
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t lo = 0;
+        int64_t last = 0;
+        for (Py_ssize_t q = 0; q < m; q++) {
+            int64_t x = t[q];
+            /* upper bound of x in s: searched from the last answer while times rise */
+            Py_ssize_t a = (q > 0 && x >= last) ? lo : 0, b = n;
+            if (q > 0 && x >= last) {
+                Py_ssize_t step = 1;
+                while (a + step < n && s[a + step] <= x) { a += step; step <<= 1; }
+                b = a + step < n ? a + step : n;
+            }
+            while (a < b) {
+                Py_ssize_t mid = a + (b - a) / 2;
+                if (s[mid] <= x) a = mid + 1; else b = mid;
+            }
+            lo = a;
+            last = x;
+            int64_t over = pe[a] - x;
+            w[q] = c[a] - (over > 0 ? over : 0);
+        }
+        k = m;
+        Py_END_ALLOW_THREADS
+    }
+done:
+    if (got >= 5) PyBuffer_Release(&out.view);
+    for (int i = 0; i < got && i < 4; i++) PyBuffer_Release(&ins[i]->view);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(k);
+}
+
+/* ---- chain_ends --------------------------------------------------------------------- */
+
+static PyObject *py_chain_ends(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    if (!PyArg_UnpackTuple(args, "chain_ends", 3, 3, &o[0], &o[1], &o[2])) return NULL;
+    In release = {0}, dur = {0};
+    Out out = {0};
+    int got = 0;
+    Py_ssize_t k = -1;
+    if (get_in(o[0], &release) < 0) goto done;
+    got = 1;
+    if (get_in(o[1], &dur) < 0) goto done;
+    got = 2;
+    if (get_out(o[2], &out) < 0) goto done;
+    got = 3;
+    if (dur.n != release.n || out.cap < release.n) {
+        PyErr_SetString(PyExc_ValueError, "mismatched chain columns");
+        goto done;
+    }
+    {
+        const int64_t *r = release.at, *d = dur.at;
+        int64_t *e = out.at;
+        Py_ssize_t n = release.n;
+        Py_BEGIN_ALLOW_THREADS
+        int64_t end = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t from = (i == 0 || r[i] > end) ? r[i] : end;
+            end = from + d[i];
+            e[i] = end;
+        }
+        k = n;
+        Py_END_ALLOW_THREADS
+    }
+done:
+    if (got >= 3) PyBuffer_Release(&out.view);
+    if (got >= 2) PyBuffer_Release(&dur.view);
+    if (got >= 1) PyBuffer_Release(&release.view);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(k);
+}
+
 static PyMethodDef methods[] = {
     {"union", py_union, METH_VARARGS, "Merge intervals sorted by start (optionally masked rows)."},
     {"merge_union", py_merge_union, METH_VARARGS, "Union of two sets' intervals, each sorted by start."},
     {"intersect", py_intersect, METH_VARARGS, "Intersection of two disjoint sorted sets."},
     {"subtract", py_subtract, METH_VARARGS, "A minus B for disjoint sorted sets."},
     {"cut", py_cut, METH_VARARGS, "A minus a subset B of it, by rank-wise pairing of merged bounds."},
+    {"covered_before", py_covered_before, METH_VARARGS, "Covered length of a disjoint set before each time."},
+    {"chain_ends", py_chain_ends, METH_VARARGS, "end[i] = max(release[i], end[i-1]) + d[i]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -221,7 +221,7 @@ class _Covered:
     search and two gathers, with no clip or where."""
 
     def __init__(self, intervals: Intervals) -> None:
-        self.starts, ends = intervals
+        self.starts, ends = np.ascontiguousarray(intervals[0], np.int64), intervals[1]
         self.cum = np.zeros(self.starts.size + 1, np.int64)
         np.cumsum(ends - self.starts, out=self.cum[1:])
         self.previous_end = np.empty(self.starts.size + 1, np.int64)
@@ -229,6 +229,11 @@ class _Covered:
         self.previous_end[1:] = ends
 
     def before(self, times: np.ndarray) -> np.ndarray:
+        if _fast is not None:
+            out = np.empty(times.shape, np.int64)
+            _fast.covered_before(self.starts, self.cum, self.previous_end,
+                                 np.ascontiguousarray(times, np.int64).reshape(-1), out.reshape(-1))
+            return out
         i = np.searchsorted(self.starts, times, side="right")     # intervals starting before t
         overshoot = self.previous_end[i] - times                  # the last may extend past t
         np.maximum(overshoot, 0, out=overshoot)
@@ -278,3 +283,16 @@ def per_bin_total(intervals: Intervals, edges_lo: np.ndarray, edges_hi: np.ndarr
         return np.zeros(edges_lo.size, np.int64)
     covered = _Covered(intervals)
     return (covered.before(edges_hi) - covered.before(edges_lo)).astype(np.int64, copy=False)
+
+
+def chain_ends(release: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """end[i] = max(release[i], end[i-1]) + durations[i]: when each event of a chain ends if it
+    starts once released and once the one before it ended (the what-if replay's recurrence).
+    Without the C loop, all at once: with S the running sum of the durations,
+    end[i] = S[i] + max(release[j] - S[j-1] for j <= i)."""
+    if _fast is not None:
+        out = np.empty(release.size, np.int64)
+        _fast.chain_ends(np.ascontiguousarray(release, np.int64), np.ascontiguousarray(durations, np.int64), out)
+        return out
+    total = np.cumsum(durations)
+    return total + np.maximum.accumulate(release - (total - durations))
