@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from synth import build_training_session, garbage, truncated
 
@@ -103,3 +104,23 @@ def test_local_capture_is_indexed_from_headers_and_read_plane_by_plane(tmp_path,
             reads.clear()
             assert bytes(capture.read(span)) == data[span[0]:span[1]]
             assert reads[0][0] == span[0] and reads[-1][1] == span[1]
+
+
+def test_planes_read_into_a_reused_buffer_when_it_fits(tmp_path):
+    """A caller decoding plane after plane passes one buffer: a plane that fits is read into its
+    front (the same memory each time, so its pages are touched once), a larger one into a fresh
+    buffer; the bytes are the file's either way."""
+    data = _space_bytes(gpus=2)
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(data)
+    with CaptureFile(str(path)) as capture:
+        spans = capture.index.plane_spans
+        largest = max(b - a for a, b in spans)
+        buffer = np.zeros(largest, np.uint8)
+        for span in spans:
+            view = capture.read(span, buffer)
+            assert bytes(view) == data[span[0]:span[1]]
+            assert np.shares_memory(np.frombuffer(view, np.uint8), buffer)
+        small = np.zeros(1, np.uint8)
+        view = capture.read(spans[0], small)
+        assert bytes(view) == data[spans[0][0]:spans[0][1]] and not np.shares_memory(np.frombuffer(view, np.uint8), small)

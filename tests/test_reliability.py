@@ -216,7 +216,7 @@ def test_planes_are_admitted_by_their_event_count_and_read_once(tmp_path, monkey
         assert counted == sum(e for e, _ in full) > 0 and needed <= bound < build.COST_C.most(cap.size)
     reads = []
     real_read = CaptureFile.read
-    monkeypatch.setattr(CaptureFile, "read", lambda self, span: reads.append(span) or real_read(self, span))
+    monkeypatch.setattr(CaptureFile, "read", lambda self, span, into=None: reads.append(span) or real_read(self, span, into))
     exact = []
     monkeypatch.setattr(build, "memory_needed", lambda cap: exact.append(1) or (needed, counted))
     assert build.read_host(str(path), "h", budget=bound).devices

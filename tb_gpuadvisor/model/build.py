@@ -489,11 +489,25 @@ def _delta_ps(plane_origin_ns: int | None, origin_ns: int) -> int:
     return delta
 
 
-def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str,
-                admission: "_Admission") -> _DevicePlane | _HostPlane | None:
-    """Read, admit and decode one plane (its bytes are dropped once decoded), and turn it into
+class _ReadBuffers(threading.local):
+    """Each worker thread's buffer for plane bytes, reused from plane to plane and replaced by
+    a larger one when a plane does not fit (the decoded columns never refer to it)."""
+
+    data: np.ndarray | None = None
+
+    def fitting(self, size: int) -> np.ndarray:
+        if self.data is None or self.data.size < size:
+            self.data = None                # the old buffer goes before the new one is made
+            self.data = np.empty(size, np.uint8)
+        return self.data
+
+
+def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str, admission: "_Admission",
+                buffers: _ReadBuffers) -> _DevicePlane | _HostPlane | None:
+    """Read, admit and decode one plane (into the thread's reused buffer), and turn it into
     tables right away, in a worker thread, timed from the plane's own origin."""
-    dp = decode_plane(admission.admitted(capture.read(span)), _wanted_stats, at=span[0])
+    data = capture.read(span, buffers.fitting(span[1] - span[0]))
+    dp = decode_plane(admission.admitted(data), _wanted_stats, at=span[0])
     if dp is None:
         return None         # a plane we do not model (metadata, task environment)
     origin = _plane_origin(dp)
@@ -586,7 +600,8 @@ class _Admission:
 
 
 # Planes are read, decoded and converted in parallel: the C decoder and numpy release the GIL.
-# Each thread holds one plane's bytes and columns at a time, so threads bound the memory too.
+# Each thread holds one buffer of plane bytes (as large as its largest plane so far) and one
+# plane's columns at a time, so threads bound the memory too.
 MOST_THREADS = 2
 
 
@@ -603,8 +618,10 @@ def read_host(path: str, host: str, opener: Opener | None = None, budget: int | 
         spans = capture.index.plane_spans
         # The largest planes first, so that the last to finish is a small one.
         largest = sorted(range(len(spans)), key=lambda i: spans[i][0] - spans[i][1])
+        buffers = _ReadBuffers()
         with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
-            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host, admission), largest)))
+            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host, admission, buffers),
+                                              largest)))
         planes = [p for p in (done[i] for i in range(len(spans))) if p is not None]
     device_planes = [p for p in planes if isinstance(p, _DevicePlane)]
     host_planes = [p for p in planes if isinstance(p, _HostPlane)]

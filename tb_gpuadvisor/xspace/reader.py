@@ -235,13 +235,19 @@ class CaptureFile:
             self.close()
             raise
 
-    def read(self, span: tuple[int, int]) -> memoryview:
-        """The bytes of SPAN (a fresh buffer for a local file: drop it to free them)."""
+    def read(self, span: tuple[int, int], into: np.ndarray | None = None) -> memoryview:
+        """The bytes of SPAN: for a local file, in the front of INTO (a uint8 buffer) when it
+        is large enough, else in a fresh buffer (drop it to free them). A caller decoding plane
+        after plane reuses one buffer: its pages are touched once, not once per plane."""
         start, stop = span
         if self._whole is not None:
             return memoryview(self._whole)[start:stop]
         if self._file is None:
             raise CaptureError("the capture was closed before it was read")
+        if into is not None and into.size >= stop - start:
+            view = memoryview(into)[:stop - start]
+            self._file.read_into(start, view)
+            return view
         return self._file.read(start, stop)
 
     def close(self) -> None:
