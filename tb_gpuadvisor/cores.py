@@ -9,7 +9,10 @@ other workers, so each worker is told its share of the cores.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
 
+T = TypeVar("T")
 _sharing = 1        # processes of this job sharing the machine's cores
 
 
@@ -24,3 +27,13 @@ def threads(most: int, per_core: int = 1) -> int:
     machine to itself, one per core of its share when it shares them with other workers."""
     cores = max(1, (os.cpu_count() or 1) // _sharing)
     return max(1, min(most, (per_core if _sharing == 1 else 1) * cores))
+
+
+def on_threads(work: Callable[..., T], items: Iterable[tuple], most: int) -> list[T]:
+    """WORK(*item) for every item (one per device, say), in order: on up to MOST threads, two
+    per core, when there are several (numpy work that releases the GIL), else in this thread."""
+    items = list(items)
+    if len(items) < 2 or threads(most, per_core=2) < 2:
+        return [work(*item) for item in items]
+    with ThreadPoolExecutor(max_workers=threads(most, per_core=2)) as pool:
+        return list(pool.map(lambda item: work(*item), items))

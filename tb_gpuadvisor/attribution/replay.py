@@ -32,7 +32,6 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np
@@ -450,11 +449,7 @@ MOST_THREADS = 4
 
 def _on_devices(measure: Callable[..., T], items: Iterable[tuple]) -> list[T]:
     """MEASURE(*item) for every item (one per device), on threads when there are several."""
-    items = list(items)
-    if len(items) < 2:
-        return [measure(*item) for item in items]
-    with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
-        return list(pool.map(lambda item: measure(*item), items))
+    return cores.on_threads(measure, items, MOST_THREADS)
 
 
 def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.build import HostCapture
@@ -295,6 +296,10 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
 StepColumns = list[tuple[np.ndarray, list[np.ndarray]]]
 
 
+# Each host's devices are located on threads, up to this many (numpy work that releases the GIL).
+MOST_THREADS = 4
+
+
 def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within: bool = False) -> StepColumns:
     """Every host and device event's index into STEPS, -1 outside them (nothing is written).
 
@@ -308,8 +313,9 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
     for hc in hosts:
         act = hc.activity
         act_step = steps.locate(act.start_ps)
-        dev_steps = []
-        for dev in hc.devices:
+        _correlation_rows(act)          # what every device's join reads, built before the threads
+
+        def device_step(dev: DeviceActivity) -> np.ndarray:
             located = steps.locate(dev.start_ps)
             row = launch_rows(act, dev)
             via_launch = np.full(row.shape, -2, np.int32)
@@ -320,9 +326,19 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
             step = np.where(via_group != -2, via_group, step)
             if within:
                 step = np.where(located < 0, -1, step)
-            dev_steps.append(step.astype(np.int32, copy=False))
-        out.append((act_step, dev_steps))
+            return step.astype(np.int32, copy=False)
+
+        out.append((act_step, cores.on_threads(device_step, [(dev,) for dev in hc.devices], MOST_THREADS)))
     return out
+
+
+def _correlation_rows(act: HostActivity) -> SortedKeys:
+    """The host's events with a correlation id, by id (built once per host)."""
+    table = act.derived.get("correlation_rows")
+    if table is None:
+        with_id = np.flatnonzero(act.correlation_id >= 0)
+        table = act.derived["correlation_rows"] = SortedKeys(act.correlation_id[with_id], with_id.astype(np.int32))
+    return table
 
 
 def launch_rows(act: HostActivity, dev: DeviceActivity) -> np.ndarray:
@@ -331,12 +347,7 @@ def launch_rows(act: HostActivity, dev: DeviceActivity) -> np.ndarray:
     trust share it: the host's table of correlation ids is built once, each device's rows once."""
     rows = dev.derived.get("launch_rows")
     if rows is None:
-        table = act.derived.get("correlation_rows")
-        if table is None:
-            with_id = np.flatnonzero(act.correlation_id >= 0)
-            table = act.derived["correlation_rows"] = SortedKeys(act.correlation_id[with_id],
-                                                                 with_id.astype(np.int32))
-        rows = dev.derived["launch_rows"] = table.get(dev.correlation_id, -1)
+        rows = dev.derived["launch_rows"] = _correlation_rows(act).get(dev.correlation_id, -1)
     return rows
 
 
