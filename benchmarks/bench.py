@@ -477,16 +477,21 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
 # --- side by side: this checkout against another commit (and XProf), run in turn ---------------
 
 def side_by_side(xplane: Path, against: Path, workdir: Path, *, repeat: int, with_xprof: bool,
-                 timeout_s: float) -> dict:
+                 timeout_s: float, warmup: int = 1) -> dict:
     """Medians of REPEAT cold runs of this checkout, of the checkout at AGAINST (same venv, its
     tree first on PYTHONPATH) and of XProf's overview page, taken in turn so that load from
-    other jobs falls on all of them; CPU time (user + system) is disturbed less than wall time."""
+    other jobs falls on all of them; CPU time (user + system) is disturbed less than wall time.
+    WARMUP rounds run first and are not counted: on a virtual machine whose host reclaims idle
+    guest memory, the first run after a pause pays for faulting that memory back in (twice the
+    system time here), a cost that would fall on whichever tool happens to run first."""
     tools = {"ours": (REPO, _ours_cmd), "against": (against, _ours_cmd)}
     runs: dict[str, list[Measurement]] = {name: [] for name in tools}
     if with_xprof:
         runs["xprof"] = []
     scratch, result_file = workdir / "scratch", workdir / "child.json"
-    for _ in range(repeat):
+    for round_ in range(warmup + repeat):
+        if round_ == warmup:
+            runs = {name: [] for name in runs}
         for name in runs:
             copy = fresh_copy(xplane, scratch)
             if name == "xprof":
@@ -559,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", type=Path,
                    help="a checkout of another commit: measure ours, it and XProf side by side on --capture")
     p.add_argument("--capture", type=Path, help="the .xplane.pb file for --against")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="rounds of --against run first and not counted (default 1)")
     args = p.parse_args(argv)
     if args.against:
         if not args.capture:
@@ -567,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         try:
             result = side_by_side(args.capture, args.against, workdir, repeat=max(args.repeat, 3),
-                                  with_xprof=not args.no_xprof, timeout_s=args.timeout)
+                                  with_xprof=not args.no_xprof, timeout_s=args.timeout, warmup=args.warmup)
         finally:
             if args.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -25,6 +25,9 @@
  *     cum[i] - max(previous_end[i] - t, 0); returns len(times).
  * chain_ends(release, durations, out)
  *     the replay's recurrence end[i] = max(release[i], end[i-1]) + durations[i]; returns len.
+ * pairwise_overlaps([(starts, ends), ...], out)     at most 16 sets, out int64 k x k
+ *     out[i][j] = the length of set i & set j, from one sweep over every boundary in time
+ *     order keeping which sets cover each segment as a bitmask; returns k.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -397,6 +400,99 @@ done:
     return PyLong_FromSsize_t(k);
 }
 
+/* ---- pairwise_overlaps --------------------------------------------------------------- */
+
+#define MAX_SETS 16
+
+static PyObject *py_pairwise_overlaps(PyObject *self, PyObject *args) {
+    PyObject *o_sets, *o_out;
+    if (!PyArg_UnpackTuple(args, "pairwise_overlaps", 2, 2, &o_sets, &o_out)) return NULL;
+    PyObject *seq = PySequence_Fast(o_sets, "sets must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq), got = 0;
+    In starts[MAX_SETS], ends[MAX_SETS];
+    Out out = {0};
+    int have_out = 0;
+    Py_ssize_t result = -1;
+    if (k > MAX_SETS) {
+        PyErr_SetString(PyExc_ValueError, "too many sets");
+        goto done;
+    }
+    for (; got < k; got++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(seq, got), *a, *b;
+        if (!PyArg_UnpackTuple(pair, "set", 2, 2, &a, &b)) goto done;
+        if (get_in(a, &starts[got]) < 0) goto done;
+        if (get_in(b, &ends[got]) < 0) { PyBuffer_Release(&starts[got].view); goto done; }
+        if (starts[got].n != ends[got].n) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "mismatched interval columns");
+            goto done;
+        }
+    }
+    if (get_out(o_out, &out) < 0) goto done;
+    have_out = 1;
+    if (out.cap < k * k) {
+        PyErr_SetString(PyExc_ValueError, "output too small");
+        goto done;
+    }
+    {
+        int64_t *table = out.at;
+        int64_t *by_mask = calloc((size_t)1 << k, sizeof(int64_t));
+        if (!by_mask) { PyErr_NoMemory(); goto done; }
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t at[MAX_SETS] = {0};   /* per set: its next boundary, 2 per interval */
+        Py_ssize_t open[MAX_SETS] = {0}; /* per set: its intervals begun and not ended (touching
+                                          * pieces and empty ones overlap at a shared time) */
+        uint32_t mask = 0;
+        int64_t previous = 0;
+        int first = 1;
+        for (;;) {
+            /* the earliest next boundary (the segments between boundaries at one time are
+             * empty, so their order there changes no length) */
+            int best = -1, best_end = 0;
+            int64_t best_time = 0;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (at[i] >= 2 * starts[i].n) continue;
+                int is_end = (int)(at[i] & 1);
+                int64_t t = is_end ? ends[i].at[at[i] >> 1] : starts[i].at[at[i] >> 1];
+                if (best < 0 || t < best_time || (t == best_time && is_end < best_end)) {
+                    best = (int)i;
+                    best_time = t;
+                    best_end = is_end;
+                }
+            }
+            if (best < 0) break;
+            if (!first) by_mask[mask] += best_time - previous;
+            first = 0;
+            previous = best_time;
+            open[best] += best_end ? -1 : 1;
+            if (open[best] > 0) mask |= 1u << best; else mask &= ~(1u << best);
+            at[best]++;
+        }
+        for (Py_ssize_t i = 0; i < k * k; i++) table[i] = 0;
+        for (uint32_t m = 1; m < ((uint32_t)1 << k); m++) {
+            if (!by_mask[m]) continue;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (!(m >> i & 1)) continue;
+                for (Py_ssize_t j = 0; j < k; j++)
+                    if (m >> j & 1) table[i * k + j] += by_mask[m];
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(by_mask);
+        result = k;
+    }
+done:
+    if (have_out) PyBuffer_Release(&out.view);
+    for (Py_ssize_t i = 0; i < got; i++) {
+        PyBuffer_Release(&starts[i].view);
+        PyBuffer_Release(&ends[i].view);
+    }
+    Py_DECREF(seq);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(result);
+}
+
 static PyMethodDef methods[] = {
     {"union", py_union, METH_VARARGS, "Merge intervals sorted by start (optionally masked rows)."},
     {"merge_union", py_merge_union, METH_VARARGS, "Union of two sets' intervals, each sorted by start."},
@@ -405,6 +501,7 @@ static PyMethodDef methods[] = {
     {"cut", py_cut, METH_VARARGS, "A minus a subset B of it, by rank-wise pairing of merged bounds."},
     {"covered_before", py_covered_before, METH_VARARGS, "Covered length of a disjoint set before each time."},
     {"chain_ends", py_chain_ends, METH_VARARGS, "end[i] = max(release[i], end[i-1]) + d[i]."},
+    {"pairwise_overlaps", py_pairwise_overlaps, METH_VARARGS, "Overlap of every pair of up to 16 disjoint sets."},
     {NULL, NULL, 0, NULL},
 };
 

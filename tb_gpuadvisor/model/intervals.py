@@ -131,13 +131,20 @@ def pairwise_overlaps(sets: list[Intervals]) -> np.ndarray:
     sizes = [2 * s[0].size for s in sets]
     if not sum(sizes):
         return out
+    if _fast is not None and k <= _SWEEP_MAX_SETS:     # the same sweep in one C pass, in int64
+        _fast.pairwise_overlaps([(np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64))
+                                 for a, b in sets], out)
+        return out
     if k > _SWEEP_MAX_SETS or max(max(-int(a[0]), int(b[-1])) for a, b in sets if a.size) >= _SWEEP_MAX_TIME:
         for i in range(k):
             for j in range(i, k):
                 out[i, j] = out[j, i] = overlap(sets[i], sets[j])
         return out
-    # Each set's keys interleaved (start, end, start, ...) form one sorted run (a disjoint set's
-    # next start lies past its last end), so the stable sort merges k runs in place.
+    # A set's touching pieces are merged first (at their shared time the next start would add
+    # its bit before the end removed it). Each set's keys interleaved (start, end, start, ...)
+    # then form one sorted run, so the stable sort merges k runs in place.
+    sets = [union(*s) for s in sets]
+    sizes = [2 * s[0].size for s in sets]
     keys = np.empty(sum(sizes), np.int64)
     first = 0
     for i, ((starts, ends), size) in enumerate(zip(sets, sizes)):
