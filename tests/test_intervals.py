@@ -217,4 +217,7 @@ def test_c_pairwise_overlaps_match_the_numpy_sweep(seed, monkeypatch):
     rng = np.random.default_rng(7000 + seed)
     k = int(rng.integers(1, 17))
     sets = [_shaped_set(rng, int(rng.integers(0, 20)), ("disjoint", "touching")[i % 2]) for i in range(k)]
-    assert np.array_equal(iv.pairwise_overlaps(sets), _numpy(monkeypatch, iv.pairwise_overlaps, sets))
+    table = iv.pairwise_overlaps(sets)
+    assert np.array_equal(table, _numpy(monkeypatch, iv.pairwise_overlaps, sets))
+    masks = np.array([_mask(*s) for s in sets], np.int64)
+    assert np.array_equal(table, masks @ masks.T)
