@@ -286,9 +286,10 @@ class _Dispatch:
 
     # Kept in its host's activity.derived, so it holds no reference back to the activity (that
     # cycle kept every host event of a pool worker's earlier hosts alive until the collector ran).
-    target: np.ndarray              # launch_targets: the device position of every event, -1
     own: list[np.ndarray]           # per device position: int32 rows of the launches joined to it
     allocator: Intervals            # allocator calls (cudaFree...): not launch cost
+    shared: Intervals               # unjoined launches and executor scheduling: every device's
+    ops: np.ndarray                 # int32 rows of the framework op events
     _common: dict = field(default_factory=dict)     # frozenset of op names -> Intervals
 
     @classmethod
@@ -299,35 +300,34 @@ class _Dispatch:
             activity = host.activity
             kind = activity.kind
             target = launch_targets(host)
-            launches = np.flatnonzero(kind == HostEventKind.LAUNCH).astype(np.int32)
+            launch = kind == HostEventKind.LAUNCH
+            launches = np.flatnonzero(launch).astype(np.int32)
             to = target[launches]
-            order = np.argsort(to, kind="stable")          # rows stay in start order per device
-            counts = np.bincount(to[to >= 0], minlength=len(host.devices))
-            own = np.split(launches[order][int(np.count_nonzero(to < 0)):], np.cumsum(counts)[:-1])
+            # One pass per device keeps its rows in start order (a stable sort of every launch by
+            # device cost ten times more).
+            own = [launches[to == position] for position in range(len(host.devices))]
+            shared = (launch & (target == -1)) | (kind == HostEventKind.EXECUTOR)
             found = host.activity.derived["dispatch"] = cls(
-                target, own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR))
+                own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR),
+                _set(activity.start_ps, activity.end_ps, shared),
+                np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP).astype(np.int32))
         return found
 
     def common(self, activity: HostActivity, device_ops: frozenset[str]) -> Intervals:
         """What every device with ops named DEVICE_OPS counts (all ops when it names none)."""
         found = self._common.get(device_ops)
         if found is None:
-            kind = activity.kind
-            ops = kind == HostEventKind.FRAMEWORK_OP
+            rows = self.ops
             if device_ops:
-                ops &= kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name]
-            # Unjoined launches and executor scheduling count for every device too.
-            rows = np.flatnonzero(ops | ((kind == HostEventKind.LAUNCH) & (self.target == -1))
-                                  | (kind == HostEventKind.EXECUTOR))
-            found = self._common[device_ops] = _set(activity.start_ps[rows], activity.end_ps[rows])
+                rows = rows[kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name[rows]]]
+            found = self._common[device_ops] = iv.union_of(
+                self.shared, _set(activity.start_ps[rows], activity.end_ps[rows]))
         return found
 
     def launch_set(self, activity: HostActivity, dev: DeviceActivity, position: int) -> Intervals:
         """When the host (ACTIVITY) launched or dispatched work for DEV (at POSITION in its devices)."""
-        common = self.common(activity, _op_keys(dev))
         rows = self.own[position]
-        starts, ends = activity.start_ps, activity.end_ps
-        return iv.union(np.concatenate((starts[rows], common[0])), np.concatenate((ends[rows], common[1])))
+        return iv.union_of(self.common(activity, _op_keys(dev)), _set(activity.start_ps[rows], activity.end_ps[rows]))
 
 
 def launch_targets(host: HostModel) -> np.ndarray:
