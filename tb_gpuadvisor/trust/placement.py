@@ -35,9 +35,15 @@ TOP = 5
 
 
 def step_threads(activity: HostActivity) -> np.ndarray:
-    """Per event: is it on a thread that runs the step (tf.data's producers run ahead of it)?"""
-    pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
-    return ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
+    """Per event: is it on a thread that runs the step (tf.data's producers run ahead of it)?
+    Kept in the table's ``derived``: trust, the breakdown and the checks all ask (read-only)."""
+    mask = activity.derived.get("step_threads")
+    if mask is None:
+        pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
+        mask = ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
+        mask.flags.writeable = False
+        activity.derived["step_threads"] = mask
+    return mask
 
 
 def executor_work_mask(activity: HostActivity) -> np.ndarray:
@@ -55,9 +61,15 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
 
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
-    """Framework op events on step threads that compute (not bookkeeping)."""
-    computes = name_mask(activity.names, lambda n: op_type(n) not in tensorflow.BOOKKEEPING_OPS)
-    return (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
+    """Framework op events on step threads that compute (not bookkeeping); kept in the table's
+    ``derived`` (read-only), as ``step_threads``."""
+    mask = activity.derived.get("compute_ops")
+    if mask is None:
+        computes = name_mask(activity.names, lambda n: op_type(n) not in tensorflow.BOOKKEEPING_OPS)
+        mask = (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
+        mask.flags.writeable = False
+        activity.derived["compute_ops"] = mask
+    return mask
 
 
 def grouped_steps(steps: Steps) -> bool:
@@ -127,8 +139,7 @@ def _host_ops(model: SessionModel, steps: Steps) -> tuple[float, float, float, l
         launches += int(np.count_nonzero(act.kind == HostEventKind.LAUNCH))
         pick = compute_op_mask(act)
         if len(steps):
-            inside = steps.locate(act.start_ps) >= 0
-            pick &= inside
+            pick = pick & (steps.locate(act.start_ps) >= 0)
         idx = np.flatnonzero(pick)
         if not idx.size:
             continue
