@@ -80,13 +80,17 @@ def test_per_step_time_matches_one_step_per_call(sessions):
     not 3x faster (a loaded clean-clone run measured 15.7 against 32.4 ms: the load slowed the
     spe1 capture more). Undivided, the spe4 markers would read 4x the time; divided twice, a
     quarter of it (0.19x on the quiet figures), which the 0.3 bound still catches.
-    Compare between the two finds no regression."""
+    Compare between the two reads the same per-step times and finds no check regressed; its step
+    time verdict is left to its own noise band (narrower than this test's load allowance: a
+    loaded clean-clone run once called spe4 slower, 27.4 against 21.1 ms, within the bound above)."""
     one, four = sessions["spe1"]["steps"], sessions["spe4"]["steps"]
     noise = 2 * (_standard_error(one) ** 2 + _standard_error(four) ** 2) ** 0.5
     assert four["mean_ms"] - one["mean_ms"] <= max(0.20 * one["mean_ms"], noise)
     assert four["mean_ms"] >= 0.3 * one["mean_ms"]
     result = compare_sessions(sessions["spe1"], sessions["spe4"])
-    assert not regressions_reaching(result, "warning")
+    assert (result["base"]["step_ms"], result["new"]["step_ms"]) == pytest.approx((one["mean_ms"], four["mean_ms"]))
+    step_verdict = ["step time slower beyond the noise band"]
+    assert regressions_reaching(result, "warning") in ([], step_verdict)
 
 
 if __name__ == "__main__":
