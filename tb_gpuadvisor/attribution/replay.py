@@ -334,15 +334,17 @@ class Replay:
         if found is not None:
             return found
         own = chain.own.astype(np.float64)
-        speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
-        for key, value in scenario.faster.items():
-            speedup = np.where(chain.classes[key], np.maximum(speedup, value if value > 0 else chain.speedup), speedup)
-        own = own / speedup
+        if scenario.faster:
+            speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
+            for key, value in scenario.faster.items():
+                np.maximum(speedup, value if value > 0 else chain.speedup, out=speedup, where=chain.classes[key])
+            own /= speedup
         gap = chain.gap
         if scenario.hide_copies:
-            own = np.where(chain.classes["copy"], 0.0, own)
+            own[chain.classes["copy"]] = 0.0
             gap = np.where(chain.classes["copy"], 0, gap)
-        found = _Durations(np.rint(gap + own).astype(np.int64))
+        own += gap
+        found = _Durations(np.rint(own, out=own).astype(np.int64))
         if plain:
             self._plain[id(chain)] = found
         return found
