@@ -300,17 +300,16 @@ class _Dispatch:
             activity = host.activity
             kind = activity.kind
             target = launch_targets(host)
-            launch = kind == HostEventKind.LAUNCH
-            launches = np.flatnonzero(launch).astype(np.int32)
+            launches = activity.rows_of(HostEventKind.LAUNCH)
             to = target[launches]
             # One pass per device keeps its rows in start order (a stable sort of every launch by
             # device cost ten times more).
             own = [launches[to == position] for position in range(len(host.devices))]
-            shared = (launch & (target == -1)) | (kind == HostEventKind.EXECUTOR)
+            shared = ((kind == HostEventKind.LAUNCH) & (target == -1)) | (kind == HostEventKind.EXECUTOR)
             found = host.activity.derived["dispatch"] = cls(
                 own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR),
                 _set(activity.start_ps, activity.end_ps, shared),
-                np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP).astype(np.int32))
+                activity.rows_of(HostEventKind.FRAMEWORK_OP))
         return found
 
     def common(self, activity: HostActivity, device_ops: frozenset[str]) -> Intervals:

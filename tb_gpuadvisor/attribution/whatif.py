@@ -27,7 +27,7 @@ DEFAULT_LAUNCH_US = 10.0
 
 def launch_cost_us(model: SessionModel) -> tuple[float, bool]:
     """Median duration of the capture's own launch calls, and whether it was measured."""
-    durations = [host.activity.dur_ps[host.activity.kind == HostEventKind.LAUNCH] for host in model.hosts]
+    durations = [host.activity.dur_ps[host.activity.rows_of(HostEventKind.LAUNCH)] for host in model.hosts]
     durations = np.concatenate(durations) if durations else np.empty(0, np.int64)
     if not durations.size:
         return DEFAULT_LAUNCH_US, False

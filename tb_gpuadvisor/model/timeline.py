@@ -123,6 +123,16 @@ class _EventColumns:
         """Forget what was derived from the times (``start_ps`` was shifted in place)."""
         self.derived.pop("end_ps", None)
 
+    def rows_of(self, kind: int) -> np.ndarray:
+        """The int32 rows of the events of one KIND, in start order, found once per table
+        (read-only: several stages ask for the same kind)."""
+        key = ("rows", int(kind))
+        rows = self.derived.get(key)
+        if rows is None:
+            rows = self.derived[key] = np.flatnonzero(self.kind == kind).astype(np.int32)
+            rows.flags.writeable = False
+        return rows
+
     def mask(self, *kinds: int) -> np.ndarray:
         """Events whose kind is one of KINDS (a few compares: np.isin on int8 costs 15x more)."""
         out = np.zeros(self.kind.size, bool)
