@@ -97,8 +97,9 @@ class DeviceBreakdown:
     ``sets`` holds the interval sets (sorted, disjoint, inside steps) of the categories that
     are time ranges, so checks can find the longest gaps of each kind and the host work that
     overlapped them (the collective split is per step only: who waited is known per step).
-    The compute classes are per step only: no check or replay reads their ranges, and on a
-    big capture they were the largest sets.
+    The compute classes are per step only, and only the primary device keeps its compute
+    ranges (``Breakdown.primary``: the report's median step path and busy set): no check or
+    replay reads the others, and on a big capture they were the largest sets.
     """
 
     device: Device
@@ -112,8 +113,8 @@ class DeviceBreakdown:
 
     @functools.cached_property
     def busy_set(self) -> Intervals:
-        """The device's busy time, grown from compute as ``_split`` grew it; found when a check
-        asks (only the primary device's is read), not kept for every device."""
+        """The primary device's busy time, grown from compute as ``_split`` grew it; found when a
+        check asks, not kept for every device."""
         busy = self.sets["compute"]
         for key in BUSY_KEYS:
             if self.sets[key][0].size:
@@ -584,4 +585,6 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
         devices = [_measure(pair, windows, steps, trust, host_ops) for pair in pairs]
     _split_collective_wait(devices)
+    for dev in devices[1:]:     # compute ranges are read on the primary only (see DeviceBreakdown)
+        del dev.sets["compute"]
     return Breakdown(steps=steps, devices=devices, device_kind=kind)

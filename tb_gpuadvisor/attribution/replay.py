@@ -96,7 +96,8 @@ class _Chain:
     own: np.ndarray             # the event's exclusive share of busy time
     classes: dict[str, np.ndarray]
     speedup: float
-    running_end: np.ndarray     # observed end of the device's work up to each event
+    running_end: np.ndarray | None  # observed end of the device's work up to each event, where the
+                                    # rounds of a replay start; None when no held event follows a wait
     sync_index: np.ndarray      # int32 per event: the wait the host last returned from before releasing it, -1
     sync_start: np.ndarray      # per wait: when the host reached it
     sync_end: np.ndarray        # per wait: when it returned
@@ -195,7 +196,8 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
     # Row numbers of one table fit int32 (as the launch table's rows do).
     sync_index = np.where(held & same_step, last_wait, -1).astype(np.int32)
     chain = _Chain(dev.step[idx], release.astype(np.int64), np.where(anchored, 0, gap) + own,
-                   own, classes, kernels.tensor_core_speedup(dev.device), running, sync_index,
+                   own, classes, kernels.tensor_core_speedup(dev.device),
+                   running if bool(np.any(sync_index >= 0)) else None, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
     chain.base_end = _last_end(chain, _solve(release, chain.d), n_steps)
     return chain
