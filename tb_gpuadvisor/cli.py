@@ -262,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tb_gpuadvisor.multihost.mapper import one_heap
+
+    one_heap()      # before any thread allocates
     args = parser().parse_args(argv)
     try:
         return args.func(args)

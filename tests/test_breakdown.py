@@ -10,6 +10,7 @@ from synth import build_training_session
 from synth_whatif import analysed
 
 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
+from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.timeline import (
@@ -52,6 +53,18 @@ def test_low_precision_and_collectives_per_gpu(tmp_path: Path) -> None:
         assert dev.percent("collective") == pytest.approx(truth.percent("collective_ms", g), abs=1.0)
     # The less loaded GPU waits longer inside the collective.
     assert breakdown.devices[1].total("collective") > breakdown.devices[0].total("collective")
+
+
+def test_busy_set_is_the_busy_time_of_the_parts(tmp_path: Path) -> None:
+    # The busy set is grown from the kept sets when asked: it must cover exactly the compute,
+    # collective and copy time the per-step parts count, as one sorted disjoint set.
+    analysis, _ = analyse(tmp_path, gpus=2, collective_frac=0.1, memcpy_frac=0.06, steps=4)
+    dev = analysis.breakdown.primary
+    starts, ends = dev.busy_set
+    assert np.all(ends > starts) and np.all(starts[1:] > ends[:-1])
+    assert dev.total("collective") > 0 and dev.total("copy") > 0
+    assert iv.total(dev.busy_set) == int(dev.busy.sum())
+    assert iv.total(iv.intersect(dev.busy_set, dev.sets["compute"])) == dev.total("compute")
 
 
 def test_cpu_only_capture_uses_the_host_as_device(tmp_path: Path) -> None:

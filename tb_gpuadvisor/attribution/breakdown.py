@@ -82,6 +82,8 @@ CATEGORIES = (
     Category("other_host", "other host work", "host"),
 )
 CATEGORY_KEYS = tuple(c.key for c in CATEGORIES)
+# The busy parts besides compute, in the order the busy set grows by them.
+BUSY_KEYS = ("collective", "copy_h2d", "copy_d2h", "copy_other")
 # What bounded a step: its largest group of categories (the critical path's kind).
 BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
                 "input": "input", "launch": "host", "host": "host"}
@@ -95,17 +97,29 @@ class DeviceBreakdown:
     ``sets`` holds the interval sets (sorted, disjoint, inside steps) of the categories that
     are time ranges, so checks can find the longest gaps of each kind and the host work that
     overlapped them (the collective split is per step only: who waited is known per step).
+    The compute classes are per step only, and only the primary device keeps its compute
+    ranges (``Breakdown.primary``: the report's median step path and busy set): no check or
+    replay reads the others, and on a big capture they were the largest sets.
     """
 
     device: Device
     duration: np.ndarray
     parts: dict[str, np.ndarray]
     sets: dict[str, Intervals]
-    busy_set: Intervals
 
     @property
     def name(self) -> str:
         return self.device.name
+
+    @functools.cached_property
+    def busy_set(self) -> Intervals:
+        """The primary device's busy time, grown from compute as ``_split`` grew it; found when a
+        check asks, not kept for every device."""
+        busy = self.sets["compute"]
+        for key in BUSY_KEYS:
+            if self.sets[key][0].size:
+                busy = iv.union_of(busy, self.sets[key])
+        return busy
 
     @property
     def host(self) -> str:
@@ -376,12 +390,13 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
 
     # 16-bit and eligible kernels are compute kernels, so their sets lie inside compute's.
     compute = within(raw.compute)
-    sets["compute_16bit"] = low = within(raw.compute_low)
+    low = within(raw.compute_low)
     fp32 = within(raw.compute_fp32_eligible)
-    sets["compute_fp32_eligible"] = fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
-    sets["compute_other"] = iv.cut(compute, iv.union_of(low, fp32))
+    fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
+    classes = {"compute_16bit": low, "compute_fp32_eligible": fp32,
+               "compute_other": iv.cut(compute, iv.union_of(low, fp32))}
     busy = compute
-    for key in ("collective", "copy_h2d", "copy_d2h", "copy_other"):
+    for key in BUSY_KEYS:
         candidate = getattr(raw, key)
         sets[key] = part = within(iv.subtract(candidate, busy)) if candidate[0].size else iv.EMPTY
         if part[0].size:
@@ -401,13 +416,13 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     def per_step(s: Intervals) -> np.ndarray:
         return iv.per_bin_total(s, lo, hi)
 
-    parts = {key: per_step(sets[key]) for key in CATEGORY_KEYS if key in sets}
+    ranges = {**classes, **sets}
+    parts = {key: per_step(ranges[key]) for key in CATEGORY_KEYS if key in ranges}
     parts["collective_transfer"] = per_step(sets["collective"])     # split by compute_breakdown
     parts["collective_wait"] = np.zeros(len(steps), np.int64)
     sets["compute"] = compute
     sets["copy"] = _merge(sets["copy_h2d"], sets["copy_d2h"], sets["copy_other"])
-    return DeviceBreakdown(device=device, duration=(hi - lo).astype(np.int64), parts=parts, sets=sets,
-                           busy_set=busy)
+    return DeviceBreakdown(device=device, duration=(hi - lo).astype(np.int64), parts=parts, sets=sets)
 
 
 def collective_wait(coll: np.ndarray) -> np.ndarray:
@@ -569,4 +584,6 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
         devices = [_measure(pair, windows, steps, trust, host_ops) for pair in pairs]
     _split_collective_wait(devices)
+    for dev in devices[1:]:     # compute ranges are read on the primary only (see DeviceBreakdown)
+        del dev.sets["compute"]
     return Breakdown(steps=steps, devices=devices, device_kind=kind)

@@ -90,12 +90,14 @@ class _Chain:
     step: np.ndarray            # int32 step index per event
     release: np.ndarray         # int64: the observed start of an event the host released after the
                                 # device went idle, its launch's end, or _FREE (device order only)
-    gap: np.ndarray             # device-side gap folded into an event the host did not hold back
+    d: np.ndarray               # int64 duration in the chain: the event's own share plus the device-side
+                                # gap folded into it when the host did not hold it back (what no scenario changes)
     own: np.ndarray             # the event's exclusive share of busy time
     classes: dict[str, np.ndarray]
     speedup: float
-    running_end: np.ndarray     # observed end of the device's work up to each event
-    sync_index: np.ndarray      # per held event: the wait the host last returned from before releasing it, -1
+    running_end: np.ndarray | None  # observed end of the device's work up to each event, where the
+                                    # rounds of a replay start; None when no held event follows a wait
+    sync_index: np.ndarray      # int32 per event: the wait the host last returned from before releasing it, -1
     sync_start: np.ndarray      # per wait: when the host reached it
     sync_end: np.ndarray        # per wait: when it returned
     sync_event: np.ndarray      # per wait: the last event finished by then (what the host waited for)
@@ -106,11 +108,11 @@ class _Chain:
 class _Held:
     """A chain's events the host holds back, and its waits (scenario-independent)."""
 
-    anchored: np.ndarray        # indices of the held events
+    anchored: np.ndarray        # int32 indices of the held events
     observed: np.ndarray        # their observed releases
-    wait: np.ndarray            # the wait each last returned from in its step, -1
+    wait: np.ndarray            # int32: the wait each last returned from in its step, -1
     after: np.ndarray           # wait >= 0
-    resume: np.ndarray          # when the host last resumed before each: an index into the step
+    resume: np.ndarray          # int32: when the host last resumed before each: an index into the step
                                 # starts followed by the wait ends
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
@@ -190,11 +192,13 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
     steps_of_wait = dev.step[idx][np.clip(sync_event, 0, None)] if idx.size else sync_event
     same_step = (last_wait >= 0) & (sync_event[np.clip(last_wait, 0, None)] >= 0) & \
         (steps_of_wait[np.clip(last_wait, 0, None)] == dev.step[idx]) if sync_end.size else np.zeros(idx.size, bool)
-    sync_index = np.where(held & same_step, last_wait, -1)
-    chain = _Chain(dev.step[idx], release.astype(np.int64), np.where(anchored, 0, gap),
-                   own, classes, kernels.tensor_core_speedup(dev.device), running, sync_index,
+    # Row numbers of one table fit int32 (as the launch table's rows do).
+    sync_index = np.where(held & same_step, last_wait, -1).astype(np.int32)
+    chain = _Chain(dev.step[idx], release.astype(np.int64), np.where(anchored, 0, gap) + own,
+                   own, classes, kernels.tensor_core_speedup(dev.device),
+                   running if bool(np.any(sync_index >= 0)) else None, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
-    chain.base_end = _last_end(chain, _solve(release, chain.gap + own), n_steps)
+    chain.base_end = _last_end(chain, _solve(release, chain.d), n_steps)
     return chain
 
 
@@ -278,7 +282,6 @@ class Replay:
         self._gains: dict[str, np.ndarray] = {}
         self._device_gains: dict[str, np.ndarray] = {}
         self._held_by: dict[int, _Held] = {}
-        self._plain: dict[int, _Durations] = {}     # per chain, the durations no scenario changed
 
     def _removed(self, part: DeviceBreakdown, scenario: Scenario, lo: np.ndarray, hi: np.ndarray,
                  tag: str) -> np.ndarray:
@@ -327,40 +330,37 @@ class Replay:
         return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
 
     def _durations(self, chain: _Chain, scenario: Scenario) -> _Durations:
-        """CHAIN's event durations under SCENARIO; those of a scenario that changes none (it only
-        removes host time) are found once per chain."""
-        plain = not scenario.faster and not scenario.hide_copies
-        found = self._plain.get(id(chain)) if plain else None
-        if found is not None:
-            return found
+        """CHAIN's event durations under SCENARIO; a scenario that changes none (it only removes
+        host time) replays the chain's own."""
+        if not scenario.faster and not scenario.hide_copies:
+            return _Durations(chain.d)
         own = chain.own.astype(np.float64)
         if scenario.faster:
             speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
             for key, value in scenario.faster.items():
                 np.maximum(speedup, value if value > 0 else chain.speedup, out=speedup, where=chain.classes[key])
             own /= speedup
-        gap = chain.gap
+        gap = chain.d - chain.own
         if scenario.hide_copies:
             own[chain.classes["copy"]] = 0.0
-            gap = np.where(chain.classes["copy"], 0, gap)
+            gap[chain.classes["copy"]] = 0
         own += gap
-        found = _Durations(np.rint(own, out=own).astype(np.int64))
-        if plain:
-            self._plain[id(chain)] = found
-        return found
+        return _Durations(np.rint(own, out=own).astype(np.int64))
 
     def _held(self, chain: _Chain) -> "_Held":
         """CHAIN's held events and waits: what does not depend on the scenario, found once."""
         held = self._held_by.get(id(chain))
         if held is None:
             a = self.steps.start_ps
-            anchored = np.flatnonzero(chain.release > _FREE)     # every event the host holds back
-            wait = chain.sync_index[anchored]
+            anchored = np.flatnonzero(chain.release > _FREE).astype(np.int32)     # every event the host holds back
+            every = anchored.size == chain.release.size     # the chain's own columns then, not copies
+            wait = chain.sync_index if every else chain.sync_index[anchored]
             after = wait >= 0
             # Stored only once complete: checks replay their scenarios from several threads.
-            # The host last resumed at the step start, or at the end of its last wait in the step.
-            resume = np.where(after, len(self.steps) + wait, chain.step[anchored])
-            held = _Held(anchored, chain.release[anchored], wait, after, resume)
+            # The host last resumed at the step start, or at the end of its last wait in the step
+            # (int32 as the step and wait indices are).
+            resume = np.where(after, len(self.steps) + wait, chain.step if every else chain.step[anchored])
+            held = _Held(anchored, chain.release if every else chain.release[anchored], wait, after, resume)
             if after.any():
                 # Waits in step order: each one's predecessor in its step, and the host time removed between.
                 event = chain.sync_event
