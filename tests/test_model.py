@@ -241,3 +241,19 @@ def test_renumber_small_ints_answers_like_np_unique(spread):
         want_used, want_inverse = np.unique(values, return_inverse=True)
         assert np.array_equal(used, want_used) and np.array_equal(inverse, want_inverse)
         assert inverse.dtype == np.int32
+
+
+def test_plane_read_buffers_are_reused_unless_large(monkeypatch):
+    """A worker reads plane after plane into one buffer, grown when a plane does not fit; a buffer
+    larger than KEEP_BUFFER_BYTES is let go once its plane is decoded, before the plane's tables
+    are built (it would add to the decode's peak), and a small one is kept for the next plane."""
+    from tb_gpuadvisor.model import build
+    monkeypatch.setattr(build, "KEEP_BUFFER_BYTES", 1000)
+    buffers = build._ReadBuffers()
+    small = buffers.fitting(600)
+    buffers.decoded()
+    assert buffers.fitting(400) is small and buffers.fitting(600) is small
+    large = buffers.fitting(5000)
+    assert large.size >= 5000 and large is not small
+    buffers.decoded()
+    assert buffers.data is None and buffers.fitting(10).size == 10

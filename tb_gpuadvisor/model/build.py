@@ -489,6 +489,12 @@ def _delta_ps(plane_origin_ns: int | None, origin_ns: int) -> int:
     return delta
 
 
+# A plane's bytes above this size are not kept for the next plane: held through the build of
+# that plane's tables they would add to the decode's peak (a 1 GB capture's host plane is half of
+# it), while the planes that repeat (one per GPU) are smaller.
+KEEP_BUFFER_BYTES = 128 << 20
+
+
 class _ReadBuffers(threading.local):
     """Each worker thread's buffer for plane bytes, reused from plane to plane and replaced by
     a larger one when a plane does not fit (the decoded columns never refer to it)."""
@@ -501,13 +507,19 @@ class _ReadBuffers(threading.local):
             self.data = np.empty(size, np.uint8)
         return self.data
 
+    def decoded(self) -> None:
+        """The plane in the buffer is decoded: a large buffer goes now, before the tables are built."""
+        if self.data is not None and self.data.size > KEEP_BUFFER_BYTES:
+            self.data = None
+
 
 def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str, admission: "_Admission",
                 buffers: _ReadBuffers) -> _DevicePlane | _HostPlane | None:
     """Read, admit and decode one plane (into the thread's reused buffer), and turn it into
     tables right away, in a worker thread, timed from the plane's own origin."""
-    data = capture.read(span, buffers.fitting(span[1] - span[0]))
-    dp = decode_plane(admission.admitted(data), _wanted_stats, at=span[0])
+    dp = decode_plane(admission.admitted(capture.read(span, buffers.fitting(span[1] - span[0]))),
+                      _wanted_stats, at=span[0])
+    buffers.decoded()
     if dp is None:
         return None         # a plane we do not model (metadata, task environment)
     origin = _plane_origin(dp)
