@@ -66,6 +66,16 @@ typedef struct {
     int held;
 } Binary;
 
+/* What a binary operation reads and writes, once the buffers are held. */
+typedef struct {
+    const int64_t *as, *ae, *bs, *be;
+    Py_ssize_t na, nb, cap;
+    int64_t *outs, *oute;
+} Sets;
+
+/* An operation run without the GIL: intervals written, or -1 (inputs it does not take). */
+typedef Py_ssize_t (*BinaryOp)(const Sets *);
+
 static void release_binary(Binary *b) {
     In *ins[] = {&b->as, &b->ae, &b->bs, &b->be};
     for (int i = 0; i < b->held && i < 4; i++) PyBuffer_Release(&ins[i]->view);
@@ -94,9 +104,25 @@ static int get_binary(PyObject *args, Binary *b) {
     return 0;
 }
 
-static int sorted_by_start(const int64_t *s, Py_ssize_t n) {
+/* (a_s, a_e, b_s, b_e, out_s, out_e) -> OP's count, the buffers held and the GIL released. */
+static PyObject *binary(PyObject *args, BinaryOp op) {
+    Binary b;
+    Py_ssize_t k = -1;
+    if (get_binary(args, &b) == 0) {
+        Sets sets = {b.as.at, b.ae.at, b.bs.at, b.be.at, b.as.n, b.bs.n,
+                     b.os.cap < b.oe.cap ? b.os.cap : b.oe.cap, b.os.at, b.oe.at};
+        Py_BEGIN_ALLOW_THREADS
+        k = op(&sets);
+        Py_END_ALLOW_THREADS
+    }
+    release_binary(&b);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(k);
+}
+
+static int nondecreasing(const int64_t *x, Py_ssize_t n) {
     for (Py_ssize_t i = 1; i < n; i++)
-        if (s[i] < s[i - 1]) return 0;
+        if (x[i] < x[i - 1]) return 0;
     return 1;
 }
 
@@ -169,142 +195,101 @@ done:
 
 /* ---- merge_union -------------------------------------------------------------------- */
 
-static PyObject *py_merge_union(PyObject *self, PyObject *args) {
-    Binary b;
-    Py_ssize_t k = -1;
-    if (get_binary(args, &b) == 0) {
-        const int64_t *as = b.as.at, *ae = b.ae.at, *bs = b.bs.at, *be = b.be.at;
-        Py_ssize_t na = b.as.n, nb = b.bs.n;
-        int64_t *outs = b.os.at, *oute = b.oe.at;
-        Py_BEGIN_ALLOW_THREADS
-        if (sorted_by_start(as, na) && sorted_by_start(bs, nb)) {
-            Py_ssize_t i = 0, j = 0, w = 0;
-            int open = 0;
-            int64_t start = 0, end = 0;
-            while (i < na || j < nb) {
-                int64_t si, ei;
-                /* B's interval first on equal starts: numpy.insert at searchsorted(left) */
-                if (j >= nb || (i < na && as[i] < bs[j])) { si = as[i]; ei = ae[i++]; }
-                else { si = bs[j]; ei = be[j++]; }
-                if (!open) { start = si; end = ei; open = 1; continue; }
-                if (si > end) { outs[w] = start; oute[w++] = end; start = si; }
-                if (ei > end) end = ei;
-            }
-            if (open) { outs[w] = start; oute[w++] = end; }
-            k = w;
-        }
-        Py_END_ALLOW_THREADS
+static Py_ssize_t merge_union(const Sets *x) {
+    const int64_t *as = x->as, *ae = x->ae, *bs = x->bs, *be = x->be;
+    Py_ssize_t na = x->na, nb = x->nb, i = 0, j = 0, w = 0;
+    if (!nondecreasing(as, na) || !nondecreasing(bs, nb)) return -1;
+    int open = 0;
+    int64_t start = 0, end = 0;
+    while (i < na || j < nb) {
+        int64_t si, ei;
+        /* B's interval first on equal starts: numpy.insert at searchsorted(left) */
+        if (j >= nb || (i < na && as[i] < bs[j])) { si = as[i]; ei = ae[i++]; }
+        else { si = bs[j]; ei = be[j++]; }
+        if (!open) { start = si; end = ei; open = 1; continue; }
+        if (si > end) { x->outs[w] = start; x->oute[w++] = end; start = si; }
+        if (ei > end) end = ei;
     }
-    release_binary(&b);
-    if (PyErr_Occurred()) return NULL;
-    return PyLong_FromSsize_t(k);
+    if (open) { x->outs[w] = start; x->oute[w++] = end; }
+    return w;
 }
 
 /* ---- intersect ---------------------------------------------------------------------- */
 
-static PyObject *py_intersect(PyObject *self, PyObject *args) {
-    Binary b;
-    Py_ssize_t k = -1;
-    if (get_binary(args, &b) == 0) {
-        const int64_t *as = b.as.at, *ae = b.ae.at, *bs = b.bs.at, *be = b.be.at;
-        Py_ssize_t na = b.as.n, nb = b.bs.n, cap = b.os.cap < b.oe.cap ? b.os.cap : b.oe.cap;
-        int64_t *outs = b.os.at, *oute = b.oe.at;
-        Py_BEGIN_ALLOW_THREADS
-        /* For each A interval, the B intervals from the first ending after its start to the
-         * last starting before its end (searchsorted right on ends, left on starts). */
-        Py_ssize_t j0 = 0, w = 0;
-        int ok = sorted_by_start(as, na) && sorted_by_start(bs, nb) && sorted_by_start(be, nb);
-        for (Py_ssize_t i = 0; ok && i < na; i++) {
-            while (j0 < nb && be[j0] <= as[i]) j0++;
-            for (Py_ssize_t j = j0; j < nb && bs[j] < ae[i]; j++) {
-                int64_t s = as[i] > bs[j] ? as[i] : bs[j];
-                int64_t e = ae[i] < be[j] ? ae[i] : be[j];
-                if (e > s) {
-                    if (w >= cap) { ok = 0; break; }
-                    outs[w] = s;
-                    oute[w++] = e;
-                }
+static Py_ssize_t intersect(const Sets *x) {
+    const int64_t *as = x->as, *ae = x->ae, *bs = x->bs, *be = x->be;
+    Py_ssize_t na = x->na, nb = x->nb, j0 = 0, w = 0;
+    if (!nondecreasing(as, na) || !nondecreasing(bs, nb) || !nondecreasing(be, nb)) return -1;
+    /* For each A interval, the B intervals from the first ending after its start to the last
+     * starting before its end (searchsorted right on ends, left on starts). */
+    for (Py_ssize_t i = 0; i < na; i++) {
+        while (j0 < nb && be[j0] <= as[i]) j0++;
+        for (Py_ssize_t j = j0; j < nb && bs[j] < ae[i]; j++) {
+            int64_t s = as[i] > bs[j] ? as[i] : bs[j];
+            int64_t e = ae[i] < be[j] ? ae[i] : be[j];
+            if (e > s) {
+                if (w >= x->cap) return -1;
+                x->outs[w] = s;
+                x->oute[w++] = e;
             }
         }
-        k = ok ? w : -1;
-        Py_END_ALLOW_THREADS
     }
-    release_binary(&b);
-    if (PyErr_Occurred()) return NULL;
-    return PyLong_FromSsize_t(k);
+    return w;
 }
 
 /* ---- subtract ----------------------------------------------------------------------- */
 
-static PyObject *py_subtract(PyObject *self, PyObject *args) {
-    Binary b;
-    Py_ssize_t k = -1;
-    if (get_binary(args, &b) == 0) {
-        const int64_t *as = b.as.at, *ae = b.ae.at, *bs = b.bs.at, *be = b.be.at;
-        Py_ssize_t na = b.as.n, nb = b.bs.n, cap = b.os.cap < b.oe.cap ? b.os.cap : b.oe.cap;
-        int64_t *outs = b.os.at, *oute = b.oe.at;
-        Py_BEGIN_ALLOW_THREADS
-        Py_ssize_t j0 = 0, w = 0;
-        int ok = sorted_by_start(as, na) && sorted_by_start(ae, na);
-        for (Py_ssize_t j = 1; ok && j < nb; j++)      /* B disjoint: each starts at or after the last end */
-            if (bs[j] < be[j - 1] || be[j] < be[j - 1]) ok = 0;
-        for (Py_ssize_t i = 0; ok && i < na; i++) {
-            int64_t cur = as[i];
-            while (j0 < nb && be[j0] <= cur) j0++;
-            for (Py_ssize_t j = j0; j < nb && bs[j] < ae[i]; j++) {
-                if (be[j] <= bs[j] || be[j] <= cur) continue;   /* empty, or behind what is cut */
-                if (bs[j] > cur) {
-                    if (w >= cap) { ok = 0; break; }
-                    outs[w] = cur;
-                    oute[w++] = bs[j];
-                }
-                cur = be[j];
+static Py_ssize_t subtract(const Sets *x) {
+    const int64_t *as = x->as, *ae = x->ae, *bs = x->bs, *be = x->be;
+    Py_ssize_t na = x->na, nb = x->nb, j0 = 0, w = 0;
+    if (!nondecreasing(as, na) || !nondecreasing(ae, na)) return -1;
+    for (Py_ssize_t j = 1; j < nb; j++)      /* B disjoint: each starts at or after the last end */
+        if (bs[j] < be[j - 1] || be[j] < be[j - 1]) return -1;
+    for (Py_ssize_t i = 0; i < na; i++) {
+        int64_t cur = as[i];
+        while (j0 < nb && be[j0] <= cur) j0++;
+        for (Py_ssize_t j = j0; j < nb && bs[j] < ae[i]; j++) {
+            if (be[j] <= bs[j] || be[j] <= cur) continue;   /* empty, or behind what is cut */
+            if (bs[j] > cur) {
+                if (w >= x->cap) return -1;
+                x->outs[w] = cur;
+                x->oute[w++] = bs[j];
             }
-            if (ok && cur < ae[i]) {
-                if (w >= cap) { ok = 0; break; }
-                outs[w] = cur;
-                oute[w++] = ae[i];
-            }
+            cur = be[j];
         }
-        k = ok ? w : -1;
-        Py_END_ALLOW_THREADS
+        if (cur < ae[i]) {
+            if (w >= x->cap) return -1;
+            x->outs[w] = cur;
+            x->oute[w++] = ae[i];
+        }
     }
-    release_binary(&b);
-    if (PyErr_Occurred()) return NULL;
-    return PyLong_FromSsize_t(k);
+    return w;
 }
 
 /* ---- cut ---------------------------------------------------------------------------- */
 
-static PyObject *py_cut(PyObject *self, PyObject *args) {
-    Binary b;
-    Py_ssize_t k = -1;
-    if (get_binary(args, &b) == 0) {
-        const int64_t *as = b.as.at, *ae = b.ae.at, *bs = b.bs.at, *be = b.be.at;
-        Py_ssize_t na = b.as.n, nb = b.bs.n;
-        int64_t *outs = b.os.at, *oute = b.oe.at;
-        Py_BEGIN_ALLOW_THREADS
-        if (sorted_by_start(as, na) && sorted_by_start(ae, na) && sorted_by_start(bs, nb) &&
-            sorted_by_start(be, nb)) {
-            /* Rank r of the merged starts (A starts, then B ends on ties: a stable sort of their
-             * concatenation) pairs with rank r of the merged ends (A ends, then B starts). */
-            Py_ssize_t i1 = 0, j1 = 0, i2 = 0, j2 = 0, w = 0, total = na + nb;
-            for (Py_ssize_t r = 0; r < total; r++) {
-                int64_t s = (j1 >= nb || (i1 < na && as[i1] <= be[j1])) ? as[i1++] : be[j1++];
-                int64_t e = (j2 >= nb || (i2 < na && ae[i2] <= bs[j2])) ? ae[i2++] : bs[j2++];
-                if (e > s) {
-                    outs[w] = s;
-                    oute[w++] = e;
-                }
-            }
-            k = w;
+static Py_ssize_t cut(const Sets *x) {
+    const int64_t *as = x->as, *ae = x->ae, *bs = x->bs, *be = x->be;
+    Py_ssize_t na = x->na, nb = x->nb, i1 = 0, j1 = 0, i2 = 0, j2 = 0, w = 0;
+    if (!nondecreasing(as, na) || !nondecreasing(ae, na) || !nondecreasing(bs, nb) || !nondecreasing(be, nb))
+        return -1;
+    /* Rank r of the merged starts (A starts, then B ends on ties: a stable sort of their
+     * concatenation) pairs with rank r of the merged ends (A ends, then B starts). */
+    for (Py_ssize_t r = 0; r < na + nb; r++) {
+        int64_t s = (j1 >= nb || (i1 < na && as[i1] <= be[j1])) ? as[i1++] : be[j1++];
+        int64_t e = (j2 >= nb || (i2 < na && ae[i2] <= bs[j2])) ? ae[i2++] : bs[j2++];
+        if (e > s) {
+            x->outs[w] = s;
+            x->oute[w++] = e;
         }
-        Py_END_ALLOW_THREADS
     }
-    release_binary(&b);
-    if (PyErr_Occurred()) return NULL;
-    return PyLong_FromSsize_t(k);
+    return w;
 }
+
+static PyObject *py_merge_union(PyObject *self, PyObject *args) { return binary(args, merge_union); }
+static PyObject *py_intersect(PyObject *self, PyObject *args) { return binary(args, intersect); }
+static PyObject *py_subtract(PyObject *self, PyObject *args) { return binary(args, subtract); }
+static PyObject *py_cut(PyObject *self, PyObject *args) { return binary(args, cut); }
 
 /* ---- covered_before ----------------------------------------------------------------- */
 
