@@ -8,6 +8,8 @@ from synth import build_training_session, write_session
 
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import DeviceEventKind, HostEventKind, PS_PER_MS, load_session
+from tb_gpuadvisor.model.build import read_host
+from tb_gpuadvisor.xspace.reader import CaptureError
 
 
 def _load(tmp_path, synth, hosts=("h",)):
@@ -257,3 +259,27 @@ def test_plane_read_buffers_are_reused_unless_large(monkeypatch):
     assert large.size >= 5000 and large is not small
     buffers.decoded()
     assert buffers.data is None and buffers.fitting(10).size == 10
+
+
+@pytest.mark.parametrize("days, refused", [(1, False), (60, True)])
+def test_a_host_plane_far_from_the_gpu_planes_is_placed_or_refused(tmp_path, days, refused):
+    """Each plane's table is built from the plane's own origin and moved onto the host's after:
+    a host plane whose clock reads a day later keeps its events exactly a day after the GPUs';
+    sixty days later (past the +-53 days every time keeps) the capture is refused in one line
+    rather than overflowing."""
+    synth = build_training_session(steps=3)
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(synth.space.SerializeToString())
+    plain = read_host(str(path), "h")
+    shift_ns = days * 86_400 * 10**9
+    for line in next(p for p in synth.space.planes if p.name == "/host:CPU").lines:
+        line.timestamp_ns += shift_ns
+    path.write_bytes(synth.space.SerializeToString())
+    if refused:
+        with pytest.raises(CaptureError, match="too far from the capture's other times"):
+            read_host(str(path), "h")
+        return
+    shifted = read_host(str(path), "h")
+    gap = (shifted.activity.start_ps[0] - shifted.devices[0].start_ps[0]) - \
+        (plain.activity.start_ps[0] - plain.devices[0].start_ps[0])
+    assert gap == shift_ns * 1000

@@ -301,7 +301,7 @@ def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActiv
     name = _name_indices(dp.metadata_id, md_name, names)[order]
     thread = np.repeat(line_thread, [line.count for line in dp.lines])[order]
     stats = _sorted_stats({key: dp.stats[key].int_values(dp.strings) for key in _HOST_INTS}, order)
-    kind_of_name = np.fromiter((classify.host_event_kind(n) for n in names.strings), np.int8, len(names.strings))
+    kind_of_name = np.fromiter(map(classify.host_event_kind, names.strings), np.int8, len(names.strings))
     kind = kind_of_name[name] if n else np.empty(0, np.int8)
     # Events that carry a correlation id are launch/enqueue calls whatever their name
     # (TensorFlow 2.4 names host launch events after the kernel); _r=1 events with a
@@ -456,7 +456,7 @@ class _DevicePlane:
     origin_ns: int | None
 
     def rebase(self, origin_ns: int) -> None:
-        delta = _delta_ps(self.origin_ns, origin_ns)
+        delta = _delta_ps(self.origin_ns, origin_ns, self.activity.start_ps)
         for table in [self.activity, *([self.steps_line] if self.steps_line else []), *self.modules]:
             table.start_ps += delta
             if isinstance(table, DeviceActivity):
@@ -474,16 +474,18 @@ class _HostPlane:
     origin_ns: int | None
 
     def rebase(self, origin_ns: int) -> None:
-        delta = _delta_ps(self.origin_ns, origin_ns)
+        delta = _delta_ps(self.origin_ns, origin_ns, self.activity.start_ps)
         self.activity.start_ps += delta
         self.activity.moved()
         self.memory.time_ps += delta
 
 
-def _delta_ps(plane_origin_ns: int | None, origin_ns: int) -> int:
-    """Picoseconds from the host's origin to a plane's, refused when times would overflow."""
+def _delta_ps(plane_origin_ns: int | None, origin_ns: int, starts: np.ndarray) -> int:
+    """Picoseconds from the host's origin to a plane's, refused when the plane's event STARTS
+    (sorted, from its own origin) would then leave the range every time must keep (MAX_PS)."""
     delta = 0 if plane_origin_ns is None else (plane_origin_ns - origin_ns) * 1000
-    if abs(delta) >= MAX_PS:
+    extent = max(abs(int(starts[0])), abs(int(starts[-1]))) if starts.size else 0
+    if abs(delta) + extent >= MAX_PS:
         raise CaptureError(f"a plane's timestamps ({plane_origin_ns} ns) are too far from the capture's "
                            "other times; the capture is corrupt")
     return delta

@@ -41,11 +41,11 @@ def _in_c(operation, a: Intervals, b: Intervals) -> Intervals | None:
 
 
 def union(starts: np.ndarray, ends: np.ndarray, keep: np.ndarray | None = None) -> Intervals:
-    """Merge possibly overlapping intervals (the rows KEEP selects, when given) into a sorted
-    disjoint set."""
-    if _fast is not None and starts.size:
+    """Merge possibly overlapping intervals (the rows the boolean mask KEEP selects, when given)
+    into a sorted disjoint set."""
+    if _fast is not None and starts.size and (keep is None or keep.dtype == bool):
         s, e = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(ends, np.int64)
-        mask = None if keep is None else np.ascontiguousarray(keep, bool).view(np.uint8)
+        mask = None if keep is None else np.ascontiguousarray(keep).view(np.uint8)
         out_s, out_e = np.empty(s.size, np.int64), np.empty(s.size, np.int64)
         count = _fast.union(s, e, mask, out_s, out_e)
         if count >= 0:          # -1: not sorted by start
