@@ -107,8 +107,12 @@ _SLOT: tuple[Any, int] | None = None
 
 
 def _claim_slot(slots: Any, taken: Any) -> None:
-    """Pool initializer: take the next free slot (and share the cores with the other workers)."""
+    """Pool initializer: take the next free slot (and share the cores with the other workers).
+    A worker exists to analyse, so its threads share one heap, as the CLI's do (mapper.one_heap)."""
+    from tb_gpuadvisor.multihost.mapper import one_heap
+
     global _SLOT
+    one_heap()
     cores.share_with(len(slots))
     with taken.get_lock():
         index = taken.value

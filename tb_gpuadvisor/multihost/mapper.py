@@ -99,7 +99,8 @@ def one_heap() -> bool:
     and check threads held about 400 MB more at the peak, and growing and trimming their heaps
     cost about 0.9 s more system time. The analysis allocates few, large blocks, so sharing one
     lock costs nothing measurable. Called by processes that exist to analyse (the CLI, the
-    in-loop analysis); a process that hosts the plugin (TensorBoard) keeps its own settings.
+    in-loop analysis, the local engine's pool workers); a process that hosts the plugin
+    (TensorBoard) or a Dask worker keeps its own settings.
     """
     try:
         return bool(ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1))
