@@ -108,6 +108,16 @@ def one_heap() -> bool:
         return False
 
 
+def return_freed_memory() -> bool:
+    """Hand what this process freed back to the system (glibc's malloc_trim; False elsewhere). For a
+    long-lived process that analysed in its own threads: their heaps keep freed memory otherwise
+    (the TensorBoard process held 0.9-1.2 GB after analysing a 1 GB capture; 0.18 GB after this)."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def map_host(job: HostJob) -> HostSummary:
     """Analyse one host of JOB's session alone; problems become errors, never exceptions."""
     _tune_malloc()
