@@ -309,3 +309,23 @@ def test_pool_workers_share_the_cores_instead_of_each_using_them_all(local):
 
     shares = {o.value for o in local.run(stage_threads, [0.3, 0.3])}
     assert shares == {max(1, (os.cpu_count() or 1) // 2)}
+
+
+def test_malloc_settings_are_skipped_where_the_c_library_is_not_glibc(monkeypatch):
+    """One heap, the trim and the Dask tuning call glibc's mallopt/malloc_trim; where the C
+    library has none (macOS, musl) or cannot be loaded by name (Windows: CDLL(None) is a
+    TypeError) the analysis runs with the allocator's own settings instead of failing."""
+    import ctypes
+
+    from tb_gpuadvisor.multihost import mapper
+
+    def no_library(name):
+        raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
+
+    for fake in (no_library, lambda name: object()):
+        mapper._glibc.cache_clear()
+        mapper.one_heap.cache_clear()
+        monkeypatch.setattr(ctypes, "CDLL", fake)
+        assert mapper._glibc() is None and mapper.one_heap() is False and mapper.return_freed_memory() is False
+    mapper._glibc.cache_clear()
+    mapper.one_heap.cache_clear()

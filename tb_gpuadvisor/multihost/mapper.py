@@ -77,17 +77,24 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8      # mallopt p
 
 
 @functools.cache
-def _tune_malloc() -> bool:
-    """Whether malloc was tuned for the map (once per process; glibc only, others keep theirs;
-    only where a trim threshold was set)."""
-    if TRIM_SETTING not in os.environ:
-        return False
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has mallopt and malloc_trim), else None: other C
+    libraries (macOS, musl) and Windows keep their own allocators' settings."""
     try:
         libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                    and libc.mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD))
-    except (OSError, AttributeError):
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except (OSError, TypeError):
+        return None
+
+
+@functools.cache
+def _tune_malloc() -> bool:
+    """Whether malloc was tuned for the map (once per process; glibc only; only where a trim
+    threshold was set)."""
+    libc = _glibc()
+    if libc is None or TRIM_SETTING not in os.environ:
         return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD))
 
 
 @functools.cache
@@ -102,20 +109,16 @@ def one_heap() -> bool:
     in-loop analysis, the local engine's pool workers); a process that hosts the plugin
     (TensorBoard) or a Dask worker keeps its own settings.
     """
-    try:
-        return bool(ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1))
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_ARENA_MAX, 1))
 
 
 def return_freed_memory() -> bool:
     """Hand what this process freed back to the system (glibc's malloc_trim; False elsewhere). For a
     long-lived process that analysed in its own threads: their heaps keep freed memory otherwise
     (the TensorBoard process held 0.9-1.2 GB after analysing a 1 GB capture; 0.18 GB after this)."""
-    try:
-        return bool(ctypes.CDLL(None).malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
 
 
 def map_host(job: HostJob) -> HostSummary:
