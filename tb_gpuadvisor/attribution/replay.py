@@ -198,7 +198,7 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
                    own, classes, kernels.tensor_core_speedup(dev.device),
                    running if bool(np.any(sync_index >= 0)) else None, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
-    chain.base_end = _last_end(chain, _solve(release, chain.d), n_steps)
+    chain.base_end = _last_end(chain, iv.chain_ends(release, chain.d), n_steps)
     return chain
 
 
@@ -212,23 +212,6 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
     end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))
     order = np.argsort(end, kind="stable")
     return start[order], end[order]
-
-
-@dataclass(frozen=True)
-class _Durations:
-    """A chain's event durations: what every solve with them shares (the rounds of a replay,
-    and every scenario that changes no duration)."""
-
-    d: np.ndarray
-
-    def solve(self, release: np.ndarray) -> np.ndarray:
-        """end[i] = max(release[i], end[i-1]) + d[i] for every event (see the module doc)."""
-        return iv.chain_ends(release, self.d)
-
-
-def _solve(release: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """The chain's ends with durations D, solved once (see _Durations.solve)."""
-    return _Durations(d).solve(release) if d.size else d
 
 
 def _released(chain: _Chain, held: _Held, shift: np.ndarray) -> np.ndarray:
@@ -329,11 +312,11 @@ class Replay:
         gain = np.where(has, chain.base_end - last, 0).astype(np.float64)
         return np.maximum(gain + self._removed(part, scenario, np.minimum(tail_from, b), b, "tail"), 0.0)
 
-    def _durations(self, chain: _Chain, scenario: Scenario) -> _Durations:
+    def _durations(self, chain: _Chain, scenario: Scenario) -> np.ndarray:
         """CHAIN's event durations under SCENARIO; a scenario that changes none (it only removes
         host time) replays the chain's own."""
         if not scenario.faster and not scenario.hide_copies:
-            return _Durations(chain.d)
+            return chain.d
         own = chain.own.astype(np.float64)
         if scenario.faster:
             speedup = np.ones(own.size)        # a kernel in several sped-up classes is sped up once
@@ -345,7 +328,7 @@ class Replay:
             own[chain.classes["copy"]] = 0.0
             gap[chain.classes["copy"]] = 0
         own += gap
-        return _Durations(np.rint(own, out=own).astype(np.int64))
+        return np.rint(own, out=own).astype(np.int64)
 
     def _held(self, chain: _Chain) -> "_Held":
         """CHAIN's held events and waits: what does not depend on the scenario, found once."""
@@ -380,13 +363,13 @@ class Replay:
         return held
 
     def _replay_chain(self, part: DeviceBreakdown, chain: _Chain, scenario: Scenario,
-                      durations: _Durations) -> np.ndarray:
+                      durations: np.ndarray) -> np.ndarray:
         """Replayed ends of CHAIN's events with DURATIONS; releases follow the host's timeline
         with the scenario's host time removed and, after a wait, the device's replayed progress."""
         held = self._held(chain)
         own_shift = self._held_removed(part, chain, held, scenario)
         if not held.after.any():
-            return durations.solve(_released(chain, held, own_shift))
+            return iv.chain_ends(_released(chain, held, own_shift), durations)
         removed = self._removed(part, scenario, held.since, held.reached, "waits")
         host_cost = held.base_resume - chain.sync_start + removed      # what an earlier arrival adds to the shift
         ends = chain.running_end
@@ -397,7 +380,7 @@ class Replay:
             shift = np.zeros(held.previous.size)
             shift[waits] = _carried_min(host_cost[waits], device[waits], runs)
             total = own_shift + np.where(held.after, shift[wait_of], 0.0)
-            new_ends = durations.solve(_released(chain, held, total))
+            new_ends = iv.chain_ends(_released(chain, held, total), durations)
             if np.array_equal(new_ends, ends):
                 break
             ends = new_ends
