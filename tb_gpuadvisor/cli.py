@@ -262,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tb_gpuadvisor.multihost.mapper import one_heap
+    from tb_gpuadvisor.heap import one_heap
 
     one_heap()      # before any thread allocates
     args = parser().parse_args(argv)

@@ -407,7 +407,7 @@ def main(argv: list[str]) -> int:
     _limit_self(memory_limit_mb())
     from tb_gpuadvisor.discovery import find_sessions
     from tb_gpuadvisor.multihost import build_report
-    from tb_gpuadvisor.multihost.mapper import one_heap
+    from tb_gpuadvisor.heap import one_heap
 
     one_heap()
 

@@ -365,7 +365,7 @@ class AdvisorService:
     def _analyzer(self) -> Analyzer:
         if self._analyze is None:
             from tb_gpuadvisor.multihost import analyze_session
-            from tb_gpuadvisor.multihost.mapper import return_freed_memory
+            from tb_gpuadvisor.heap import return_freed_memory
 
             engine = self._shared_engine()
 

@@ -317,15 +317,15 @@ def test_malloc_settings_are_skipped_where_the_c_library_is_not_glibc(monkeypatc
     TypeError) the analysis runs with the allocator's own settings instead of failing."""
     import ctypes
 
-    from tb_gpuadvisor.multihost import mapper
+    from tb_gpuadvisor import heap
 
     def no_library(name):
         raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
 
     for fake in (no_library, lambda name: object()):
-        mapper._glibc.cache_clear()
-        mapper.one_heap.cache_clear()
+        heap._glibc.cache_clear()
+        heap.one_heap.cache_clear()
         monkeypatch.setattr(ctypes, "CDLL", fake)
-        assert mapper._glibc() is None and mapper.one_heap() is False and mapper.return_freed_memory() is False
-    mapper._glibc.cache_clear()
-    mapper.one_heap.cache_clear()
+        assert heap._glibc() is None and heap.one_heap() is False and heap.return_freed_memory() is False
+    heap._glibc.cache_clear()
+    heap.one_heap.cache_clear()

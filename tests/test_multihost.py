@@ -214,15 +214,15 @@ def test_the_map_takes_back_the_adaptive_mmap_threshold(monkeypatch):
     and only in such a process (elsewhere the adaptive threshold costs less system time)."""
     import platform
 
-    from tb_gpuadvisor.multihost import mapper
+    from tb_gpuadvisor import heap
 
-    monkeypatch.delenv(mapper.TRIM_SETTING, raising=False)
-    mapper._tune_malloc.cache_clear()
-    assert mapper._tune_malloc() is False
-    monkeypatch.setenv(mapper.TRIM_SETTING, "65536")
-    mapper._tune_malloc.cache_clear()
-    tuned = mapper._tune_malloc()
-    mapper._tune_malloc.cache_clear()
+    monkeypatch.delenv(heap.TRIM_SETTING, raising=False)
+    heap.tune_for_trimming.cache_clear()
+    assert heap.tune_for_trimming() is False
+    monkeypatch.setenv(heap.TRIM_SETTING, "65536")
+    heap.tune_for_trimming.cache_clear()
+    tuned = heap.tune_for_trimming()
+    heap.tune_for_trimming.cache_clear()
     assert tuned is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 

@@ -211,9 +211,9 @@ def test_real_analysis_of_good_and_corrupt_sessions(tmp_path, svc_factory):
 def test_memory_the_analysis_freed_goes_back_after_each_one(tmp_path, svc_factory, monkeypatch):
     """TensorBoard's process outlives every analysis: the real analyzer hands the memory an
     analysis freed back to the system (malloc_trim) once it is done, crashed or not."""
-    from tb_gpuadvisor.multihost import mapper
+    from tb_gpuadvisor import heap
     trims = []
-    monkeypatch.setattr(mapper, "return_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(heap, "return_freed_memory", lambda: trims.append(1) or True)
     _write(tmp_path, steps=3)
     svc = svc_factory([service.LogRoot("", str(tmp_path))], wait_s=10.0)
     assert svc.report("train", SESSION)["steps"]["count"] == 3 and trims == [1]

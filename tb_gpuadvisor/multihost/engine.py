@@ -25,7 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from tb_gpuadvisor import cores
+from tb_gpuadvisor import cores, heap
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -108,11 +108,9 @@ _SLOT: tuple[Any, int] | None = None
 
 def _claim_slot(slots: Any, taken: Any) -> None:
     """Pool initializer: take the next free slot (and share the cores with the other workers).
-    A worker exists to analyse, so its threads share one heap, as the CLI's do (mapper.one_heap)."""
-    from tb_gpuadvisor.multihost.mapper import one_heap
-
+    A worker exists to analyse, so its threads share one heap, as the CLI's do (heap.one_heap)."""
     global _SLOT
-    one_heap()
+    heap.one_heap()
     cores.share_with(len(slots))
     with taken.get_lock():
         index = taken.value

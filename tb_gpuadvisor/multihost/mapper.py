@@ -9,15 +9,13 @@ process and a worker never holds more than one host.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tb_gpuadvisor import heap
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import Finding, all_checks, multi_gpu_imbalance
 from tb_gpuadvisor.checks.context import Analysis
@@ -65,65 +63,9 @@ class HostSummary:
         return self.out is not None and bool(self.out["hosts"])
 
 
-# glibc's malloc: a process that sets a trim threshold (Dask's workers set MALLOC_TRIM_THRESHOLD_
-# to 64 KiB so they hand memory back) also loses the adaptive mmap threshold, and then every
-# numpy array over 128 KiB is a fresh mmap whose pages fault in again: the map ran 2.4x slower.
-# Arrays up to this size come from the heap again, which is trimmed past twice that. Only such
-# a process is tuned: elsewhere glibc's adaptive threshold (up to 32 MiB) reuses more memory
-# (on the 978 MB capture, tuning anyway cost 1.9 s more system time and saved 150 MB of RSS).
-MMAP_THRESHOLD = 8 << 20
-TRIM_SETTING = "MALLOC_TRIM_THRESHOLD_"
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8      # mallopt parameters (malloc.h)
-
-
-@functools.cache
-def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (it has mallopt and malloc_trim), else None: other C
-    libraries (macOS, musl) and Windows keep their own allocators' settings."""
-    try:
-        libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except (OSError, TypeError):
-        return None
-
-
-@functools.cache
-def _tune_malloc() -> bool:
-    """Whether malloc was tuned for the map (once per process; glibc only; only where a trim
-    threshold was set)."""
-    libc = _glibc()
-    if libc is None or TRIM_SETTING not in os.environ:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD))
-
-
-@functools.cache
-def one_heap() -> bool:
-    """Whether this process's threads now share glibc's main heap (once per process; glibc only).
-
-    By default each thread that allocates gets an arena of its own (up to 8 per core), which
-    keeps what its arrays freed for itself: on the 978 MB capture the decode, breakdown, replay
-    and check threads held about 400 MB more at the peak, and growing and trimming their heaps
-    cost about 0.9 s more system time. The analysis allocates few, large blocks, so sharing one
-    lock costs nothing measurable. Called by processes that exist to analyse (the CLI, the
-    in-loop analysis, the local engine's pool workers); a process that hosts the plugin
-    (TensorBoard) or a Dask worker keeps its own settings.
-    """
-    libc = _glibc()
-    return libc is not None and bool(libc.mallopt(_M_ARENA_MAX, 1))
-
-
-def return_freed_memory() -> bool:
-    """Hand what this process freed back to the system (glibc's malloc_trim; False elsewhere). For a
-    long-lived process that analysed in its own threads: their heaps keep freed memory otherwise
-    (the TensorBoard process held 0.9-1.2 GB after analysing a 1 GB capture; 0.18 GB after this)."""
-    libc = _glibc()
-    return libc is not None and bool(libc.malloc_trim(0))
-
-
 def map_host(job: HostJob) -> HostSummary:
     """Analyse one host of JOB's session alone; problems become errors, never exceptions."""
-    _tune_malloc()
+    heap.tune_for_trimming()
     # A one-host session keeps its skipped files' errors; a many-host one reports them once, in the merge.
     ref = dataclasses.replace(job.ref, hosts=(job.host,), skipped=job.ref.skipped if job.hosts == 1 else ())
     try:
