@@ -91,14 +91,13 @@ def check(analysis: Analysis) -> Finding:
     per_kind: dict[str, int] = {pytorch.DROPOUT: 0, pytorch.TRAINING_BATCH_NORM: 0}
     kernels: list[tuple[int, str, int, DeviceActivity]] = []
     scopes: set[str] = set()
-    inference_hosts = 0
+    regions = {name: _inference(hosts[name]) for name in {dev.device.host for dev in model.active_gpus}}
     counted = analysis.steps_count > 0
     for dev in model.active_gpus:
         host = hosts[dev.device.host]
-        region = _inference(host)
+        region = regions[host.name]
         if region is None:
             continue
-        inference_hosts += 1
         kind_of = named_events(dev, "training_mode_kernel", pytorch.training_mode_kernel)
         rows = np.flatnonzero(kind_of & ((dev.step >= 0) if counted else True))
         if not region.whole:
@@ -110,7 +109,7 @@ def check(analysis: Analysis) -> Finding:
             ps = int(dev.dur_ps[sel].sum())
             per_kind[pytorch.training_mode_kernel(name)] += ps
             kernels.append((ps, name, int(sel.size), dev))
-    if not inference_hosts:
+    if all(region is None for region in regions.values()):
         return Finding(CHECK_ID, Severity.OK, "Training trace: no inference region to check",
                        "The trace runs backward and optimizer work and no annotation names an inference "
                        "phase, so training-mode dropout and batch norm are expected here.")

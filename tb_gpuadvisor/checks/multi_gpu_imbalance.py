@@ -233,8 +233,9 @@ def judge_joined(r: Replicas, scale) -> Finding | None:
           cross_host=CrossHost(measure, join, judge_joined,
                                "every host's replicas stacked per session step; judged with the balance all hosts allow"))
 def check(analysis: Analysis) -> Finding:
-    return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis)
-                  if len(r.labels) >= 2 else _alone(analysis))
+    if len(analysis.comparable_gpus) < 2:
+        return _alone(analysis)     # one replica: only a many-host merge measures it (cross_host)
+    return judged(measure(analysis), lambda r: judge(r, analysis.what_if.saving_ms(CHECK_ID), analysis))
 
 
 def _alone(analysis: Analysis) -> Finding:

@@ -45,7 +45,7 @@ def _outermost(act: HostActivity, rows: np.ndarray) -> np.ndarray:
     thread = act.thread[rows]
     for t in np.unique(thread).tolist():
         mine = np.flatnonzero(thread == t)
-        ends = np.maximum.accumulate((act.start_ps + act.dur_ps)[rows[mine]])
+        ends = np.maximum.accumulate(act.end_ps[rows[mine]])
         keep[mine[1:]] = act.start_ps[rows[mine[1:]]] >= ends[:-1]
     return rows[keep]
 
@@ -63,7 +63,7 @@ def _innermost(act: HostActivity, frames: np.ndarray, rows: np.ndarray) -> np.nd
         own = frames[act.thread[frames] == t]
         if not own.size:
             continue
-        fs, fe = act.start_ps[own], act.start_ps[own] + act.dur_ps[own]
+        fs, fe = act.start_ps[own], act.end_ps[own]
         order = np.lexsort((-fe, fs))               # by start, an enclosing frame before those it holds
         own, fs, fe = own[order], fs[order], fe[order]
         ends = np.sort(fe)
@@ -72,7 +72,7 @@ def _innermost(act: HostActivity, frames: np.ndarray, rows: np.ndarray) -> np.nd
         span = int(fs.max() - fs.min()) + 1
         level_keys = depth[by_level] * span + (fs[by_level] - fs.min())
         s = act.start_ps[rows[mine]]
-        e = s + act.dur_ps[rows[mine]]
+        e = act.end_ps[rows[mine]]
         open_now = np.searchsorted(fs, s, side="right") - np.searchsorted(ends, s, side="right")
         at = np.searchsorted(level_keys, open_now * span + np.clip(s - fs.min(), None, span - 1), side="right") - 1
         frame = by_level[np.clip(at, 0, None)]
@@ -101,7 +101,7 @@ def sync_stalls(act: HostActivity, idle: Intervals) -> list[Stall]:
     syncs = _outermost(act, syncs)
     # The sync each gap began in: the last one starting before the gap, if it had not returned.
     at = np.searchsorted(act.start_ps[syncs], starts, side="right") - 1
-    inside = (at >= 0) & (starts <= (act.start_ps[syncs] + act.dur_ps[syncs])[np.clip(at, 0, None)])
+    inside = (at >= 0) & (starts <= act.end_ps[syncs][np.clip(at, 0, None)])
     per_sync = np.bincount(at[inside], weights=(ends - starts)[inside], minlength=syncs.size)
     frames = np.flatnonzero(named_events(act, "user_frame", pytorch.user_frame))
     stalled = np.flatnonzero(per_sync > 0)

@@ -49,7 +49,7 @@ ALLREDUCE_KERNEL = re.compile(r"all[-_]?reduce", re.IGNORECASE)
 # wins, so reduce-scatter is tested before reduce.  DeepEP's dispatch/combine kernels exchange
 # tokens between experts' GPUs: an all-to-all.
 COLLECTIVE_KINDS = (
-    ("all-reduce", re.compile(r"all[-_]?reduce", re.IGNORECASE)),
+    ("all-reduce", ALLREDUCE_KERNEL),
     ("reduce-scatter", re.compile(r"reduce[-_]?scatter", re.IGNORECASE)),
     ("all-gather", re.compile(r"all[-_]?gather", re.IGNORECASE)),
     ("all-to-all", re.compile(r"all[-_]?to[-_]?all|dpsk::ep|deep_ep", re.IGNORECASE)),
