@@ -326,24 +326,11 @@ def _capture_error(err: OSError) -> CaptureError:
 
 
 def _read_local(path: str) -> np.ndarray:
-    fd, stamp = _open_local(path)
-    try:
-        # Not zero-filled: the read writes every byte, and the first touch of each page is then
-        # the read's own (numpy also asks the kernel for huge pages on a buffer this large).
-        data = np.empty(stamp[0], np.uint8)
-        view = memoryview(data)
-        got = 0
-        while got < len(data):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                break
-            got += n
-        view.release()
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if got != len(data) or (after.st_size, after.st_mtime_ns) != stamp:
-        raise CaptureError(_CHANGED)
+    """The whole local file, read and checked through a LocalFile. Not zero-filled: the read
+    writes every byte, and the first touch of each page is then the read's own."""
+    with LocalFile(path) as file:
+        data = np.empty(len(file), np.uint8)
+        file.read_into(0, memoryview(data))
     return data
 
 
