@@ -77,8 +77,9 @@ class _Interner(dict):
         return list(self)
 
 
-def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
-    """(start ps from the first event, duration ps, origin ns on the trace's absolute clock)."""
+def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """(start ps from the first event, duration ps, origin ns on the trace's absolute clock, and
+    the first event's time in the trace's microseconds: every other table's zero)."""
     ts, dur = cols.ts, cols.dur
     if not (np.isfinite(ts).all() and np.isfinite(dur).all()):
         raise CaptureError("an event time is not a finite number; the trace is corrupt")
@@ -87,7 +88,7 @@ def _times(cols: Columns) -> tuple[np.ndarray, np.ndarray, int]:
     dur = np.clip(dur, 0, None) * 1e6
     if start.max() >= MAX_PS or dur.max() >= MAX_PS:
         raise CaptureError("the trace's events span more than 50 days; its timestamps are corrupt")
-    return np.rint(start).astype(np.int64), np.rint(dur).astype(np.int64), cols.base_ns + round(first * 1000)
+    return np.rint(start).astype(np.int64), np.rint(dur).astype(np.int64), cols.base_ns + round(first * 1000), first
 
 
 def _kinds(keys: np.ndarray, cats: list[str], names: list[str], classify) -> np.ndarray:
@@ -131,11 +132,12 @@ def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor
                   memory_bytes=p.total_memory if p is not None else None)
 
 
-def _memory(cols: Columns, host: str) -> MemoryRecords:
+def _memory(cols: Columns, host: str, first: float) -> MemoryRecords:
     """The GPU caching allocator's [memory] events (profile_memory=True) as allocator records,
     one allocator per GPU ("cuda:0"): bytes allocated and reserved after each event; what is
     reserved but not allocated is the allocator's cache (its ``bytes_available``, and as a
-    share of reserved its ``fragmentation``).  Empty when the trace has none."""
+    share of reserved its ``fragmentation``), timed from FIRST as the events are.  Empty when the
+    trace has none."""
     keep = (cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0) & np.isfinite(cols.mem_ts)
     rows = np.flatnonzero(keep)
     rows = rows[np.argsort(cols.mem_ts[rows], kind="stable")]
@@ -143,7 +145,6 @@ def _memory(cols: Columns, host: str) -> MemoryRecords:
     used, allocator = renumber_small_ints(device)
     allocated = np.maximum(cols.mem_allocated[rows], 0)
     reserved = np.maximum(cols.mem_reserved[rows], allocated)
-    first = float(cols.ts.min())
     time_ps = np.rint((cols.mem_ts[rows] - first) * 1e6).astype(np.int64)
     cached = reserved - allocated
     fragmentation = np.divide(cached, reserved, out=np.zeros(rows.size), where=reserved > 0)
@@ -158,7 +159,7 @@ def build(cols: Columns, host: str) -> HostCapture:
     if not n:
         raise CaptureError(f"the trace holds no timed events (of its {cols.events} entries); it is not a "
                            "PyTorch profiler trace, or the profiler recorded nothing")
-    start, dur, origin_ns = _times(cols)
+    start, dur, origin_ns, first = _times(cols)
     names, raw_cats, cats = _Interner(), _Interner(), _Interner()
     name = names.indices(cols.name)
     raw_cat = raw_cats.indices(cols.cat)
@@ -216,7 +217,7 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
-    return HostCapture(host, activity, _memory(cols, host), devices, None, [], warnings, origin_ns,
+    return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
                        _sampled(correlation[host_rows[runtime]]))
 
 
