@@ -29,6 +29,18 @@ def map_small_ints(ids: np.ndarray, mapping: Mapping[int, int], default: int = -
     return SortedKeys(keys, values).get(ids, default)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def narrow_ids(ids: np.ndarray) -> np.ndarray:
+    """IDS as int32 when every value fits, else as they are. Ids (correlation, group, step
+    numbers) are matched and looked up, never added up, and a column every event carries
+    takes half the memory in int32."""
+    if ids.dtype == np.int32 or (ids.size and (int(ids.min()) < _INT32.min or int(ids.max()) > _INT32.max)):
+        return ids
+    return ids.astype(np.int32)
+
+
 def _small(values: np.ndarray) -> bool:
     return bool(values.size) and int(values.min()) >= 0 and int(values.max()) < _DENSE_LIMIT
 

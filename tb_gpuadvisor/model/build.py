@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import map_small_ints
+from tb_gpuadvisor.arrays import map_small_ints, narrow_ids
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
@@ -287,7 +287,8 @@ def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
 
 def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActivity, MemoryRecords]:
     """One host plane's events sorted by start, and its allocator records (a worker thread
-    builds them while other planes decode)."""
+    builds them while other planes decode). Takes DP's event columns: each goes as soon as
+    the table has what it needs of it, so the plane and its table are not held whole together."""
     n = dp.n_events
     names, threads = _Interner(), _Interner()
     metadata = dp.shell.event_metadata
@@ -297,10 +298,17 @@ def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActiv
         (threads.add(prefix + (line.display_name or line.name or str(line.id))) for line in dp.lines),
         np.int32, len(dp.lines))
     start = _starts(dp, origin_ns)
+    dp.drop("offset_ps")
+    memory, datasets = _memory_records(dp, host, start), _datasets(dp)
     order = np.argsort(start, kind="stable")
+    start = start[order]
     name = _name_indices(dp.metadata_id, md_name, names)[order]
+    dp.drop("metadata_id")
+    dur = dp.duration_ps[order]
+    dp.drop("duration_ps")
     thread = np.repeat(line_thread, [line.count for line in dp.lines])[order]
-    stats = _sorted_stats({key: dp.stats[key].int_values(dp.strings) for key in _HOST_INTS}, order)
+    stats = _sorted_stats(dp, order)
+    del order
     kind_of_name = np.fromiter(map(classify.host_event_kind, names.strings), np.int8, len(names.strings))
     kind = kind_of_name[name] if n else np.empty(0, np.int8)
     # Events that carry a correlation id are launch/enqueue calls whatever their name
@@ -312,31 +320,32 @@ def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActiv
     if xla_cpu.any():
         kind = np.where(xla_cpu[thread] & (kind == HostEventKind.OTHER), np.int8(HostEventKind.FRAMEWORK_OP), kind)
     activity = HostActivity(
-        host=host, start_ps=start[order], dur_ps=dp.duration_ps[order], thread=thread, name=name,
+        host=host, start_ps=start, dur_ps=dur, thread=thread, name=name,
         kind=kind.astype(np.int8), step_num=stats["step_num"], is_root=stats["_r"],
         group_id=stats["group_id"], correlation_id=stats["correlation_id"], names=names.strings,
-        threads=threads.strings, datasets=_datasets(dp))
-    return activity, _memory_records(dp, host, start)
+        threads=threads.strings, datasets=datasets)
+    return activity, memory
 
 
-def _sorted_stats(stats: dict[str, tuple[np.ndarray, np.ndarray]], order: np.ndarray) -> dict[str, np.ndarray]:
-    """Dense int stat columns in ORDER from sparse (events, values) ones: a stat every event
-    carries once is gathered; sparse ones are scattered straight to their sorted rows."""
+def _sorted_stats(dp: DecodedPlane, order: np.ndarray) -> dict[str, np.ndarray]:
+    """Dense columns in ORDER of the plane's int stats (_HOST_INTS), each taken from DP's sparse
+    ones in turn: a stat every event carries once is gathered, a sparse one scattered straight
+    to its sorted rows; ids in int32 where they fit (``narrow_ids``), ``_r`` as bools."""
     n = order.size
+    place = None
     dense: dict[str, np.ndarray] = {}
-    scattered = []
-    for name, (event, value) in stats.items():
+    for name in _HOST_INTS:
+        event, value = dp.stats.pop(name).int_values(dp.strings)
+        value = narrow_ids(value)
         if event.size == n and np.all(event[1:] > event[:-1]):
-            dense[name] = value[order] == 1 if name == "_r" else value[order]
+            column = value[order]
         else:
-            scattered.append(name)
-    if scattered:
-        place = np.empty(n, np.int64)
-        place[order] = np.arange(n)
-        for name in scattered:
-            event, value = stats[name]
-            column = dense[name] = np.zeros(n, bool) if name == "_r" else np.full(n, -1, np.int64)
-            column[place[event]] = value == 1 if name == "_r" else value
+            if place is None:
+                place = np.empty(n, np.int32 if n <= np.iinfo(np.int32).max else np.int64)
+                place[order] = np.arange(n, dtype=place.dtype)
+            column = np.full(n, -1, value.dtype)
+            column[place[event]] = value
+        dense[name] = column == 1 if name == "_r" else column
     return dense
 
 

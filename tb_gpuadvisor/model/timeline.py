@@ -18,6 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import narrow_ids
+
 PS_PER_MS = 1_000_000_000
 PS_PER_US = 1_000_000
 
@@ -109,6 +111,11 @@ class _EventColumns:
     def __len__(self) -> int:
         return int(self.start_ps.size)
 
+    def _narrow(self, *columns: str) -> None:
+        """Id COLUMNS in int32 where their values fit (``arrays.narrow_ids``), whichever adapter built them."""
+        for column in columns:
+            setattr(self, column, narrow_ids(getattr(self, column)))
+
     @property
     def end_ps(self) -> np.ndarray:
         """start + duration, computed once per table (read-only: the checks ask for it hundreds
@@ -151,8 +158,8 @@ class DeviceActivity(_EventColumns):
       stream             int32, index into ``streams`` (line names such as "Stream #19(Compute)")
       name               int32, index into ``names`` (kernel or copy name)
       op                 int32, index into ``ops`` (framework op "scope/op:Type", XLA op), -1 if unknown
-      correlation_id     int64, -1 if absent (links to the host launch event)
-      group_id           int64, -1 if absent (TensorFlow's step group)
+      correlation_id     int32 (int64 when a value does not fit), -1 if absent (links to the host launch event)
+      group_id           int32 (int64 when a value does not fit), -1 if absent (TensorFlow's step group)
       nbytes             int64, bytes moved by copies/memsets, 0 otherwise
       details            int32, index into ``details`` (kernel_details string), -1 if absent
       step               int32, index into the session's Steps arrays, -1 outside any step; empty
@@ -192,6 +199,9 @@ class DeviceActivity(_EventColumns):
     # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self._narrow("correlation_id", "group_id")
+
 
 @dataclass
 class HostActivity(_EventColumns):
@@ -202,10 +212,11 @@ class HostActivity(_EventColumns):
       thread             int32, index into ``threads`` (line names: "python3", "tf_Compute/12", ...)
       name               int32, index into ``names``
       kind               int8 (HostEventKind), classified once per distinct name
-      step_num           int64, the ``step_num`` stat of step markers, -1 if absent
+      step_num           int32 (int64 when a value does not fit; so the ids below), the
+                         ``step_num`` stat of step markers, -1 if absent
       is_root            bool, ``_r`` == 1 (custom-loop step annotations)
-      group_id           int64, -1 if absent
-      correlation_id     int64, -1 if absent (launch events)
+      group_id           int32, -1 if absent
+      correlation_id     int32, -1 if absent (launch events)
       step               int32, index into the session's Steps arrays, -1 outside any step; empty
                          in the model as built: trust's view of it (``with_steps``) fills it
     """
@@ -226,6 +237,9 @@ class HostActivity(_EventColumns):
     derived: dict = field(default_factory=dict, repr=False, compare=False)
     # tf.data stage ("Iterator::Model::Prefetch") -> its dataset op (the ``name`` stat).
     datasets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._narrow("step_num", "group_id", "correlation_id")
 
 
 @dataclass

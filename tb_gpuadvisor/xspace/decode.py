@@ -122,7 +122,13 @@ class DecodedPlane:
 
     @property
     def n_events(self) -> int:
-        return int(self.metadata_id.size)
+        return sum(line.count for line in self.lines)
+
+    def drop(self, *columns: str) -> None:
+        """Forget the event COLUMNS a builder has taken: their memory goes before it builds the
+        rest (a large plane's columns are much of the decode's peak)."""
+        for column in columns:
+            setattr(self, column, np.empty(0, getattr(self, column).dtype))
 
     def line_index(self) -> np.ndarray:
         """Index into ``lines`` of every event."""
