@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -101,7 +102,7 @@ class SortedKeys:
         if self.size == 0 or queries.size == 0:
             return np.full(queries.shape, default, np.int32)
         if self._table is not None:
-            at = queries - self._lo
+            at = np.subtract(queries, self._lo, dtype=np.int64)     # int32 queries, keys past int32
             found = self._table[np.clip(at, 0, self._table.size - 1)]
             found[(at < 0) | (at >= self._table.size)] = self._ABSENT
             return np.where(found != self._ABSENT, found, np.int32(default))
@@ -123,3 +124,26 @@ def reduce_by_key(ufunc: np.ufunc, out: np.ndarray, keys: np.ndarray, values: np
         at = keys[first]
         out[at] = ufunc(out[at], ufunc.reduceat(values, first))
     return out
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A column kept as its runs of equal values (a step function of the events: the host time
+    removed before each event changes at few of them), when that takes much less memory."""
+
+    values: np.ndarray      # each run's value
+    lengths: np.ndarray     # int32: how many rows it spans
+
+    @staticmethod
+    def packed(column: np.ndarray) -> "Runs | np.ndarray":
+        """COLUMN as runs when they take at most half its memory, else COLUMN itself."""
+        first = np.flatnonzero(column[1:] != column[:-1]) + 1
+        if (first.size + 1) * (column.itemsize + 4) > column.nbytes // 2:
+            return column
+        starts = np.concatenate(([0], first))
+        return Runs(column[starts], np.diff(starts, append=column.size).astype(np.int32))
+
+    @staticmethod
+    def dense(kept: "Runs | np.ndarray") -> np.ndarray:
+        """The whole column of what ``packed`` kept."""
+        return np.repeat(kept.values, kept.lengths) if isinstance(kept, Runs) else kept

@@ -231,6 +231,42 @@ def test_sorted_keys_first_value_wins_in_table_and_sorted_forms(spread):
         assert table.get(queries, -7).tolist() == [first.get(q, -7) for q in queries.tolist()]
 
 
+def test_sorted_keys_take_int32_queries_whatever_the_keys():
+    """Id columns are int32 where they fit (narrow_ids): a host's may be int32 while a device's
+    keys need int64, and the other way round; either way the look-up is the same."""
+    from tb_gpuadvisor.arrays import SortedKeys
+    big = np.array([(1 << 40) + 3, (1 << 40) + 1, 5], np.int64)
+    assert SortedKeys(big, np.arange(3, dtype=np.int32)).get(np.array([5, -1, 7], np.int32)).tolist() == [2, -1, -1]
+    small = SortedKeys(np.array([3, 1, 2], np.int32), np.arange(3, dtype=np.int32))
+    assert small.get(np.array([1, 1 << 40, -1], np.int64)).tolist() == [1, -1, -1]
+    assert small.get(np.array([2, 9], np.int32)).tolist() == [2, -1]
+
+
+def test_narrow_ids_keeps_int64_only_where_a_value_needs_it():
+    from tb_gpuadvisor.arrays import narrow_ids
+    assert narrow_ids(np.array([-1, 7, 2**31 - 1], np.int64)).dtype == np.int32
+    assert narrow_ids(np.array([-1, 2**31], np.int64)).dtype == np.int64
+    assert narrow_ids(np.array([-(2**31) - 1], np.int64)).dtype == np.int64
+    assert narrow_ids(np.empty(0, np.int64)).dtype == np.int32
+    assert narrow_ids(np.array([-1, 7], np.int64)).tolist() == [-1, 7]
+
+
+@pytest.mark.parametrize("changes", [0, 3, 500])
+def test_runs_give_the_column_back(changes):
+    """A step-like column is kept as runs and given back whole; one that changes at most rows
+    stays as it is (runs would not save memory)."""
+    from tb_gpuadvisor.arrays import Runs
+    rng = np.random.default_rng(changes)
+    column = np.cumsum(np.isin(np.arange(1000), rng.choice(1000, changes, replace=False))
+                       * rng.integers(-10**12, 10**12, 1000)).astype(np.int64)
+    kept = Runs.packed(column)
+    assert isinstance(kept, Runs) == (changes < 100)
+    assert Runs.dense(kept).dtype == np.int64
+    assert np.array_equal(Runs.dense(kept), column)
+    for tiny in (np.empty(0, np.int64), np.array([4], np.int64)):
+        assert np.array_equal(Runs.dense(Runs.packed(tiny)), tiny)
+
+
 @pytest.mark.parametrize("spread", [40, 1 << 40])
 def test_renumber_small_ints_answers_like_np_unique(spread):
     """The dense-table form (small non-negative ids) and the sorted form (anything else) both

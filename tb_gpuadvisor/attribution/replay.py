@@ -37,7 +37,7 @@ from typing import Callable, Iterable, TypeVar
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
+from tb_gpuadvisor.arrays import Runs, SortedKeys, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
@@ -91,13 +91,15 @@ class _Chain:
     release: np.ndarray         # int64: the observed start of an event the host released after the
                                 # device went idle, its launch's end, or _FREE (device order only)
     d: np.ndarray               # int64 duration in the chain: the event's own share plus the device-side
-                                # gap folded into it when the host did not hold it back (what no scenario changes)
+                                # gap folded into it when the host did not hold it back (what no scenario
+                                # changes); OWN itself when no gap is folded (the host holds every event back)
     own: np.ndarray             # the event's exclusive share of busy time
     classes: dict[str, np.ndarray]
     speedup: float
     running_end: np.ndarray | None  # observed end of the device's work up to each event, where the
                                     # rounds of a replay start; None when no held event follows a wait
     sync_index: np.ndarray      # int32 per event: the wait the host last returned from before releasing it, -1
+                                # (a read-only -1 for every event when none follows a wait)
     sync_start: np.ndarray      # per wait: when the host reached it
     sync_end: np.ndarray        # per wait: when it returned
     sync_event: np.ndarray      # per wait: the last event finished by then (what the host waited for)
@@ -108,12 +110,12 @@ class _Chain:
 class _Held:
     """A chain's events the host holds back, and its waits (scenario-independent)."""
 
-    anchored: np.ndarray        # int32 indices of the held events
+    anchored: np.ndarray | None  # int32 indices of the held events; None when the host holds every event
     observed: np.ndarray        # their observed releases
     wait: np.ndarray            # int32: the wait each last returned from in its step, -1
     after: np.ndarray           # wait >= 0
     resume: np.ndarray          # int32: when the host last resumed before each: an index into the step
-                                # starts followed by the wait ends
+                                # starts followed by the wait ends (the chain's steps when none follows a wait)
     # Only when some held event follows a wait, per wait:
     previous: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the step's previous wait, -1
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # waits inside a step
@@ -194,9 +196,13 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
         (steps_of_wait[np.clip(last_wait, 0, None)] == dev.step[idx]) if sync_end.size else np.zeros(idx.size, bool)
     # Row numbers of one table fit int32 (as the launch table's rows do).
     sync_index = np.where(held & same_step, last_wait, -1).astype(np.int32)
-    chain = _Chain(dev.step[idx], release.astype(np.int64), np.where(anchored, 0, gap) + own,
+    follows_wait = bool(np.any(sync_index >= 0))
+    if not follows_wait:
+        sync_index = np.broadcast_to(np.int32(-1), sync_index.shape)
+    folded = np.where(anchored, 0, gap)
+    chain = _Chain(dev.step[idx], release.astype(np.int64), own + folded if folded.any() else own,
                    own, classes, kernels.tensor_core_speedup(dev.device),
-                   running if bool(np.any(sync_index >= 0)) else None, sync_index,
+                   running if follows_wait else None, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
     chain.base_end = _last_end(chain, iv.chain_ends(release, chain.d), n_steps)
     return chain
@@ -217,7 +223,7 @@ def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.nd
 def _released(chain: _Chain, held: _Held, shift: np.ndarray) -> np.ndarray:
     """CHAIN's releases with each held event released SHIFT (ps) earlier."""
     moved = held.observed - np.rint(shift).astype(np.int64)
-    if held.anchored.size == chain.release.size:      # every event is held: ANCHORED is all of them
+    if held.anchored is None:      # every event is held
         return moved
     release = chain.release.copy()
     release[held.anchored] = moved
@@ -260,8 +266,9 @@ class Replay:
         self.chains: list[_Chain | None] = _on_devices(
             lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
-        # depend on the scenario, so each is measured once and scenarios only weigh them.
-        self._windows: dict[tuple[int, str, str], np.ndarray] = {}
+        # depend on the scenario, so each is measured once and scenarios only weigh them. A
+        # window per held event mostly changes at few events (kept as Runs: 0.2 GB less at 1 GB).
+        self._windows: dict[tuple[int, str, str], "Runs | np.ndarray"] = {}
         self._gains: dict[str, np.ndarray] = {}
         self._device_gains: dict[str, np.ndarray] = {}
         self._held_by: dict[int, _Held] = {}
@@ -285,8 +292,8 @@ class Replay:
             if fraction > 0 and key in part.sets:
                 cached = self._windows.get((id(part), key, tag))
                 if cached is None:
-                    cached = self._windows[(id(part), key, tag)] = measure(part.sets[key])
-                out += fraction * cached
+                    cached = self._windows[(id(part), key, tag)] = Runs.packed(measure(part.sets[key]))
+                out += fraction * Runs.dense(cached)
         return out
 
     def _held_removed(self, part: DeviceBreakdown, chain: _Chain, held: _Held, scenario: Scenario) -> np.ndarray:
@@ -337,12 +344,15 @@ class Replay:
             a = self.steps.start_ps
             anchored = np.flatnonzero(chain.release > _FREE).astype(np.int32)     # every event the host holds back
             every = anchored.size == chain.release.size     # the chain's own columns then, not copies
+            if every:
+                anchored = None
             wait = chain.sync_index if every else chain.sync_index[anchored]
             after = wait >= 0
             # Stored only once complete: checks replay their scenarios from several threads.
             # The host last resumed at the step start, or at the end of its last wait in the step
             # (int32 as the step and wait indices are).
-            resume = np.where(after, len(self.steps) + wait, chain.step if every else chain.step[anchored])
+            steps = chain.step if every else chain.step[anchored]
+            resume = np.where(after, len(self.steps) + wait, steps) if after.any() else steps
             held = _Held(anchored, chain.release if every else chain.release[anchored], wait, after, resume)
             if after.any():
                 # Waits in step order: each one's predecessor in its step, and the host time removed between.
