@@ -1,6 +1,7 @@
-"""Where one analysis spends its time: wall and CPU seconds of each stage on stderr.
+"""An analysis's stages (decode, model, trust, attribution, replay, checks, report): what
+each frees is handed back to the system at its end, and each can print where the time went.
 
-Off unless TB_GPUADVISOR_TIMINGS is set (``tb-gpuadvisor analyze -v`` sets it, and worker
+Timings are off unless TB_GPUADVISOR_TIMINGS is set (``tb-gpuadvisor analyze -v`` sets it, and worker
 processes inherit it), so a slow analysis can be split into decode, model, trust,
 attribution, replay, checks and report without a profiler. CPU time is the whole
 process's (every thread), which load from other jobs disturbs less than wall time.
@@ -14,6 +15,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from tb_gpuadvisor.heap import return_freed_memory
+
 ENV = "TB_GPUADVISOR_TIMINGS"
 
 
@@ -22,15 +25,17 @@ def enabled() -> bool:
 
 
 @contextmanager
-def timed(stage: str, what: str = "") -> Iterator[None]:
-    """Print STAGE's wall and CPU seconds (and WHAT it worked on) when timings are on."""
-    if not enabled():
-        yield
-        return
+def stage(name: str, what: str = "") -> Iterator[None]:
+    """Run one stage: at its end what it freed goes back to the system (its temporaries would
+    otherwise stay resident in the heap's free lists: 0.2-0.3 GB of the peak on the 978 MB
+    capture, for about 5 ms a stage), and its wall and CPU seconds (and WHAT it worked on)
+    are printed when timings are on."""
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
-        print(f"tb-gpuadvisor timing: {stage:<11} {time.perf_counter() - wall:7.3f} s wall "
-              f"{time.process_time() - cpu:7.3f} s cpu  pid {os.getpid()}{'  ' + what if what else ''}",
-              file=sys.stderr, flush=True)
+        return_freed_memory()
+        if enabled():
+            print(f"tb-gpuadvisor timing: {name:<11} {time.perf_counter() - wall:7.3f} s wall "
+                  f"{time.process_time() - cpu:7.3f} s cpu  pid {os.getpid()}{'  ' + what if what else ''}",
+                  file=sys.stderr, flush=True)

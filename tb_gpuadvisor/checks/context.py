@@ -17,7 +17,7 @@ import numpy as np
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
-from tb_gpuadvisor.stages import timed
+from tb_gpuadvisor.stages import stage
 from tb_gpuadvisor.trust import Trust, assess
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Analysis(StepScale):
 
     def __post_init__(self) -> None:
         if self.trust is None:
-            with timed("trust"):
+            with stage("trust"):
                 self.trust = assess(self.source)
 
     @property
@@ -111,7 +111,7 @@ class Analysis(StepScale):
             if self._breakdown is None:
                 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 
-                with timed("attribution"):
+                with stage("attribution"):
                     self._breakdown = compute_breakdown(self.model, self.trust)
         return self._breakdown
 
@@ -124,7 +124,7 @@ class Analysis(StepScale):
                 from tb_gpuadvisor.attribution.whatif import WhatIf
                 from tb_gpuadvisor.checks import replay_scenarios
 
-                with timed("replay"):
+                with stage("replay"):
                     self._what_if = WhatIf.build(self.model, breakdown,
                                                  replay_scenarios(self.model, breakdown.device_kind))
         return self._what_if

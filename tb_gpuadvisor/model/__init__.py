@@ -10,7 +10,7 @@ import os
 
 from tb_gpuadvisor.adapters import XPLANE, adapter_for, host_of
 from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.stages import timed
+from tb_gpuadvisor.stages import stage
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.steps import find_steps, framework
 from tb_gpuadvisor.model.timeline import (
@@ -72,7 +72,7 @@ def _host_budgets(sizes: list[int], budget: int | None) -> list[int | None]:
 def _read(path: str, host: str, opener, budget: int | None) -> HostCapture | CaptureError:
     """One host's capture (read by the adapter of its file's format), or why it cannot be read."""
     try:
-        with timed("decode", host):
+        with stage("decode", host):
             return (adapter_for(os.path.basename(path)) or XPLANE).read(path, host, opener, budget)
     except CaptureError as err:
         return err
@@ -130,7 +130,7 @@ def load_session(ref: SessionRef) -> SessionModel:
             capture.shift((capture.origin_ns - origin) * 1000)
     host_captures = [c for c, _ in captures]
     made_by = framework(host_captures)
-    with timed("model"):
+    with stage("model"):
         steps = find_steps(host_captures, made_by)
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events,
                        c.partial_trace)

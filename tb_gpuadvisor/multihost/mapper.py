@@ -22,7 +22,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.report import describe, finish, rank_findings
-from tb_gpuadvisor.stages import timed
+from tb_gpuadvisor.stages import stage
 
 # The balance scenario is replayed across every host's replicas in the merge, not per host.
 BALANCE = multi_gpu_imbalance.CHECK_ID
@@ -74,9 +74,9 @@ def map_host(job: HostJob) -> HostSummary:
             return HostSummary(job.host, model.errors)      # unreadable: nothing to analyse
         model.session_hosts = job.hosts     # findings name devices as the whole session does
         analysis = Analysis(model)
-        with timed("checks", "breakdown, replay and every check"):
+        with stage("checks", "breakdown, replay and every check"):
             out, findings, errors = describe(analysis)
-        with timed("report"):
+        with stage("report"):
             if job.hosts == 1:
                 return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
                                                              hosts=out["hosts"] or [job.host]))
