@@ -20,7 +20,8 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import SessionModel, load_session
 from tb_gpuadvisor.report import describe, finish
-from tb_gpuadvisor.stages import ENV, timed
+from tb_gpuadvisor import stages
+from tb_gpuadvisor.stages import ENV, stage
 
 
 def _step_columns(model: SessionModel) -> list[np.ndarray]:
@@ -66,11 +67,24 @@ def test_analysis_twice_with_a_left_out_step(tmp_path: Path):
 
 def test_stage_timings_only_when_asked(capsys, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    with timed("decode", "host0"):
+    with stage("decode", "host0"):
         pass
     assert capsys.readouterr().err == ""
     monkeypatch.setenv(ENV, "1")
-    with timed("decode", "host0"):
+    with stage("decode", "host0"):
         pass
     line = capsys.readouterr().err
     assert line.startswith("tb-gpuadvisor timing: decode") and f"pid {os.getpid()}" in line and "host0" in line
+
+
+def test_a_stage_hands_back_what_it_freed_even_when_it_fails(monkeypatch):
+    """A stage's freed temporaries go back to the system at its end (malloc_trim where the C
+    library is glibc), also when the stage raises: a bad host's stage must not keep them."""
+    handed = []
+    monkeypatch.setattr(stages, "return_freed_memory", lambda: handed.append(True))
+    with stage("trust"):
+        pass
+    with pytest.raises(ValueError):
+        with stage("decode"):
+            raise ValueError("bad bytes")
+    assert handed == [True, True]
