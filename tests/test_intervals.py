@@ -180,6 +180,21 @@ def test_c_interval_functions_give_the_numpy_intervals_exactly(seed, monkeypatch
 
 
 @pytest.mark.skipif(iv._fast is None, reason="the C interval module is not built")
+def test_c_masked_union_writes_no_more_than_its_outputs_hold():
+    """A masked union's outputs are sized to the kept rows; outputs that cannot hold its blocks
+    give -1 (numpy answers) instead of a write past them, and unmasked ones must hold every row."""
+    starts, ends = np.arange(0, 100, 10, dtype=np.int64), np.arange(5, 105, 10, dtype=np.int64)
+    keep = np.zeros(10, np.uint8)
+    keep[[2, 5, 7]] = 1
+    assert iv._fast.union(starts, ends, keep, np.empty(3, np.int64), np.empty(3, np.int64)) == 3
+    for short in (2, 0):
+        assert iv._fast.union(starts, ends, keep, np.empty(short, np.int64), np.empty(short, np.int64)) == -1
+    with pytest.raises(ValueError):
+        iv._fast.union(starts, ends, None, np.empty(9, np.int64), np.empty(9, np.int64))
+    assert [x.tolist() for x in iv.union(starts, ends, keep.view(bool))] == [[20, 50, 70], [25, 55, 75]]
+
+
+@pytest.mark.skipif(iv._fast is None, reason="the C interval module is not built")
 def test_c_union_keeps_numpys_running_end_across_blocks():
     """An interval ending before it starts (a corrupt duration) does not lower a block's end:
     the running end covers every earlier interval, as numpy's maximum.accumulate does."""

@@ -147,75 +147,105 @@ def _sync_calls(host: HostModel) -> np.ndarray:
     return calls
 
 
-def _launch_ends(host: HostModel, dev: DeviceActivity) -> np.ndarray:
-    """For every event of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+def _launch_ends(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray) -> np.ndarray:
+    """For the events ROWS of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
     activity = host.activity
     table = _launch_table(host)
+    ids = dev.correlation_id[rows]
     if not len(table):
-        return np.full(len(dev), -1, np.int64)
-    row = table.get(dev.correlation_id, -1)
+        return np.full(ids.size, -1, np.int64)
+    row = table.get(ids, -1)
     return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
 
 
+def _in_step_rows(dev: DeviceActivity) -> slice | np.ndarray:
+    """The rows of DEV's events inside steps: a slice when they follow each other (the usual
+    case), so that the chain's columns are views of the device's, not copies."""
+    rows = np.flatnonzero(dev.step >= 0)
+    if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
 def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool) -> _Chain:
-    idx = np.flatnonzero(dev.step >= 0)
-    start, end = dev.start_ps[idx], dev.end_ps[idx]
+    # Built for several devices at once, on threads: each part's temporaries go when it returns.
+    rows = _in_step_rows(dev)
+    step, start, end = dev.step[rows], dev.start_ps[rows], dev.end_ps[rows]
     running = np.maximum.accumulate(end)
-    before = np.concatenate(([start[0] if idx.size else 0], running[:-1]))
-    gap = np.maximum(start - before, 0)
-    own = end - np.maximum(start, before)
-    own = np.maximum(own, 0)
-    launch_end = _launch_ends(host, dev)[idx]
-    linked = launch_end >= 0
-    # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
-    anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
-    # A step starts its own chain: the host hands each step its work (Keras and custom loops read
-    # the step's results before starting the next), so no gain carries over into the next step.
-    first_of_step = np.ones(idx.size, bool)
-    first_of_step[1:] = dev.step[idx][1:] != dev.step[idx][:-1]
-    anchored |= first_of_step
-    release = np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
-    cls = kernels.classify(dev)
-    classes = {
-        "fp32_eligible": fp32_eligible(cls)[idx],
-        "off_tensor_core": (cls.eligible & ~cls.tensor_core)[idx],
-        "copy": dev.mask(*COPY_KINDS)[idx],
-    }
-    if torch_names:
-        # Precision classes of PyTorch kernel names: float64, and fp32 GEMMs on CUDA cores of a GPU
-        # with TF32 (TF32 left off); only PyTorch's precision scenario speeds them up.
-        fp64, cuda_core = kernels.torch_precision_masks(dev)
-        classes.update(fp64=(cls.kernel & fp64)[idx], cuda_core_fp32=(cls.kernel & cuda_core)[idx])
-    sync_start, sync_end = _waits(host, dev, idx)
+    release, d, own = _releases(host, dev, rows, step, start, running)
+    sync_start, sync_end = _waits(host, end, dev.kind[rows])
     # Each wait stands for the device work finished by its end; each anchored event for the last wait before it.
     sync_event = np.searchsorted(running, sync_end, side="right") - 1
-    held = release > _FREE
-    last_wait = np.searchsorted(sync_end, release, side="right") - 1
-    steps_of_wait = dev.step[idx][np.clip(sync_event, 0, None)] if idx.size else sync_event
-    same_step = (last_wait >= 0) & (sync_event[np.clip(last_wait, 0, None)] >= 0) & \
-        (steps_of_wait[np.clip(last_wait, 0, None)] == dev.step[idx]) if sync_end.size else np.zeros(idx.size, bool)
-    # Row numbers of one table fit int32 (as the launch table's rows do).
-    sync_index = np.where(held & same_step, last_wait, -1).astype(np.int32)
-    follows_wait = bool(np.any(sync_index >= 0))
-    if not follows_wait:
-        sync_index = np.broadcast_to(np.int32(-1), sync_index.shape)
-    folded = np.where(anchored, 0, gap)
-    chain = _Chain(dev.step[idx], release.astype(np.int64), own + folded if folded.any() else own,
-                   own, classes, kernels.tensor_core_speedup(dev.device),
+    sync_index, follows_wait = _last_waits(release, step, sync_end, sync_event)
+    chain = _Chain(step, release, d, own, _classes(dev, rows, torch_names), kernels.tensor_core_speedup(dev.device),
                    running if follows_wait else None, sync_index,
                    sync_start, sync_end, sync_event, np.empty(0, np.int64))
     chain.base_end = _last_end(chain, iv.chain_ends(release, chain.d), n_steps)
     return chain
 
 
-def _waits(host: HostModel, dev: DeviceActivity, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the host's waits for the device, in end order: synchronize calls and
-    this device's device-to-host copies (the host consumes their data when they land)."""
+def _releases(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray, step: np.ndarray,
+              start: np.ndarray, running: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(release, chained duration, own share) of each in-step event (see _Chain)."""
+    before = np.empty_like(running)
+    before[:1] = start[:1]
+    before[1:] = running[:-1]
+    gap = np.maximum(start - before, 0)
+    own = running - np.maximum(start, before)       # the part of the event past what ran before it
+    np.maximum(own, 0, out=own)
+    launch_end = _launch_ends(host, dev, rows)
+    linked = launch_end >= 0
+    # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
+    anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
+    del before
+    # A step starts its own chain: the host hands each step its work (Keras and custom loops read
+    # the step's results before starting the next), so no gain carries over into the next step.
+    anchored[:1] = True
+    anchored[1:] |= step[1:] != step[:-1]
+    release = np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
+    folded = np.where(anchored, 0, gap)
+    return release, own + folded if folded.any() else own, own
+
+
+def _classes(dev: DeviceActivity, rows: slice | np.ndarray, torch_names: bool) -> dict[str, np.ndarray]:
+    """The in-step events' kernel classes a scenario speeds up."""
+    cls = kernels.classify(dev)
+    classes = {
+        "fp32_eligible": fp32_eligible(cls)[rows],
+        "off_tensor_core": (cls.eligible & ~cls.tensor_core)[rows],
+        "copy": dev.mask(*COPY_KINDS)[rows],
+    }
+    if torch_names:
+        # Precision classes of PyTorch kernel names: float64, and fp32 GEMMs on CUDA cores of a GPU
+        # with TF32 (TF32 left off); only PyTorch's precision scenario speeds them up.
+        fp64, cuda_core = kernels.torch_precision_masks(dev)
+        classes.update(fp64=(cls.kernel & fp64)[rows], cuda_core_fp32=(cls.kernel & cuda_core)[rows])
+    return classes
+
+
+def _last_waits(release: np.ndarray, step: np.ndarray, sync_end: np.ndarray,
+                sync_event: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(int32 per event: the wait of its own step the host last returned from before releasing
+    it, else -1; whether any event follows a wait). Without one, a read-only -1 for every event."""
+    if sync_end.size and step.size:
+        last_wait = np.searchsorted(sync_end, release, side="right") - 1
+        at = np.clip(last_wait, 0, None)
+        same_step = (last_wait >= 0) & (sync_event[at] >= 0) & (step[np.clip(sync_event, 0, None)][at] == step)
+        # Row numbers of one table fit int32 (as the launch table's rows do).
+        index = np.where((release > _FREE) & same_step, last_wait, -1).astype(np.int32)
+        if np.any(index >= 0):
+            return index, True
+    return np.broadcast_to(np.int32(-1), release.shape), False
+
+
+def _waits(host: HostModel, end: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the host's waits for the device, in end order: synchronize calls and the
+    device-to-host copies among the events ending at END (the host consumes their data when they land)."""
     activity = host.activity
     calls = _sync_calls(host)
-    d2h = idx[dev.kind[idx] == DeviceEventKind.MEMCPY_D2H]
-    start = np.concatenate((activity.start_ps[calls], dev.end_ps[d2h]))
-    end = np.concatenate((activity.end_ps[calls], dev.end_ps[d2h]))
+    d2h = end[kind == DeviceEventKind.MEMCPY_D2H]
+    start = np.concatenate((activity.start_ps[calls], d2h))
+    end = np.concatenate((activity.end_ps[calls], d2h))
     order = np.argsort(end, kind="stable")
     return start[order], end[order]
 

@@ -148,7 +148,10 @@ static PyObject *py_union(PyObject *self, PyObject *args) {
     got = 4;
     if (get_out(o_oe, &oe) < 0) goto done;
     got = 5;
-    if (e.n != s.n || (has_mask && m.n != s.n) || os.cap < s.n || oe.cap < s.n) {
+    /* Masked, the outputs need only hold the kept rows (the caller counts them): every
+       write is checked against them, and -1 (the numpy path) answers when they fall short. */
+    Py_ssize_t cap = os.cap < oe.cap ? os.cap : oe.cap;
+    if (e.n != s.n || (has_mask && m.n != s.n) || (!has_mask && cap < s.n)) {
         PyErr_SetString(PyExc_ValueError, "mismatched interval columns or outputs too small");
         goto done;
     }
@@ -169,12 +172,14 @@ static PyObject *py_union(PyObject *self, PyObject *args) {
                 if (si < last) { w = -1; break; }
                 last = si;
                 if (si > end) {          /* past every earlier end: a new block */
+                    if (w >= cap) { w = -1; break; }
                     outs[w] = start;
                     oute[w++] = end;
                     start = si;
                 }
                 if (ei > end) end = ei;    /* the running end of every interval so far */
             }
+            if (w >= cap) w = -1;
             if (w >= 0) {
                 outs[w] = start;
                 oute[w++] = end;

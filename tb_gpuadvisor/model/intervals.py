@@ -46,7 +46,8 @@ def union(starts: np.ndarray, ends: np.ndarray, keep: np.ndarray | None = None) 
     if _fast is not None and starts.size and (keep is None or keep.dtype == bool):
         s, e = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(ends, np.int64)
         mask = None if keep is None else np.ascontiguousarray(keep).view(np.uint8)
-        out_s, out_e = np.empty(s.size, np.int64), np.empty(s.size, np.int64)
+        size = s.size if keep is None else int(np.count_nonzero(keep))     # the most it can give
+        out_s, out_e = np.empty(size, np.int64), np.empty(size, np.int64)
         count = _fast.union(s, e, mask, out_s, out_e)
         if count >= 0:          # -1: not sorted by start
             return _fitted(out_s, count), _fitted(out_e, count)
