@@ -54,4 +54,4 @@ def stage_threads(seconds: float) -> int:
     from tb_gpuadvisor import cores
 
     time.sleep(seconds)
-    return cores.threads(4, per_core=2)
+    return cores.threads(4)

@@ -574,7 +574,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     if len(pairs) > 1:
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         # The host parts go first, two tasks per host (the host-op time; the waits and launch index).
-        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS, per_core=2)) as pool:
+        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
             ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
             for done in [pool.submit(host_parts, host) for host in hosts.values()]:
                 done.result()
