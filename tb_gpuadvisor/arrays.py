@@ -147,3 +147,20 @@ class Runs:
     def dense(kept: "Runs | np.ndarray") -> np.ndarray:
         """The whole column of what ``packed`` kept."""
         return np.repeat(kept.values, kept.lengths) if isinstance(kept, Runs) else kept
+
+
+def last_at_or_before(groups: np.ndarray, positions: np.ndarray, query_groups: np.ndarray,
+                      query_positions: np.ndarray) -> np.ndarray:
+    """Per query, the index of the last item of its group placed at or before it (-1: none), items
+    of one place counted in index order: ``searchsorted(..., "right") - 1`` within every group at
+    once, by one sort of items and queries together instead of a search per query."""
+    n = groups.size
+    order = np.lexsort((np.arange(n + query_groups.size) >= n, np.concatenate((positions, query_positions)),
+                        np.concatenate((groups, query_groups))))
+    is_query = order >= n
+    seen = np.maximum.accumulate(np.where(is_query, -1, np.arange(order.size)))
+    found = np.full(query_groups.size, -1, np.int64)
+    found[order[is_query] - n] = np.where(seen >= 0, order[np.maximum(seen, 0)], -1)[is_query]
+    mine = found >= 0
+    mine[mine] = groups[found[mine]] == query_groups[mine]
+    return np.where(mine, found, -1)

@@ -90,6 +90,25 @@ def test_reduce_by_key_matches_ufunc_at(seed):
             assert np.array_equal(reduce_by_key(ufunc, np.full(50, initial, np.int64), order, values), expected)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_last_at_or_before_matches_a_search_per_group(seed):
+    """Each query's answer is searchsorted(..., "right") - 1 among its group's items in index order
+    (ties in position included: the last of them), as an index into all items."""
+    from tb_gpuadvisor.arrays import last_at_or_before
+
+    rng = np.random.default_rng(seed)
+    groups, positions = rng.integers(0, 4, 60), rng.integers(0, 30, 60)
+    query_groups, query_positions = rng.integers(0, 5, 80), rng.integers(-2, 32, 80)
+    expected = []
+    for g, p in zip(query_groups.tolist(), query_positions.tolist()):
+        mine = np.flatnonzero(groups == g)
+        mine = mine[np.argsort(positions[mine], kind="stable")]
+        at = int(np.searchsorted(positions[mine], p, "right")) - 1
+        expected.append(int(mine[at]) if at >= 0 else -1)
+    assert last_at_or_before(groups, positions, query_groups, query_positions).tolist() == expected
+    assert last_at_or_before(groups[:0], positions[:0], query_groups, query_positions).tolist() == [-1] * 80
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_covered_until_edges_and_overlap_filter(seed):
     """covered_until against the coverage mask; edges_up_to (fill path for many sorted times,

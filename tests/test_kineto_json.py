@@ -128,3 +128,15 @@ def test_a_plain_trace_truncated_while_read_is_one_clear_error(tmp_path, small_r
         os.truncate(path, 4096)
         with pytest.raises(CaptureError, match="changed while it was read"):
             decode(local)
+
+
+@pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
+def test_every_decoder_finds_collective_args_by_their_message_size(backend):
+    """An event carries a collective's args when it gives "In msg nelems" as a number (PyTorch writes
+    it with the collective's name): a name alone, or a size of -1 or of words, is no collective's args."""
+    comm = {"Collective name": "allreduce", "dtype": "Float", "Group size": 8}
+    events = [_kernel(0, **comm, **{"In msg nelems": 16}), _kernel(1, **comm), _kernel(2, **{"In msg nelems": 4}),
+              _kernel(3, **comm, **{"In msg nelems": -1}), _kernel(4, **comm, **{"In msg nelems": "n/a"})]
+    comms = decode(bytearray(_trace(events)), backend).comms
+    assert sorted(comms) == [0, 2]
+    assert comms[0] == kineto_json.CommArgs("allreduce", 16, None, "Float", 8)

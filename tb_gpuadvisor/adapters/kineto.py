@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.arrays import renumber_small_ints
+from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, renumber_small_ints
 from tb_gpuadvisor.adapters.kineto_json import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.timeline import (
@@ -223,58 +223,72 @@ def build(cols: Columns, host: str) -> HostCapture:
 
 class _CollectiveScopes:
     """What the host says of each collective kernel: the ``nccl:<collective>`` annotation and the
-    ``record_param_comms`` op (its args) around the call that launched it, on the same thread."""
+    ``record_param_comms`` op (its args) around the call that launched it, on the same thread.
+    The kernels of a device are looked up at once, and a kernel's kind and group are decided once
+    per distinct (args, annotation, kernel name): a trace repeats a few collectives many times."""
 
     def __init__(self, cols: Columns, host_rows: np.ndarray, host_tid: np.ndarray, start: np.ndarray,
                  dur: np.ndarray, kind: np.ndarray, name: np.ndarray, name_list: list[str]) -> None:
-        self.comms, self.correlation = cols.comms, cols.correlation
-        launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
-        corr = cols.correlation[host_rows[launches]]
-        order = np.argsort(corr, kind="stable")
-        self.launch_corr, self.launch_at = corr[order], host_rows[launches[order]]
+        self.correlation, self.name, self.name_list = cols.correlation, name, name_list
+        launches = host_rows[kind == HostEventKind.LAUNCH]
+        self.launch_at = SortedKeys(self.correlation[launches], launches.astype(np.int32))
+        self.args = list(cols.comms.values())
+        with_args = np.fromiter(cols.comms, np.int64, len(cols.comms))
+        self.args_at = SortedKeys(with_args, np.arange(with_args.size, dtype=np.int32))
         self.tid = np.full(start.size, -1, np.int64)
         self.tid[host_rows] = host_tid
         self.start, self.end = start, start + dur
-        labels = {i: pytorch.collective_scope(n) for i, n in enumerate(name_list)
-                  if n == pytorch.COLLECTIVE_ARGS_OP or n.startswith("nccl:")}
-        rows = host_rows[np.isin(name[host_rows], np.fromiter(labels, np.int64, len(labels)))]
-        self.annotations = self._by_thread(rows[[labels[i] is not None for i in name[rows].tolist()]])
-        self.arg_ops = self._by_thread(rows[[labels[i] is None and r in self.comms
-                                             for i, r in zip(name[rows].tolist(), rows.tolist())]])
-        self.names = {r: labels[i] for r, i in zip(rows.tolist(), name[rows].tolist())}
+        self.scope_of = {i: s for i, n in enumerate(name_list) if (s := pytorch.collective_scope(n)) is not None}
+        host_name = name[host_rows]
+        self.annotations = host_rows[np.isin(host_name, list(self.scope_of))]
+        args_op = [i for i, n in enumerate(name_list) if n == pytorch.COLLECTIVE_ARGS_OP]
+        self.arg_ops = host_rows[np.isin(host_name, args_op) & np.isin(host_rows, with_args)]
+        self.kinds: dict[str, str] = {}
 
-    def _by_thread(self, rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Thread -> (its ROWS by start, their starts)."""
-        out = {}
-        for thread in np.unique(self.tid[rows]).tolist():
-            mine = rows[self.tid[rows] == thread]
-            mine = mine[np.argsort(self.start[mine], kind="stable")]
-            out[thread] = (mine, self.start[mine])
+    def _around(self, scopes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per host row of ROWS (-1: none), the last of SCOPES (host rows by start) on its thread
+        that starts at or before it, when that one also ends at or after it; else -1."""
+        out = np.full(rows.size, -1, np.int64)
+        asked = np.flatnonzero(rows >= 0)
+        if scopes.size and asked.size:
+            rows = rows[asked]
+            at = last_at_or_before(self.tid[scopes], self.start[scopes], self.tid[rows], self.start[rows])
+            found = scopes[np.maximum(at, 0)]
+            keep = (at >= 0) & (self.end[found] >= self.end[rows])
+            out[asked[keep]] = found[keep]
         return out
 
-    def _around(self, scopes: dict, row: int) -> int | None:
-        """The last scope of ROW's thread that starts before ROW and ends after it."""
-        found = scopes.get(int(self.tid[row]))
-        if found is None:
-            return None
-        rows, starts = found
-        i = int(np.searchsorted(starts, self.start[row], "right")) - 1
-        return int(rows[i]) if i >= 0 and self.end[rows[i]] >= self.end[row] else None
+    def _kind(self, *names: str | None) -> str:
+        """The first collective kind NAMES tell (each classified once), else "other"."""
+        for n in filter(None, names):
+            kind = self.kinds.get(n) or self.kinds.setdefault(n, gpu.collective_kind(n))
+            if kind != "other":
+                return kind
+        return "other"
 
-    def call(self, row: int, kernel: str) -> tuple[CollectiveCall, int]:
-        """(the collective kernel ROW's kind and group, its message bytes or 0 when unknown)."""
-        launch, corr = None, int(self.correlation[row])
-        at = int(np.searchsorted(self.launch_corr, corr))
-        if corr >= 0 and at < self.launch_corr.size and self.launch_corr[at] == corr:
-            launch = int(self.launch_at[at])
-        args = self.comms.get(row)
-        if args is None and launch is not None:
-            op = self._around(self.arg_ops, launch)
-            args = self.comms.get(op) if op is not None else None
-        scope = self._around(self.annotations, launch) if launch is not None else None
-        kind = next((k for k in (gpu.collective_kind(n) for n in (args and args.collective,
-                     scope is not None and self.names[scope], kernel) if n) if k != "other"), "other")
-        return CollectiveCall(kind, args.group_size if args else None, _group(args)), _message_bytes(args)
+    def calls(self, rows: np.ndarray) -> tuple[np.ndarray, list[CollectiveCall], np.ndarray]:
+        """For the collective kernels ROWS: each one's index into the calls (kind and group, in
+        first-seen order), and its message bytes (0 when unknown)."""
+        if not rows.size:
+            return np.empty(0, np.int32), [], np.empty(0, np.int64)
+        corr = self.correlation[rows]
+        launch = np.where(corr >= 0, self.launch_at.get(corr), -1)
+        own = self.args_at.get(rows)
+        args = np.where(own >= 0, own, self.args_at.get(self._around(self.arg_ops, launch)))
+        scope = self._around(self.annotations, launch)
+        scope_name = np.where(scope >= 0, self.name[np.maximum(scope, 0)], -1)
+        keys, first, inverse = np.unique(np.stack((args, scope_name, self.name[rows]), axis=1), axis=0,
+                                         return_index=True, return_inverse=True)
+        calls: dict[CollectiveCall, int] = {}
+        call_of, size_of = np.empty(first.size, np.int32), np.empty(first.size, np.int64)
+        for k in np.argsort(first).tolist():
+            arg, scope_id, kernel = keys[k].tolist()
+            found = self.args[arg] if arg >= 0 else None
+            kind = self._kind(found and found.collective, self.scope_of.get(scope_id), self.name_list[kernel])
+            call = CollectiveCall(kind, found.group_size if found else None, _group(found))
+            call_of[k], size_of[k] = calls.setdefault(call, len(calls)), _message_bytes(found)
+        inverse = inverse.reshape(-1)
+        return call_of[inverse], list(calls), size_of[inverse]
 
 
 def _group(args: CommArgs | None) -> str | None:
@@ -322,11 +336,9 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         streams = [f"Stream #{s}" for s in used.tolist()]
         kind = _kinds(key[sel], cat_names, name_list, pytorch.device_event_kind)
         nbytes = np.maximum(cols.nbytes[sel], 0)
-        calls: dict[CollectiveCall, int] = {}
         collective = np.full(sel.size, -1, np.int32)
-        for i in np.flatnonzero(kind == DeviceEventKind.COLLECTIVE).tolist():
-            call, nbytes[i] = scopes.call(int(sel[i]), names[name_idx[i]])
-            collective[i] = calls.setdefault(call, len(calls))
+        at = np.flatnonzero(kind == DeviceEventKind.COLLECTIVE)
+        collective[at], calls, nbytes[at] = scopes.calls(sel[at])
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
             kind=kind, stream=stream_idx,

@@ -164,6 +164,14 @@ def _comm(collective, in_nelems, out_nelems, dtype, group_size, group_name, grou
                     str(group_ranks))
 
 
+def _comm_rows(in_nelems: list) -> np.ndarray:
+    """The events that carry a collective's args, from their "In msg nelems" (-1 where absent),
+    whichever decoder read them: PyTorch writes the message size with the collective's name,
+    dtype and group (record_param_comms; the NCCL kernels in newer versions), so the one numeric
+    column finds them at C speed."""
+    return np.flatnonzero(_ints(in_nelems) != -1)
+
+
 _MEMORY_EVENT = "[memory]"
 _COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
               "Process Group Name", "Process Group Ranks")
@@ -285,9 +293,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
         allocations.clear()
         empty = _Args()
         args = [e.args or empty for e in complete]
-        # A collective's args come with its message size (In msg nelems): a vectorised test finds
-        # the few events that carry them.
-        for i in np.flatnonzero(_ints([a.in_nelems for a in args]) != -1).tolist():
+        for i in _comm_rows([a.in_nelems for a in args]).tolist():
             a = args[i]
             cols.comms[len(name) + i] = _comm(a.collective, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
                                               a.group_name, a.group_ranks)
@@ -412,8 +418,8 @@ def _from_dicts(trace) -> Columns:
     for column in ("correlation", "device", "stream", "bytes"):
         values = _ints([-1 if number(a, column) is None else number(a, column) for a in args])
         setattr(cols, "nbytes" if column == "bytes" else column, values)
-    cols.comms = {i: _comm(*(a.get(key) for key in _COMM_ARGS)) for i, a in enumerate(args)
-                  if a.get("Collective name") is not None or a.get("In msg nelems") is not None}
+    comm_rows = _comm_rows([a.get("In msg nelems", -1) for a in args])
+    cols.comms = {i: _comm(*(args[i].get(key) for key in _COMM_ARGS)) for i in comm_rows.tolist()}
     if memory:
         defaults = (-1, -1, 0, -1, -1)
         _set_memory(cols, _memory_part([e["ts"] for e in memory],

@@ -35,7 +35,7 @@ from tb_gpuadvisor.checks.fixes import (
     TORCH_MEMORY_HEADROOM, TORCH_MEMORY_LARGER_BATCH, Remedy,
 )
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
-from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "memory"
 WARNING_AT = 90.0
@@ -112,8 +112,7 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
         mem = host.memory
         gpus = {dev.device.index: dev.device for dev in host.devices if dev.device.kind == "gpu"}
         for index, name in enumerate(mem.allocators):
-            index_of = classify.gpu_allocator_index(name)
-            device = gpus.get(pytorch.gpu_allocator_index(name) if index_of is None else index_of)
+            device = gpus.get(classify.allocator_gpu(name))
             rows = np.flatnonzero(mem.allocator == index)
             if device is None or not device.memory_bytes or rows.size == 0:
                 continue
@@ -127,81 +126,104 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
     return out
 
 
+class _Allocator:
+    """The finding's words for TensorFlow's BFC allocator (and XLA's, under JAX): the peak in
+    use, the fragmentation at the highest use, and the limit it may reserve at start-up."""
+
+    reserves_at_start = True
+
+    def used(self, p: AllocatorPeak) -> float:
+        """The share of the GPU that counts towards running out."""
+        return p.percent
+
+    def metrics(self, p: AllocatorPeak) -> dict[str, float]:
+        return {"peak_percent": round(p.percent, 2), "peak_gib": round(p.peak / GIB, 3),
+                "capacity_gib": round(p.capacity / GIB, 3),
+                "fragmentation_percent": round(100.0 * p.fragmentation, 2),
+                "allocator_limit_percent": round(100.0 * p.limit / p.capacity, 1)}
+
+    def detail(self, p: AllocatorPeak) -> str:
+        return (f"peak {p.peak / GIB:.2f} GiB of {p.capacity / GIB:.2f} GiB; fragmentation "
+                f"{100.0 * p.fragmentation:.1f}% at the highest use; allocator may use {p.limit / GIB:.2f} GiB")
+
+    def where(self, p: AllocatorPeak) -> str:
+        return f"{p.device} peaks at {p.peak / GIB:.2f} GiB of {p.capacity / GIB:.2f} GiB ({p.percent:.0f}%)"
+
+    def running_out(self, p: AllocatorPeak) -> str:
+        return (f", with {100.0 * p.fragmentation:.1f}% fragmentation at that moment: a larger batch or model "
+                "will run out of memory.")
+
+
+class _CachingAllocator(_Allocator):
+    """PyTorch's caching allocator, in its user's words: what it allocated (the peak of
+    torch.cuda.max_memory_allocated()) and reserved on each GPU, against the GPU's memory.
+    Reserved memory is what runs out; it is reserved as the cache grows, not at start-up."""
+
+    reserves_at_start = False
+
+    def used(self, p: AllocatorPeak) -> float:
+        return max(p.percent, p.reserved_percent)
+
+    def metrics(self, p: AllocatorPeak) -> dict[str, float]:
+        return {"peak_percent": round(p.percent, 2), "peak_gib": round(p.peak / GIB, 3),
+                "reserved_percent": round(p.reserved_percent, 2), "reserved_gib": round(p.reserved / GIB, 3),
+                "capacity_gib": round(p.capacity / GIB, 3), "cached_percent": round(100.0 * p.fragmentation, 2)}
+
+    def detail(self, p: AllocatorPeak) -> str:
+        return (f"peak {p.peak / GIB:.2f} GiB allocated, {p.reserved / GIB:.2f} GiB reserved by the caching "
+                f"allocator, of {p.capacity / GIB:.2f} GiB; at the allocated peak {100.0 * p.fragmentation:.1f}% "
+                "of what it reserved was cached, not allocated")
+
+    def where(self, p: AllocatorPeak) -> str:
+        return (f"{p.device} peaks at {p.peak / GIB:.2f} GiB allocated ({pytorch.PEAK_ALLOCATED_CALL}) and "
+                f"{p.reserved / GIB:.2f} GiB reserved by {pytorch.CACHING_ALLOCATOR}, of {p.capacity / GIB:.2f} GiB "
+                f"({p.percent:.0f}% / {p.reserved_percent:.0f}%)")
+
+    def running_out(self, p: AllocatorPeak) -> str:
+        return f": a larger batch or model will run out of memory ({pytorch.OUT_OF_MEMORY})."
+
+
 @register(CHECK_ID, "GPU memory headroom", __doc__,
           what_if=NoReplay("it measures memory, not time"), aspect="memory",
           compared=Compared("peak_percent", timed=False), worst_host=True)
 def check(analysis: Analysis) -> Finding:
     peaks = allocator_peaks(analysis)
+    framework = analysis.model.framework
     if not peaks:
         return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "No GPU memory records",
                        "The capture has no GPU allocator records (or no GPU memory size), so peak "
                        "memory cannot be measured."
-                       + ("" if analysis.model.framework in ("jax", pytorch.FRAMEWORK) else
-                          " TensorFlow records them when the profiler's memory tracking is on "
-                          "(the default for tf.profiler captures of GPU runs)."))
-    if analysis.model.framework == pytorch.FRAMEWORK:
-        return _torch_finding(peaks)
-    worst = max(peaks, key=lambda p: p.percent)
-    claims_all = [p for p in peaks if 100.0 * p.limit / p.capacity >= RESERVES_ALL_AT]
-    metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
-               "capacity_gib": round(worst.capacity / GIB, 3),
-               "fragmentation_percent": round(100.0 * worst.fragmentation, 2),
-               "allocator_limit_percent": round(100.0 * worst.limit / worst.capacity, 1)}
-    evidence = [Evidence("device", p.device, round(p.percent, 1), "% of memory",
-                         detail=f"peak {p.peak / GIB:.2f} GiB of {p.capacity / GIB:.2f} GiB; fragmentation "
-                                f"{100.0 * p.fragmentation:.1f}% at the highest use; allocator may use "
-                                f"{p.limit / GIB:.2f} GiB",
+                       + ("" if framework in (jax.FRAMEWORK, pytorch.FRAMEWORK) else
+                          f" {tensorflow.MEMORY_RECORDS_HINT}"))
+    return _finding(peaks, _CachingAllocator() if framework == pytorch.FRAMEWORK else _Allocator())
+
+
+def _finding(peaks: list[AllocatorPeak], allocator: _Allocator) -> Finding:
+    """The finding on the GPU whose allocator comes closest to running out, in ALLOCATOR's words;
+    the fixes are remedies, resolved to the capture's framework by the report."""
+    worst = max(peaks, key=allocator.used)
+    used = allocator.used(worst)
+    claims_all = allocator.reserves_at_start and any(100.0 * p.limit / p.capacity >= RESERVES_ALL_AT for p in peaks)
+    metrics = allocator.metrics(worst)
+    evidence = [Evidence("device", p.device, round(p.percent, 1), "% of memory", detail=allocator.detail(p),
                          device=p.device, host=p.host, start_ms=round(p.peak_ms, 3), tool="memory_profile")
-                for p in sorted(peaks, key=lambda p: -p.percent)]
+                for p in sorted(peaks, key=lambda p: -allocator.used(p))]
     reserve_note = ""
     if claims_all:
         reserve_note = (f" The allocator may take {100.0 * worst.limit / worst.capacity:.0f}% of the GPU; "
                         "unless memory growth is on it reserves that at start-up, so no other process "
                         "can share the GPU.")
-    where = (f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB of {worst.capacity / GIB:.2f} GiB "
-             f"({worst.percent:.0f}%)")
-    if worst.percent >= WARNING_AT:
-        return Finding(CHECK_ID, Severity.WARNING, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
-                       f"{where}, with {100.0 * worst.fragmentation:.1f}% fragmentation at that moment: a "
-                       "larger batch or model will run out of memory." + reserve_note,
-                       metrics, 0.0, evidence, [NEAR_FULL_FIX, LIMIT_FIX])
-    if worst.percent < LOW_BELOW:
-        fixes = [LARGER_BATCH_FIX] + ([GROWTH_FIX] if claims_all else [])
-        return Finding(CHECK_ID, Severity.INFO,
-                       f"GPU memory peaks at only {worst.percent:.0f}%: room for a larger batch",
-                       f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
-                       "overheads over more examples." + reserve_note, metrics, 0.0, evidence, fixes)
-    return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {worst.percent:.0f}% of capacity",
-                   f"{where}: neither close to running out nor mostly unused." + reserve_note,
-                   metrics, 0.0, evidence, [GROWTH_FIX] if claims_all else [])
-
-
-def _torch_finding(peaks: list[AllocatorPeak]) -> Finding:
-    """The finding in PyTorch's words: what the caching allocator allocated (the peak of
-    torch.cuda.max_memory_allocated()) and reserved on each GPU, against the GPU's memory;
-    the warning counts reserved memory, which is what runs out."""
-    worst = max(peaks, key=lambda p: max(p.percent, p.reserved_percent))
-    used = max(worst.percent, worst.reserved_percent)
-    metrics = {"peak_percent": round(worst.percent, 2), "peak_gib": round(worst.peak / GIB, 3),
-               "reserved_percent": round(worst.reserved_percent, 2), "reserved_gib": round(worst.reserved / GIB, 3),
-               "capacity_gib": round(worst.capacity / GIB, 3),
-               "cached_percent": round(100.0 * worst.fragmentation, 2)}
-    evidence = [Evidence("device", p.device, round(p.percent, 1), "% of memory",
-                         detail=f"peak {p.peak / GIB:.2f} GiB allocated, {p.reserved / GIB:.2f} GiB reserved by "
-                                f"the caching allocator, of {p.capacity / GIB:.2f} GiB; at the allocated peak "
-                                f"{100.0 * p.fragmentation:.1f}% of what it reserved was cached, not allocated",
-                         device=p.device, host=p.host, start_ms=round(p.peak_ms, 3), tool="memory_profile")
-                for p in sorted(peaks, key=lambda p: -max(p.percent, p.reserved_percent))]
-    where = (f"{worst.device} peaks at {worst.peak / GIB:.2f} GiB allocated (torch.cuda.max_memory_allocated()) "
-             f"and {worst.reserved / GIB:.2f} GiB reserved by PyTorch's caching allocator, of "
-             f"{worst.capacity / GIB:.2f} GiB ({worst.percent:.0f}% / {worst.reserved_percent:.0f}%)")
+    where = allocator.where(worst)
     if used >= WARNING_AT:
         return Finding(CHECK_ID, Severity.WARNING, f"GPU memory peaks at {used:.0f}% of capacity",
-                       f"{where}: a larger batch or model will run out of memory (CUDA out of memory).",
-                       metrics, 0.0, evidence, [TORCH_MEMORY_HEADROOM])
+                       where + allocator.running_out(worst) + reserve_note,
+                       metrics, 0.0, evidence, [NEAR_FULL_FIX, LIMIT_FIX])
     if used < LOW_BELOW:
-        return Finding(CHECK_ID, Severity.INFO, f"GPU memory peaks at only {used:.0f}%: room for a larger batch",
+        fixes = [LARGER_BATCH_FIX] + ([GROWTH_FIX] if claims_all else [])
+        return Finding(CHECK_ID, Severity.INFO,
+                       f"GPU memory peaks at only {used:.0f}%: room for a larger batch",
                        f"{where}. A larger batch would keep the GPU busier per step and spread per-step "
-                       "overheads over more examples.", metrics, 0.0, evidence, [TORCH_MEMORY_LARGER_BATCH])
+                       "overheads over more examples." + reserve_note, metrics, 0.0, evidence, fixes)
     return Finding(CHECK_ID, Severity.OK, f"GPU memory peaks at {used:.0f}% of capacity",
-                   f"{where}: neither close to running out nor mostly unused.", metrics, 0.0, evidence, [])
+                   f"{where}: neither close to running out nor mostly unused." + reserve_note,
+                   metrics, 0.0, evidence, [GROWTH_FIX] if claims_all else [])

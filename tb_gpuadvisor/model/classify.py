@@ -66,6 +66,13 @@ def gpu_allocator_index(allocator: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def allocator_gpu(allocator: str) -> int | None:
+    """The GPU an allocator serves, however its framework names it: TensorFlow's "GPU_0_bfc" or
+    PyTorch's caching allocator "cuda:0"; None for host allocators."""
+    index = gpu_allocator_index(allocator)
+    return pytorch.gpu_allocator_index(allocator) if index is None else index
+
+
 def is_xla_cpu_thread(thread_name: str) -> bool:
     return bool(xla.CPU_THREAD.match(thread_name))
 

@@ -70,6 +70,11 @@ DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "
 # CUDA too); the host's (CPU, 0) are left out.
 GPU_MEMORY_DEVICE_TYPE = 1
 _ALLOCATOR_NAME = re.compile(r"^cuda:(\d+)$")
+# How a PyTorch user knows GPU memory: the allocator that holds it, the call that reads its peak
+# and the error a full GPU raises.
+CACHING_ALLOCATOR = "PyTorch's caching allocator"
+PEAK_ALLOCATED_CALL = "torch.cuda.max_memory_allocated()"
+OUT_OF_MEMORY = "CUDA out of memory"
 
 
 def collective_scope(name: str) -> str | None:

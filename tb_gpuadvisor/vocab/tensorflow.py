@@ -51,6 +51,9 @@ MEMORY_ALLOCATION = "MemoryAllocation"
 MEMORY_EVENTS = frozenset({MEMORY_ALLOCATION, "MemoryDeallocation"})
 GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 GPU_ALLOCATOR_PREFIX = "GPU_"
+# Where a capture's allocator records come from, for one that has none.
+MEMORY_RECORDS_HINT = ("TensorFlow records them when the profiler's memory tracking is on (the default for "
+                       "tf.profiler captures of GPU runs).")
 # Ops that initialise a variable sit in its "/Initializer/" scope ("dense/kernel/Initializer/random_uniform").
 INITIALIZER_SCOPE = "/Initializer/"
 
