@@ -34,11 +34,18 @@ _INT32 = np.iinfo(np.int32)
 
 
 def narrow_ids(ids: np.ndarray) -> np.ndarray:
-    """IDS as int32 when every value fits, else as they are. Ids (correlation, group, step
-    numbers) are matched and looked up, never added up, and a column every event carries
-    takes half the memory in int32."""
-    if ids.dtype == np.int32 or (ids.size and (int(ids.min()) < _INT32.min or int(ids.max()) > _INT32.max)):
-        return ids
+    """IDS (ids or string indices, -1 where absent) in the least memory that keeps them: one
+    read-only -1 for every row when none is present (a stat the capture never records), int32
+    when every value fits, else as they are. They are matched and looked up, never added up, and
+    a column every event carries takes half the memory in int32."""
+    if ids.size and ids.strides[0] == 0:
+        return ids          # one value for every row already
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo == hi == -1:
+            return np.broadcast_to(np.int32(-1), ids.shape)
+        if ids.dtype == np.int32 or lo < _INT32.min or hi > _INT32.max:
+            return ids
     return ids.astype(np.int32)
 
 

@@ -249,6 +249,9 @@ def test_narrow_ids_keeps_int64_only_where_a_value_needs_it():
     assert narrow_ids(np.array([-(2**31) - 1], np.int64)).dtype == np.int64
     assert narrow_ids(np.empty(0, np.int64)).dtype == np.int32
     assert narrow_ids(np.array([-1, 7], np.int64)).tolist() == [-1, 7]
+    absent = narrow_ids(np.full(1000, -1, np.int64))       # a stat the capture never records
+    assert absent.tolist() == [-1] * 1000 and absent.strides == (0,) and not absent.flags.writeable
+    assert narrow_ids(absent) is absent
 
 
 @pytest.mark.parametrize("changes", [0, 3, 500])

@@ -112,7 +112,8 @@ class _EventColumns:
         return int(self.start_ps.size)
 
     def _narrow(self, *columns: str) -> None:
-        """Id COLUMNS in int32 where their values fit (``arrays.narrow_ids``), whichever adapter built them."""
+        """Id and index COLUMNS in int32 where their values fit, and as one read-only -1 where
+        none is present (``arrays.narrow_ids``), whichever adapter built them."""
         for column in columns:
             setattr(self, column, narrow_ids(getattr(self, column)))
 
@@ -169,6 +170,8 @@ class DeviceActivity(_EventColumns):
       collective         int32, index into ``collectives`` (the call's kind and group) for a
                          collective whose trace names it (PyTorch), -1 otherwise; empty when none
                          does.  Its ``nbytes`` are the call's message bytes when recorded.
+    The id and index columns (op to source) are read-only: a column without any value (a stat
+    the capture never records) is one -1 shared by every row.
     """
 
     device: Device
@@ -200,7 +203,7 @@ class DeviceActivity(_EventColumns):
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._narrow("correlation_id", "group_id")
+        self._narrow("correlation_id", "group_id", "op", "details", "hlo_op", "hlo_module", "source")
 
 
 @dataclass
