@@ -37,12 +37,13 @@ from typing import Callable, Iterable, TypeVar
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import Runs, SortedKeys, reduce_by_key
+from tb_gpuadvisor.arrays import Runs, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.model.timeline import (
     COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
     SessionModel,
@@ -127,16 +128,6 @@ class _Held:
     rounds: int = 1             # replay rounds that carry a gain across every wait of a step
 
 
-def _launch_table(host: HostModel) -> SortedKeys:
-    """The host's launch calls by correlation id (their rows), shared by every device of the host."""
-    activity = host.activity
-    table = activity.derived.get("launch_rows")
-    if table is None:
-        rows = np.flatnonzero((activity.correlation_id >= 0) & (activity.kind == HostEventKind.LAUNCH))
-        table = activity.derived["launch_rows"] = SortedKeys(activity.correlation_id[rows], rows.astype(np.int32))
-    return table
-
-
 def _sync_calls(host: HostModel) -> np.ndarray:
     """The host's synchronize calls inside steps, shared by every device of the host."""
     activity = host.activity
@@ -148,14 +139,13 @@ def _sync_calls(host: HostModel) -> np.ndarray:
 
 
 def _launch_ends(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray) -> np.ndarray:
-    """For the events ROWS of ``dev``, the end of the host launch call with its correlation id (-1: none)."""
+    """For the events ROWS of ``dev``, the end of the host launch call with its correlation id
+    (-1: none), from the join trust made (``steps.launch_rows``: the first host event with the id)."""
     activity = host.activity
-    table = _launch_table(host)
-    ids = dev.correlation_id[rows]
-    if not len(table):
-        return np.full(ids.size, -1, np.int64)
-    row = table.get(ids, -1)
-    return np.where(row >= 0, activity.end_ps[np.clip(row, 0, None)], -1)
+    row = launch_rows(activity, dev)[rows]
+    launched = row >= 0
+    launched[launched] = activity.kind[row[launched]] == HostEventKind.LAUNCH
+    return np.where(launched, activity.end_ps[np.clip(row, 0, None)], -1)
 
 
 def _in_step_rows(dev: DeviceActivity) -> slice | np.ndarray:
@@ -202,7 +192,7 @@ def _releases(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray, st
     # the step's results before starting the next), so no gain carries over into the next step.
     anchored[:1] = True
     anchored[1:] |= step[1:] != step[:-1]
-    release = np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
+    release = start if anchored.all() else np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
     folded = np.where(anchored, 0, gap)
     return release, own + folded if folded.any() else own, own
 
@@ -290,9 +280,10 @@ class Replay:
                  for part in breakdown.devices]
         pairs = [(dev, host) if dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
                  else (None, host) for dev, host in pairs]
-        for host in {id(host): host for dev, host in pairs if dev is not None}.values():
-            _launch_table(host)         # what the devices of a host share, before they go on threads
-            _sync_calls(host)
+        for dev, host in pairs:     # what the devices of a host share, before they go on threads
+            if dev is not None:
+                launch_rows(host.activity, dev)
+                _sync_calls(host)
         self.chains: list[_Chain | None] = _on_devices(
             lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
