@@ -15,7 +15,7 @@
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
  *   md, off, dur int64 columns, one entry per event (events of all lines in order)
- *   st_event     list, per wanted stat id: int64 column, the events carrying it
+ *   st_event     list, per wanted stat id: int32 column, the events carrying it (a plane holds fewer than 2^31)
  *   st_type      list, per wanted stat id: int8 column, 1 int64, 2 uint64, 3 ref,
  *                4 str (index into strings), 5 double (value holds the bits), 6 bytes (unused)
  *   st_value     list, per wanted stat id: int64 column
@@ -224,7 +224,8 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
         if (buf_put(&s->texts, span, sizeof(span))) return NO_MEMORY;
         value = s->n_texts++;
     }
-    if (buf_put(&s->st_event[slot], &event, 8) || buf_put(&s->st_type[slot], &type, 1) ||
+    int32_t row = (int32_t)event; /* decode_event keeps event indices below 2^31 */
+    if (buf_put(&s->st_event[slot], &row, 4) || buf_put(&s->st_type[slot], &type, 1) ||
         buf_put(&s->st_value[slot], &value, 8))
         return NO_MEMORY;
     return OK;
@@ -233,6 +234,7 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
 static int decode_event(State *s, const uint8_t *p, const uint8_t *end, int depth) {
     int64_t metadata_id = 0, offset = 0, duration = 0;
     int64_t event = s->n_events;
+    if (event >= INT32_MAX) return MALFORMED; /* a plane past protobuf's 2 GB limit */
     while (p < end) {
         uint64_t v;
         int field, wire;

@@ -44,7 +44,7 @@ class Line:
 class StatColumn:
     """Sparse values of one stat: which events carry it, and how."""
 
-    event: np.ndarray   # int64 event indices
+    event: np.ndarray   # int32 event indices (a plane holds fewer than 2^31: protobuf caps it at 2 GB)
     kind: np.ndarray    # int8 value kinds (INT64, UINT64, REF, STR, DOUBLE, BYTES)
     value: np.ndarray   # int64 raw values (string index for STR, bits for DOUBLE)
 
@@ -59,7 +59,7 @@ class StatColumn:
                 return self.event, self.value
             return self.event[numeric], self.value[numeric]
         event, value = zip(*texts)
-        return (np.concatenate([self.event[numeric], np.asarray(event, np.int64)]),
+        return (np.concatenate([self.event[numeric], np.asarray(event, np.int32)]),
                 np.concatenate([self.value[numeric], np.asarray(value, np.int64)]))
 
     def ints(self, n_events: int, strings: list[str], missing: int = -1) -> np.ndarray:
@@ -136,7 +136,7 @@ class DecodedPlane:
 
 
 def _empty_column() -> StatColumn:
-    return StatColumn(np.empty(0, np.int64), np.empty(0, np.int8), np.empty(0, np.int64))
+    return StatColumn(np.empty(0, np.int32), np.empty(0, np.int8), np.empty(0, np.int64))
 
 
 _LINES = 3
@@ -173,7 +173,7 @@ def _decode_fast(view, at: int, choose: Chooser) -> DecodedPlane | None:
          strings) = _wire.decode_plane(view, wanted_ids, True)
     except ValueError as err:
         raise CaptureError(f"a plane at bytes {at}-{at + len(view)} is corrupt: {err}") from None
-    columns = {name: StatColumn(np.frombuffer(e, np.int64), np.frombuffer(k, np.int8), np.frombuffer(v, np.int64))
+    columns = {name: StatColumn(np.frombuffer(e, np.int32), np.frombuffer(k, np.int8), np.frombuffer(v, np.int64))
                for name, e, k, v in zip(names, st_event, st_type, st_value)}
     for name in wanted:
         columns.setdefault(name, _empty_column())
@@ -226,7 +226,7 @@ def _decode_objects(view, at: int, choose: Chooser) -> DecodedPlane | None:
     for name, found in rows.items():
         if found:
             event, kind, value = zip(*found)
-            columns[name] = StatColumn(np.asarray(event, np.int64), np.asarray(kind, np.int8),
+            columns[name] = StatColumn(np.asarray(event, np.int32), np.asarray(kind, np.int8),
                                        np.asarray(value, np.int64))
         else:
             columns[name] = _empty_column()
