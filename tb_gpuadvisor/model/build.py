@@ -515,6 +515,11 @@ class _ReadBuffers(threading.local):
             self.data = np.empty(size, np.uint8)
         return self.data
 
+    def scratch(self, data: memoryview) -> bool:
+        """Whether DATA is in this thread's buffer and the buffer goes once DATA is decoded (a
+        large one, see ``decoded``): the decoder may then hand its pages back as it goes."""
+        return self.data is not None and data.obj is self.data and self.data.size > KEEP_BUFFER_BYTES
+
     def decoded(self) -> None:
         """The plane in the buffer is decoded: a large buffer goes now, before the tables are built."""
         if self.data is not None and self.data.size > KEEP_BUFFER_BYTES:
@@ -525,8 +530,9 @@ def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str, admissio
                 buffers: _ReadBuffers) -> _DevicePlane | _HostPlane | None:
     """Read, admit and decode one plane (into the thread's reused buffer), and turn it into
     tables right away, in a worker thread, timed from the plane's own origin."""
-    dp = decode_plane(admission.admitted(capture.read(span, buffers.fitting(span[1] - span[0]))),
-                      _wanted_stats, at=span[0])
+    data = admission.admitted(capture.read(span, buffers.fitting(span[1] - span[0])))
+    dp = decode_plane(data, _wanted_stats, at=span[0], release=buffers.scratch(data))
+    del data
     buffers.decoded()
     if dp is None:
         return None         # a plane we do not model (metadata, task environment)

@@ -10,8 +10,11 @@
  * byte spans that Python parses with the protobuf runtime.  Field numbers are
  * those of schema.py.
  *
- * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True) returns
- * (with_lines=False only collects the shell spans, skipping the lines undecoded):
+ * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True, release_step=0)
+ * returns (with_lines=False only collects the shell spans, skipping the lines undecoded;
+ * release_step > 0 hands a writable buffer's pages back to the system each time that many
+ * more bytes of events are decoded, for a scratch buffer the caller drops afterwards: what
+ * was handed back reads as zeros after the call):
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
  *   md, off, dur int64 columns, one entry per event (events of all lines in order)
@@ -38,6 +41,13 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define CAN_RELEASE 1
+#else
+#define CAN_RELEASE 0
+#endif
 
 #define MAX_WANTED 64
 #define SLOT_TABLE 4096 /* stat metadata ids below this are looked up directly */
@@ -162,7 +172,7 @@ static int valid_utf8(const uint8_t *p, const uint8_t *end) {
     return 1;
 }
 
-/* A line, with its strings as offsets into the plane buffer. */
+/* A line, with its strings as offsets into the plane buffer (into the copies when releasing). */
 typedef struct {
     int64_t id, timestamp, first, count;
     int64_t name_at, name_len, display_at, display_len;
@@ -176,7 +186,38 @@ typedef struct {
     Buf md, off, dur, lines, spans, texts; /* texts: (offset, length) pairs of str values */
     Buf st_event[MAX_WANTED], st_type[MAX_WANTED], st_value[MAX_WANTED];
     int64_t n_events, n_texts;
+    /* Releasing: the strings met are copied (the bytes behind them go), and the pages before
+       RELEASED have been handed back. */
+    Py_ssize_t release; /* bytes decoded between two hand-backs; 0: none */
+    Buf copies;
+    const uint8_t *released;
 } State;
+
+/* Hand back the whole pages of the buffer before P (decoded) once s->release more bytes are. */
+static void release_before(State *s, const uint8_t *p) {
+#if CAN_RELEASE
+    if (!s->release || p - s->released < s->release) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t from = ((uintptr_t)s->released + page - 1) & ~(page - 1), to = (uintptr_t)p & ~(page - 1);
+    if (to > from) {
+        madvise((void *)from, to - from, MADV_DONTNEED);
+        s->released = (const uint8_t *)to;
+    }
+#else
+    (void)s;
+    (void)p;
+#endif
+}
+
+/* Where the string [A, B) will be read at the end: its offset in the buffer, or in the copies. */
+static int text_offset(State *s, const uint8_t *a, const uint8_t *b, int64_t *at) {
+    if (!s->release) {
+        *at = (int64_t)(a - s->base);
+        return OK;
+    }
+    *at = (int64_t)s->copies.len;
+    return buf_put(&s->copies, a, (size_t)(b - a));
+}
 
 static inline int find_slot(const State *s, int64_t id) {
     if (id >= 0 && id < SLOT_TABLE) return s->slot_of[id];
@@ -220,8 +261,8 @@ static int decode_stat(State *s, const uint8_t *p, const uint8_t *end, int64_t e
     int slot = find_slot(s, metadata_id);
     if (slot < 0 || type == 0) return OK;
     if (type == 4) { /* strings are made later, and only for wanted stats */
-        int64_t span[2] = {(int64_t)(text - s->base), (int64_t)(text_end - text)};
-        if (buf_put(&s->texts, span, sizeof(span))) return NO_MEMORY;
+        int64_t span[2] = {0, (int64_t)(text_end - text)};
+        if (text_offset(s, text, text_end, &span[0]) || buf_put(&s->texts, span, sizeof(span))) return NO_MEMORY;
         value = s->n_texts++;
     }
     int32_t row = (int32_t)event; /* decode_event keeps event indices below 2^31 */
@@ -275,11 +316,16 @@ static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth
             const uint8_t *a, *b;
             if (skip_payload(&p, end, field, wire, depth, &a, &b) < 0) return MALFORMED;
             if (field != 4 && !valid_utf8(a, b)) return BAD_UTF8;
-            if (field == 2) { line.name_at = a - s->base; line.name_len = b - a; }
-            else if (field == 11) { line.display_at = a - s->base; line.display_len = b - a; }
-            else {
+            if (field == 2) {
+                if (text_offset(s, a, b, &line.name_at)) return NO_MEMORY;
+                line.name_len = b - a;
+            } else if (field == 11) {
+                if (text_offset(s, a, b, &line.display_at)) return NO_MEMORY;
+                line.display_len = b - a;
+            } else {
                 int rc = decode_event(s, a, b, depth - 1);
                 if (rc < 0) return rc;
+                release_before(s, b);
             }
         } else if (skip_payload(&p, end, field, wire, depth, NULL, NULL) < 0) {
             return MALFORMED;
@@ -365,6 +411,7 @@ static PyObject *bytes_of(Buf *b) {
 }
 
 static PyObject *text_at(const uint8_t *base, int64_t at, int64_t len) {
+    if (len == 0) return PyUnicode_New(0, 0); /* the copies may hold nothing at all */
     return PyUnicode_DecodeUTF8((const char *)base + at, (Py_ssize_t)len, "replace");
 }
 
@@ -381,6 +428,7 @@ static PyObject *per_slot(Buf *bufs, Py_ssize_t n) {
 }
 
 static PyObject *build_result(State *s) {
+    const uint8_t *texts = s->release ? (const uint8_t *)s->copies.data : s->base;
     Py_ssize_t n_spans = (Py_ssize_t)(s->spans.len / 16), n_lines = (Py_ssize_t)(s->lines.len / sizeof(LineInfo));
     PyObject *spans = PyList_New(n_spans), *lines = PyList_New(n_lines), *strings = PyList_New(s->n_texts);
     if (!spans || !lines || !strings) goto fail;
@@ -393,15 +441,15 @@ static PyObject *build_result(State *s) {
     const LineInfo *info = (const LineInfo *)s->lines.data;
     for (Py_ssize_t i = 0; i < n_lines; i++) {
         const LineInfo *l = &info[i];
-        PyObject *item = Py_BuildValue("(LNNLLL)", (long long)l->id, text_at(s->base, l->name_at, l->name_len),
-                                       text_at(s->base, l->display_at, l->display_len), (long long)l->timestamp,
+        PyObject *item = Py_BuildValue("(LNNLLL)", (long long)l->id, text_at(texts, l->name_at, l->name_len),
+                                       text_at(texts, l->display_at, l->display_len), (long long)l->timestamp,
                                        (long long)l->first, (long long)l->count);
         if (!item) goto fail;
         PyList_SET_ITEM(lines, i, item);
     }
     const int64_t *text = (const int64_t *)s->texts.data;
     for (Py_ssize_t i = 0; i < s->n_texts; i++) {
-        PyObject *item = text_at(s->base, text[2 * i], text[2 * i + 1]);
+        PyObject *item = text_at(texts, text[2 * i], text[2 * i + 1]);
         if (!item) goto fail;
         PyList_SET_ITEM(strings, i, item);
     }
@@ -416,7 +464,7 @@ fail:
 }
 
 static void free_state(State *s) {
-    Buf *bufs[] = {&s->md, &s->off, &s->dur, &s->lines, &s->spans, &s->texts};
+    Buf *bufs[] = {&s->md, &s->off, &s->dur, &s->lines, &s->spans, &s->texts, &s->copies};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]->data);
     for (int i = 0; i < MAX_WANTED; i++) {
         free(s->st_event[i].data);
@@ -428,14 +476,16 @@ static void free_state(State *s) {
 static PyObject *decode_plane(PyObject *self, PyObject *args) {
     Py_buffer data, wanted;
     int with_lines = 1;
-    if (!PyArg_ParseTuple(args, "y*y*|p", &data, &wanted, &with_lines)) return NULL;
+    Py_ssize_t release_step = 0;
+    if (!PyArg_ParseTuple(args, "y*y*|pn", &data, &wanted, &with_lines, &release_step)) return NULL;
     PyObject *result = NULL;
     State *s = calloc(1, sizeof(State));
     if (!s) {
         PyErr_NoMemory();
         goto done;
     }
-    s->base = (const uint8_t *)data.buf;
+    s->base = s->released = (const uint8_t *)data.buf;
+    s->release = data.readonly || release_step < 0 ? 0 : release_step;
     s->wanted = (const int64_t *)wanted.buf;
     s->n_wanted = wanted.len / 8;
     if (s->n_wanted > MAX_WANTED) {

@@ -26,6 +26,9 @@ try:
 except ImportError:  # built without a C compiler
     _wire = None
 
+# Bytes of events the C decoder decodes between two hand-backs of a released buffer's pages.
+RELEASE_STEP = 16 << 20
+
 # Stat value kinds, as the C decoder reports them.
 INT64, UINT64, REF, STR, DOUBLE, BYTES = 1, 2, 3, 4, 5, 6
 
@@ -158,7 +161,7 @@ def _shell_spans(view) -> list[tuple[int, int]]:
 Chooser = Callable[[XPlane], "tuple[str, ...] | None"]
 
 
-def _decode_fast(view, at: int, choose: Chooser) -> DecodedPlane | None:
+def _decode_fast(view, at: int, choose: Chooser, release: bool) -> DecodedPlane | None:
     try:
         spans = _wire.decode_plane(view, b"", False)[0]
         shell = _shell(view, spans)
@@ -170,7 +173,7 @@ def _decode_fast(view, at: int, choose: Chooser) -> DecodedPlane | None:
         names = list(ids)
         wanted_ids = np.asarray([ids[n] for n in names], np.int64).tobytes()
         (_, lines, md, off, dur, st_event, st_type, st_value,
-         strings) = _wire.decode_plane(view, wanted_ids, True)
+         strings) = _wire.decode_plane(view, wanted_ids, True, RELEASE_STEP if release else 0)
     except ValueError as err:
         raise CaptureError(f"a plane at bytes {at}-{at + len(view)} is corrupt: {err}") from None
     columns = {name: StatColumn(np.frombuffer(e, np.int32), np.frombuffer(k, np.int8), np.frombuffer(v, np.int64))
@@ -235,16 +238,20 @@ def _decode_objects(view, at: int, choose: Chooser) -> DecodedPlane | None:
                         np.asarray(dur, np.int64), columns, strings)
 
 
-def decode_plane(data, choose: Chooser, fast: bool = True, at: int = 0) -> DecodedPlane | None:
+def decode_plane(data, choose: Chooser, fast: bool = True, at: int = 0,
+                 release: bool = False) -> DecodedPlane | None:
     """Decode the plane whose bytes are DATA (found at offset AT of its file, for messages).
 
     CHOOSE sees the plane without its lines and returns the stat names to extract
     from its events, or None to skip the plane without decoding its events.  Nothing
-    returned refers to DATA: the caller may drop or reuse it.
+    returned refers to DATA: the caller may drop or reuse it.  RELEASE says DATA is a
+    writable scratch buffer the caller drops afterwards: the C decoder then hands its pages
+    back to the system as it decodes them (they read as zeros after), so a large plane's
+    bytes and its columns are not both held whole at the end of its decode.
     """
     view = memoryview(data)
     if fast and _wire is not None:
-        return _decode_fast(view, at, choose)
+        return _decode_fast(view, at, choose, release)
     return _decode_objects(view, at, choose)
 
 
