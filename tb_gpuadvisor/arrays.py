@@ -49,6 +49,17 @@ def narrow_ids(ids: np.ndarray) -> np.ndarray:
     return ids.astype(np.int32)
 
 
+def kept_mask(mask: np.ndarray) -> np.ndarray:
+    """MASK as a table keeps it for its readers (read-only): one value for every row when it
+    holds one (no event or every event: most name masks of a capture; no memory), else itself."""
+    if mask.size and mask.strides[0]:
+        count = int(np.count_nonzero(mask))
+        if count in (0, mask.size):
+            return np.broadcast_to(np.bool_(count), mask.shape)
+    mask.flags.writeable = False
+    return mask
+
+
 def _small(values: np.ndarray) -> bool:
     return bool(values.size) and int(values.min()) >= 0 and int(values.max()) < _DENSE_LIMIT
 

@@ -254,6 +254,19 @@ def test_narrow_ids_keeps_int64_only_where_a_value_needs_it():
     assert narrow_ids(absent) is absent
 
 
+def test_kept_masks_of_one_value_take_no_memory():
+    """A name mask that matches no event (or every one: most of a capture's) is one read-only
+    value for every row; any other is kept as it is, read-only."""
+    from tb_gpuadvisor.arrays import kept_mask
+    for value in (False, True):
+        kept = kept_mask(np.full(10_000, value))
+        assert kept.strides == (0,) and not kept.flags.writeable and kept.tolist() == [value] * 10_000
+        assert kept_mask(kept) is kept
+    mixed = np.arange(10) % 3 == 0
+    assert kept_mask(mixed) is mixed and not mixed.flags.writeable
+    assert kept_mask(np.empty(0, bool)).size == 0
+
+
 @pytest.mark.parametrize("changes", [0, 3, 500])
 def test_runs_give_the_column_back(changes):
     """A step-like column is kept as runs and given back whole; one that changes at most rows

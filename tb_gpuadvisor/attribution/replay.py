@@ -37,7 +37,7 @@ from typing import Callable, Iterable, TypeVar
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import Runs, reduce_by_key
+from tb_gpuadvisor.arrays import Runs, kept_mask, reduce_by_key
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.attribution.breakdown import Breakdown, DeviceBreakdown, collective_wait, fp32_eligible
 from tb_gpuadvisor.model import intervals as iv
@@ -133,8 +133,8 @@ def _sync_calls(host: HostModel) -> np.ndarray:
     activity = host.activity
     calls = activity.derived.get("sync_calls")
     if calls is None:
-        calls = activity.derived["sync_calls"] = (kernels.named_events(activity, "sync", _SYNC.search)
-                                                  & (activity.step >= 0))
+        calls = activity.derived["sync_calls"] = kept_mask(kernels.named_events(activity, "sync", _SYNC.search)
+                                                           & (activity.step >= 0))
     return calls
 
 

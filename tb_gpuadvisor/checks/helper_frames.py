@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import HostActivity
 from tb_gpuadvisor.vocab import jax
@@ -85,7 +86,7 @@ def helper_overhead(act: HostActivity) -> np.ndarray:
         out |= _inside(act, np.flatnonzero(helper & ~hook))
         syncs = np.flatnonzero(named_events(act, "sync_call", jax.BLOCK_UNTIL_READY_FRAME.match))
         out[syncs[_parents_are(act, syncs, hook)]] = True
-    act.derived["helper_overhead"] = out
+    out = act.derived["helper_overhead"] = kept_mask(out)
     return out
 
 

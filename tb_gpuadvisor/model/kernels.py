@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, HostActivity, SessionModel
 from tb_gpuadvisor.vocab import gpu, pytorch, tensorflow, xla
 
@@ -100,10 +101,10 @@ def name_mask(names: Sequence[str], predicate: Callable[[str], object]) -> np.nd
 
 def named_events(table: HostActivity | DeviceActivity, key: str, predicate: Callable[[str], object]) -> np.ndarray:
     """Per-event mask of TABLE's events whose name satisfies PREDICATE, kept in the table's
-    ``derived`` under KEY: computed once per table, whoever asks."""
+    ``derived`` under KEY (read-only, ``arrays.kept_mask``): computed once per table, whoever asks."""
     mask = table.derived.get(key)
     if mask is None:
-        mask = table.derived[key] = name_mask(table.names, predicate)[table.name]
+        mask = table.derived[key] = kept_mask(name_mask(table.names, predicate)[table.name])
     return mask
 
 

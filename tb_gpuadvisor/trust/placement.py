@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.classify import op_key
@@ -41,8 +42,7 @@ def step_threads(activity: HostActivity) -> np.ndarray:
     if mask is None:
         pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
         mask = ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
-        mask.flags.writeable = False
-        activity.derived["step_threads"] = mask
+        mask = activity.derived["step_threads"] = kept_mask(mask)
     return mask
 
 
@@ -67,8 +67,7 @@ def compute_op_mask(activity: HostActivity) -> np.ndarray:
     if mask is None:
         computes = name_mask(activity.names, lambda n: op_type(n) not in tensorflow.BOOKKEEPING_OPS)
         mask = (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
-        mask.flags.writeable = False
-        activity.derived["compute_ops"] = mask
+        mask = activity.derived["compute_ops"] = kept_mask(mask)
     return mask
 
 
