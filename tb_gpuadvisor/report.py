@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.heap import return_freed_memory
+from tb_gpuadvisor.heap import return_freed_memory_if_worth
 from tb_gpuadvisor.adapters import opens_in_xprof
 from tb_gpuadvisor.checks.base import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
@@ -146,7 +146,7 @@ def _run_one(check: Check, analysis: Analysis) -> Finding | dict:
     except Exception as err:  # one broken check must not hide the others
         return {"check": check.id, "message": f"check failed: {err!r}", "trace": traceback.format_exc(limit=3)}
     finally:
-        return_freed_memory()     # a check's temporaries, as a stage's (stages.stage): 0.1 GB of the peak at 1 GB
+        return_freed_memory_if_worth()     # a check's temporaries, as a stage's (stages.stage): 0.1 GB of the peak at 1 GB
 
 
 # Checks are vectorised numpy work that mostly runs without the GIL, so two threads overlap

@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from tb_gpuadvisor.heap import return_freed_memory
+from tb_gpuadvisor.heap import return_freed_memory_if_worth
 
 ENV = "TB_GPUADVISOR_TIMINGS"
 
@@ -26,15 +26,15 @@ def enabled() -> bool:
 
 @contextmanager
 def stage(name: str, what: str = "") -> Iterator[None]:
-    """Run one stage: at its end what it freed goes back to the system (its temporaries would
-    otherwise stay resident in the heap's free lists: 0.2-0.3 GB of the peak on the 978 MB
-    capture, for about 5 ms a stage), and its wall and CPU seconds (and WHAT it worked on)
-    are printed when timings are on."""
+    """Run one stage: at its end what it freed goes back to the system when that is much
+    (``heap.return_freed_memory_if_worth``: a large capture's temporaries would otherwise stay
+    resident in the heap's free lists, 0.2-0.3 GB of the peak at 978 MB, for about 5 ms a
+    stage), and its wall and CPU seconds (and WHAT it worked on) are printed when timings are on."""
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
-        return_freed_memory()
+        return_freed_memory_if_worth()
         if enabled():
             print(f"tb-gpuadvisor timing: {name:<11} {time.perf_counter() - wall:7.3f} s wall "
                   f"{time.process_time() - cpu:7.3f} s cpu  pid {os.getpid()}{'  ' + what if what else ''}",

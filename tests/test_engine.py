@@ -311,6 +311,22 @@ def test_pool_workers_share_the_cores_instead_of_each_using_them_all(local):
     assert shares == {max(1, (os.cpu_count() or 1) // 2)}
 
 
+def test_a_stage_trims_only_a_heap_worth_trimming(monkeypatch):
+    """At a stage's end the heap is trimmed when it holds WORTH_TRIMMING free bytes or more (a
+    large capture's temporaries), not for a small capture's few (the trim would cost more)."""
+    from tb_gpuadvisor import heap
+    if heap._glibc() is None or not hasattr(heap._glibc(), "mallinfo2"):
+        pytest.skip("glibc with mallinfo2 only")
+    trims = []
+    libc = heap._glibc()
+    monkeypatch.setattr(heap, "_glibc", lambda: type("L", (), {"mallinfo2": libc.mallinfo2,
+                                                              "malloc_trim": lambda self, pad: trims.append(pad) or 1})())
+    monkeypatch.setattr(heap, "WORTH_TRIMMING", 1 << 60)
+    assert heap.return_freed_memory_if_worth() is False and trims == []
+    monkeypatch.setattr(heap, "WORTH_TRIMMING", 0)
+    assert heap.return_freed_memory_if_worth() is True and trims == [0]
+
+
 def test_malloc_settings_are_skipped_where_the_c_library_is_not_glibc(monkeypatch):
     """One heap, the trim and the Dask tuning call glibc's mallopt/malloc_trim; where the C
     library has none (macOS, musl) or cannot be loaded by name (Windows: CDLL(None) is a
@@ -327,5 +343,6 @@ def test_malloc_settings_are_skipped_where_the_c_library_is_not_glibc(monkeypatc
         heap.one_heap.cache_clear()
         monkeypatch.setattr(ctypes, "CDLL", fake)
         assert heap._glibc() is None and heap.one_heap() is False and heap.return_freed_memory() is False
+        assert heap.return_freed_memory_if_worth() is False
     heap._glibc.cache_clear()
     heap.one_heap.cache_clear()
