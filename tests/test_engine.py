@@ -312,8 +312,9 @@ def test_pool_workers_share_the_cores_instead_of_each_using_them_all(local):
 
 
 def test_a_stage_trims_only_a_heap_worth_trimming(monkeypatch):
-    """At a stage's end the heap is trimmed when it holds WORTH_TRIMMING free bytes or more (a
-    large capture's temporaries), not for a small capture's few (the trim would cost more)."""
+    """At a stage's end the heap of a process that analyses on one heap is trimmed when it holds
+    WORTH_TRIMMING free bytes or more (a large capture's temporaries), not for a small capture's
+    few (the trim would cost more), and never in other processes (Dask workers, TensorBoard)."""
     from tb_gpuadvisor import heap
     if heap._glibc() is None or not hasattr(heap._glibc(), "mallinfo2"):
         pytest.skip("glibc with mallinfo2 only")
@@ -321,10 +322,13 @@ def test_a_stage_trims_only_a_heap_worth_trimming(monkeypatch):
     libc = heap._glibc()
     monkeypatch.setattr(heap, "_glibc", lambda: type("L", (), {"mallinfo2": libc.mallinfo2,
                                                               "malloc_trim": lambda self, pad: trims.append(pad) or 1})())
+    monkeypatch.setattr(heap, "_trims_stages", True)
     monkeypatch.setattr(heap, "WORTH_TRIMMING", 1 << 60)
     assert heap.return_freed_memory_if_worth() is False and trims == []
     monkeypatch.setattr(heap, "WORTH_TRIMMING", 0)
     assert heap.return_freed_memory_if_worth() is True and trims == [0]
+    monkeypatch.setattr(heap, "_trims_stages", False)      # a Dask worker or TensorBoard: never
+    assert heap.return_freed_memory_if_worth() is False and trims == [0]
 
 
 def test_malloc_settings_are_skipped_where_the_c_library_is_not_glibc(monkeypatch):
