@@ -113,9 +113,13 @@ class _EventColumns:
 
     def _narrow(self, *columns: str) -> None:
         """Id and index COLUMNS in int32 where their values fit, and as one read-only -1 where
-        none is present (``arrays.narrow_ids``), whichever adapter built them."""
+        none is present (``arrays.narrow_ids``), whichever adapter built them: once per table
+        (a view of it made by ``replace`` shares ``derived``, and its columns are narrowed)."""
+        if self.derived.get("narrowed"):
+            return
         for column in columns:
             setattr(self, column, narrow_ids(getattr(self, column)))
+        self.derived["narrowed"] = True
 
     @property
     def end_ps(self) -> np.ndarray:
