@@ -25,16 +25,18 @@ def enabled() -> bool:
 
 
 @contextmanager
-def stage(name: str, what: str = "") -> Iterator[None]:
-    """Run one stage: at its end what it freed goes back to the system when that is much
-    (``heap.return_freed_memory_if_worth``: a large capture's temporaries would otherwise stay
-    resident in the heap's free lists, 0.2-0.3 GB of the peak at 978 MB, for about 5 ms a
-    stage), and its wall and CPU seconds (and WHAT it worked on) are printed when timings are on."""
+def stage(name: str, what: str = "", hand_back: bool = True) -> Iterator[None]:
+    """Run one stage: at its end what it freed goes back to the system when that is much and
+    HAND_BACK is set (``heap.return_freed_memory_if_worth``: a large capture's temporaries would
+    otherwise stay resident in the heap's free lists, 0.2-0.3 GB of the peak at 978 MB, for about
+    5 ms a stage), and its wall and CPU seconds (and WHAT it worked on) are printed when timings
+    are on."""
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
-        return_freed_memory_if_worth()
+        if hand_back:
+            return_freed_memory_if_worth()
         if enabled():
             print(f"tb-gpuadvisor timing: {name:<11} {time.perf_counter() - wall:7.3f} s wall "
                   f"{time.process_time() - cpu:7.3f} s cpu  pid {os.getpid()}{'  ' + what if what else ''}",

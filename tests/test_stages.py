@@ -87,4 +87,6 @@ def test_a_stage_hands_back_what_it_freed_even_when_it_fails(monkeypatch):
     with pytest.raises(ValueError):
         with stage("decode"):
             raise ValueError("bad bytes")
+    with stage("decode", hand_back=False):      # what the next stages allocate again
+        pass
     assert handed == [True, True]
