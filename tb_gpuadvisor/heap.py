@@ -19,6 +19,17 @@ import os
 MMAP_THRESHOLD = 8 << 20
 TRIM_SETTING = "MALLOC_TRIM_THRESHOLD_"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8      # mallopt parameters (malloc.h)
+# Below this much free memory in the heap a trim returns little and costs more than it gives back
+# (the pages it hands back fault in again): 0.04 s over a 120 MB capture's stages, for 3 MB.
+WORTH_TRIMMING = 64 << 20
+# Whether this process analyses on one heap (``one_heap``), the only kind whose stages trim it.
+_trims_stages = False
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
 
 
 @functools.cache
@@ -27,9 +38,13 @@ def _glibc() -> ctypes.CDLL | None:
     libraries (macOS, musl) and Windows keep their own allocators' settings."""
     try:
         libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
     except (OSError, TypeError):
         return None
+    if not (hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")):
+        return None
+    if hasattr(libc, "mallinfo2"):      # glibc 2.33 and later
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
 
 
 @functools.cache
@@ -68,19 +83,6 @@ def return_freed_memory() -> bool:
     return libc is not None and bool(libc.malloc_trim(0))
 
 
-# Below this much free memory in the heap a trim returns little and costs more than it gives back
-# (the pages it hands back fault in again): 0.04 s over a 120 MB capture's stages, for 3 MB.
-WORTH_TRIMMING = 64 << 20
-# Whether this process analyses on one heap (``one_heap``), the only kind whose stages trim it.
-_trims_stages = False
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
 def return_freed_memory_if_worth() -> bool:
     """``return_freed_memory`` when the heap holds WORTH_TRIMMING bytes free or more (glibc's
     mallinfo2; where it has none, always), for the end of each stage of an analysis: a large
@@ -92,9 +94,6 @@ def return_freed_memory_if_worth() -> bool:
     libc = _glibc()
     if libc is None or not _trims_stages:
         return False
-    info = getattr(libc, "mallinfo2", None)
-    if info is not None:
-        info.restype = _MallInfo2
-        if info().fordblks < WORTH_TRIMMING:
-            return False
+    if hasattr(libc, "mallinfo2") and libc.mallinfo2().fordblks < WORTH_TRIMMING:
+        return False
     return bool(libc.malloc_trim(0))

@@ -192,7 +192,10 @@ def _releases(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray, st
     # the step's results before starting the next), so no gain carries over into the next step.
     anchored[:1] = True
     anchored[1:] |= step[1:] != step[:-1]
-    release = start if anchored.all() else np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
+    if anchored.all():
+        release = start         # a view of the device's starts
+    else:
+        release = np.where(anchored, start, np.where(linked & (launch_end < start), launch_end, _FREE))
     folded = np.where(anchored, 0, gap)
     return release, own + folded if folded.any() else own, own
 
@@ -280,10 +283,13 @@ class Replay:
                  for part in breakdown.devices]
         pairs = [(dev, host) if dev is not None and dev.step.size == len(dev) and bool(np.any(dev.step >= 0))
                  else (None, host) for dev, host in pairs]
-        for dev, host in pairs:     # what the devices of a host share, before they go on threads
+        # Before the devices go on threads: each one's join to its launch calls (trust's step
+        # columns made it already) and its host's synchronize calls, which they share.
+        for dev, host in pairs:
             if dev is not None:
                 launch_rows(host.activity, dev)
-                _sync_calls(host)
+        for host in {id(host): host for dev, host in pairs if dev is not None}.values():
+            _sync_calls(host)
         self.chains: list[_Chain | None] = _on_devices(
             lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
@@ -363,10 +369,9 @@ class Replay:
         held = self._held_by.get(id(chain))
         if held is None:
             a = self.steps.start_ps
-            anchored = np.flatnonzero(chain.release > _FREE).astype(np.int32)     # every event the host holds back
-            every = anchored.size == chain.release.size     # the chain's own columns then, not copies
-            if every:
-                anchored = None
+            held_back = chain.release > _FREE
+            every = bool(held_back.all())       # the chain's own columns then, not copies
+            anchored = None if every else np.flatnonzero(held_back).astype(np.int32)
             wait = chain.sync_index if every else chain.sync_index[anchored]
             after = wait >= 0
             # Stored only once complete: checks replay their scenarios from several threads.

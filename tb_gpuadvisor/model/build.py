@@ -515,14 +515,17 @@ class _ReadBuffers(threading.local):
             self.data = np.empty(size, np.uint8)
         return self.data
 
+    def _large(self) -> bool:
+        return self.data is not None and self.data.size > KEEP_BUFFER_BYTES
+
     def scratch(self, data: memoryview) -> bool:
         """Whether DATA is in this thread's buffer and the buffer goes once DATA is decoded (a
         large one, see ``decoded``): the decoder may then hand its pages back as it goes."""
-        return self.data is not None and data.obj is self.data and self.data.size > KEEP_BUFFER_BYTES
+        return self._large() and data.obj is self.data
 
     def decoded(self) -> None:
         """The plane in the buffer is decoded: a large buffer goes now, before the tables are built."""
-        if self.data is not None and self.data.size > KEEP_BUFFER_BYTES:
+        if self._large():
             self.data = None
 
 
