@@ -14,6 +14,8 @@ from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 _sharing = 1        # processes of this job sharing the machine's cores
+# A stage's devices (trust's step columns, the breakdown, the replay) go on threads, up to this many.
+DEVICE_THREADS = 4
 
 
 def share_with(processes: int) -> None:
@@ -31,7 +33,7 @@ def threads(most: int) -> int:
     return max(1, min(most, cores))
 
 
-def on_threads(work: Callable[..., T], items: Iterable[tuple], most: int) -> list[T]:
+def on_threads(work: Callable[..., T], items: Iterable[tuple], most: int = DEVICE_THREADS) -> list[T]:
     """WORK(*item) for every item (one per device, say), in order: on up to MOST threads when
     there are several (numpy work that releases the GIL), else in this thread."""
     items = list(items)

@@ -264,10 +264,6 @@ def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int, compute: str)
     return [{"kind": merged[j][2], "start_ms": _ms(merged[j][0]), "end_ms": _ms(merged[j][1])} for j in keep]
 
 
-# Twice the cores: Python bookkeeping between numpy calls holds the GIL part of the time.
-MOST_THREADS = 4
-
-
 def _ms(ps: float) -> float:
     return round(float(ps) / PS_PER_MS, 3)
 
@@ -576,7 +572,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     if len(pairs) > 1:
         # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
         # The host parts go first, two tasks per host (the host-op time; the waits and launch index).
-        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
+        with ThreadPoolExecutor(max_workers=cores.threads(cores.DEVICE_THREADS)) as pool:
             ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
             for done in [pool.submit(host_parts, host) for host in hosts.values()]:
                 done.result()

@@ -32,7 +32,7 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, TypeVar
+from typing import Callable
 
 import numpy as np
 
@@ -56,7 +56,6 @@ ANCHOR_GAP_PS = 5 * PS_PER_US
 # when nothing moves; this bounds a pathological capture.
 MAX_SYNC_ROUNDS = 4096
 _FREE = np.int64(-(1 << 60))     # release of an event held back by nothing but device order
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -290,7 +289,7 @@ class Replay:
                 launch_rows(host.activity, dev)
         for host in {id(host): host for dev, host in pairs if dev is not None}.values():
             _sync_calls(host)
-        self.chains: list[_Chain | None] = _on_devices(
+        self.chains: list[_Chain | None] = cores.on_threads(
             lambda dev, host: _chain(dev, host, n, torch_names) if dev is not None else None, pairs)
         # Removable time per (device, category, kind of window): the windows of a chain do not
         # depend on the scenario, so each is measured once and scenarios only weigh them. A
@@ -444,8 +443,8 @@ class Replay:
         """Per step, the gain every measured device allows (the smallest), before balancing."""
         key = repr(replace(scenario, balance=False))
         if key not in self._device_gains:
-            per_device = np.vstack(_on_devices(lambda part, chain: self._device_gain(part, chain, scenario),
-                                               zip(self.breakdown.devices, self.chains)))
+            per_device = np.vstack(cores.on_threads(lambda part, chain: self._device_gain(part, chain, scenario),
+                                                    zip(self.breakdown.devices, self.chains)))
             self._device_gains[key] = per_device.min(axis=0)
         return self._device_gains[key]
 
@@ -462,15 +461,6 @@ class Replay:
         """The mean per-step gain of SCENARIO, in ms."""
         gains = self.gains(scenario)
         return float(gains.mean()) / PS_PER_MS if gains.size else 0.0
-
-
-# Devices are replayed on threads (numpy work that releases the GIL), up to this many.
-MOST_THREADS = 4
-
-
-def _on_devices(measure: Callable[..., T], items: Iterable[tuple]) -> list[T]:
-    """MEASURE(*item) for every item (one per device), on threads when there are several."""
-    return cores.on_threads(measure, items, MOST_THREADS)
 
 
 def balance_gain(busy: np.ndarray, coll: np.ndarray, ends: np.ndarray) -> np.ndarray:

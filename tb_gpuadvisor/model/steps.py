@@ -296,10 +296,6 @@ def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
 StepColumns = list[tuple[np.ndarray, list[np.ndarray]]]
 
 
-# Each host's devices are located on threads, up to this many (numpy work that releases the GIL).
-MOST_THREADS = 4
-
-
 def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within: bool = False) -> StepColumns:
     """Every host and device event's index into STEPS, -1 outside them (nothing is written).
 
@@ -328,7 +324,7 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
                 step = np.where(located < 0, -1, step)
             return step.astype(np.int32, copy=False)
 
-        out.append((act_step, cores.on_threads(device_step, [(dev,) for dev in hc.devices], MOST_THREADS)))
+        out.append((act_step, cores.on_threads(device_step, [(dev,) for dev in hc.devices])))
     return out
 
 
