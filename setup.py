@@ -31,8 +31,9 @@ setup(
     python_requires=">=3.10",
     packages=[
         "tb_gpuadvisor",
-        "tb_gpuadvisor.xspace",
-        "tb_gpuadvisor.adapters",
+        "tb_gpuadvisor.input",
+        "tb_gpuadvisor.input.xplane",
+        "tb_gpuadvisor.input.kineto",
         "tb_gpuadvisor.vocab",
         "tb_gpuadvisor.model",
         "tb_gpuadvisor.trust",
@@ -47,7 +48,8 @@ setup(
                   "tb_gpuadvisor.schema": ["*.json"]},
     # The C event decoder and interval algebra are optional: without a compiler the pure-Python
     # decoder and the numpy interval functions are used.
-    ext_modules=[Extension("tb_gpuadvisor.xspace._wire", ["tb_gpuadvisor/xspace/_wire.c"], optional=True),
+    ext_modules=[Extension("tb_gpuadvisor.input.xplane._wire", ["tb_gpuadvisor/input/xplane/_wire.c"],
+                           optional=True),
                  Extension("tb_gpuadvisor.model._intervals", ["tb_gpuadvisor/model/_intervals.c"],
                            optional=True)],
     install_requires=[

@@ -148,10 +148,10 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
 
 def _child_model(session_dir: str, out: str) -> int:
     began = time.perf_counter()
-    from tb_gpuadvisor.discovery import find_sessions
-    from tb_gpuadvisor.model import load_session
+    from tb_gpuadvisor.input.discovery import find_sessions
+    from tb_gpuadvisor.pipeline import load_session
     from tb_gpuadvisor.report import session_json
-    from tb_gpuadvisor.xspace.decode import has_fast_decoder
+    from tb_gpuadvisor.input.xplane.decode import has_fast_decoder
 
     imported = time.perf_counter()
     (ref,) = find_sessions(session_dir)
@@ -324,7 +324,7 @@ def machine() -> dict:
     except (OSError, subprocess.CalledProcessError):
         commit = None
     try:
-        from tb_gpuadvisor.xspace.decode import has_fast_decoder
+        from tb_gpuadvisor.input.xplane.decode import has_fast_decoder
         fast = has_fast_decoder()
     except ImportError:
         fast = None

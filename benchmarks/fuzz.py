@@ -26,8 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from tb_gpuadvisor.xspace import decode  # noqa: E402
-from tb_gpuadvisor.xspace.reader import CaptureError, index_space  # noqa: E402
+from tb_gpuadvisor.input.xplane import decode  # noqa: E402
+from tb_gpuadvisor.input.xplane.reader import index_space
+from tb_gpuadvisor.input.files import CaptureError
 
 WANTED = ("correlation_id", "group_id", "level 0", "tf_op", "memcpy_details", "kernel_details", "step_num", "_r")
 CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", REPO.parent / "shared" / "corpus"))
@@ -148,8 +149,8 @@ def kineto_seeds() -> list[bytes]:
 
 def kineto_outcome(data: bytes) -> str | None:
     """None when the reader made tables or said why not (CaptureError); else what went wrong."""
-    from tb_gpuadvisor.adapters.kineto import build
-    from tb_gpuadvisor.adapters.kineto_json import decode
+    from tb_gpuadvisor.input.kineto.build import build
+    from tb_gpuadvisor.input.kineto.decode import decode
 
     try:
         build(decode(bytearray(data)), "h")

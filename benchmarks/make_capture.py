@@ -38,7 +38,7 @@ for _path in (_REPO, _REPO / "tests"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from tb_gpuadvisor.xspace.schema import XLine, XPlane  # noqa: E402
+from tb_gpuadvisor.input.xplane.schema import XLine, XPlane  # noqa: E402
 from synth import PS_PER_MS, STEPS_LINE_ID, build_training_session, iter_events, session_dir  # noqa: E402
 
 OFFSET_BASE_PS = 1 << 42  # ~4.4 s; offsets stay 7-byte varints up to 2**49 ps

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from tb_gpuadvisor.checks import all_checks
 from tb_gpuadvisor.checks.base import FAIL_ON, failing
-from tb_gpuadvisor.discovery import DiscoveryError, SessionRef, find_sessions
+from tb_gpuadvisor.input.discovery import DiscoveryError, SessionRef, find_sessions
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.multihost.engine import Engine

@@ -405,7 +405,7 @@ def _limit_self(limit_mb: int) -> None:
 def main(argv: list[str]) -> int:
     """The analysis process: one session folder in, the report JSON out."""
     _limit_self(memory_limit_mb())
-    from tb_gpuadvisor.discovery import find_sessions
+    from tb_gpuadvisor.input.discovery import find_sessions
     from tb_gpuadvisor.multihost import build_report
     from tb_gpuadvisor.heap import one_heap
 

@@ -14,11 +14,11 @@ from dataclasses import replace
 
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.heap import return_freed_memory_if_worth
-from tb_gpuadvisor.adapters import opens_in_xprof
+from tb_gpuadvisor.input import opens_in_xprof
 from tb_gpuadvisor.checks.base import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Evidence, Finding, Severity, all_checks, declared, explaining, fixes
-from tb_gpuadvisor.model import PS_PER_MS, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel
 from tb_gpuadvisor.trust import Trust, confidence
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from tb_gpuadvisor import discovery
+from tb_gpuadvisor.input import discovery
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.multihost.engine import Engine

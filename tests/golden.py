@@ -19,7 +19,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 import synth  # noqa: E402
-from tb_gpuadvisor.discovery import find_sessions  # noqa: E402
+from tb_gpuadvisor.input.discovery import find_sessions  # noqa: E402
 from tb_gpuadvisor.multihost import build_report  # noqa: E402
 from tb_gpuadvisor.render import render_markdown, render_text  # noqa: E402
 

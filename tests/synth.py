@@ -105,7 +105,7 @@ import random
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from tb_gpuadvisor.xspace.schema import XEvent, XLine, XPlane, XSpace
+from tb_gpuadvisor.input.xplane.schema import XEvent, XLine, XPlane, XSpace
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000

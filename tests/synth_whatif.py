@@ -17,8 +17,8 @@ from pathlib import Path
 from synth import SynthSession, Truth, build_training_session
 
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
 
 
 def analysed(session: SynthSession, folder: Path) -> Analysis:

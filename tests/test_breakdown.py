@@ -11,12 +11,12 @@ from synth_whatif import analysed
 
 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.classify import op_key
+from tb_gpuadvisor.input.xplane.classify import op_key
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.model.timeline import (
-    Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel, MemoryRecords,
-    SessionModel, Steps,
+from tb_gpuadvisor.timeline import (
+    Device, DeviceActivity, HostActivity, HostModel, MemoryRecords, SessionModel, Steps,
 )
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 
 # Every category group: together they are the whole step.
 GROUPS = ("compute", "collective", "copy", "not_traced", "input", "launch", "host")

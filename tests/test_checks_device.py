@@ -11,11 +11,12 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import collectives, launch_skew, memory, multi_gpu_imbalance, precision, tensor_core
 from tb_gpuadvisor.checks.base import Severity
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import (
-    Device, DeviceActivity, DeviceEventKind, HostActivity, HostModel, MemoryRecords, SessionModel, Steps,
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.timeline import (
+    Device, DeviceActivity, HostActivity, HostModel, MemoryRecords, SessionModel, Steps,
 )
+from tb_gpuadvisor.kinds import DeviceEventKind
 
 TOLERANCE = 3.0   # percentage points
 

@@ -14,9 +14,9 @@ from synth_whatif import analysed
 
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.xspace.schema import XPlane
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.input.xplane.schema import XPlane
 
 all_checks()
 GPU_ONLY = ("kernel_launch", "memcpy")
@@ -253,7 +253,7 @@ def test_empty_gpu_trace_capture(corpus) -> None:
 
 
 def test_tpu_capture(corpus) -> None:
-    """Hand check (the raw XSpace read with tb_gpuadvisor.xspace.schema, nothing else): /device:TPU:0's
+    """Hand check (the raw XSpace read with tb_gpuadvisor.input.xplane.schema, nothing else): /device:TPU:0's
     "XLA Modules" line runs jit_f 100 times, 784.154 ms each on average, back to back (the runs
     sum to 78415.441 ms over a 78415.552 ms span); there is no GPU plane and no tf.data thread."""
     analysis = load(corpus / "jax-tpu-v6e")

@@ -243,7 +243,7 @@ def test_markdown_folds_passed_and_not_applicable_checks_into_one_line(capsys, m
 def test_compare_sides_are_named_below_their_shared_folder_on_a_store(base, new, names):
     """Issue 26.5 on an fsspec store (paths without a root): the same naming as on disk."""
     from tb_gpuadvisor.cli import _side_names
-    from tb_gpuadvisor.discovery import SessionRef
+    from tb_gpuadvisor.input.discovery import SessionRef
 
     refs = [SessionRef("train", "s", f"{run}/plugins/profile/s", ("h",), fs=object()) for run in (base, new)]
     assert tuple(ref.run for ref in _side_names(*refs)) == names

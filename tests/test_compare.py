@@ -12,7 +12,7 @@ from tb_gpuadvisor.compare import (
     NOISE_FLOOR_PERCENT, compare_sessions, noise_band, regressions_reaching, render_comparison_markdown,
     refusal, render_comparison_text,
 )
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import HostEventKind
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.render import render_text
 from tb_gpuadvisor.report import session_json
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from synth import build_training_session, truncated
 
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
-from tb_gpuadvisor.xspace import decode
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
+from tb_gpuadvisor.input.xplane import decode
+from tb_gpuadvisor.input.xplane.reader import CaptureFile
+from tb_gpuadvisor.input.files import CaptureError
 
 WANTED = ("correlation_id", "group_id", "level 0", "memcpy_details", "kernel_details", "step_num", "_r",
           "fragmentation", "allocator_name", "bytes_allocated")

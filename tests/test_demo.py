@@ -21,7 +21,7 @@ import pytest
 
 from demo.serve import MissingToolsCache
 
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from synth import build_training_session, write_session
 
-from tb_gpuadvisor.discovery import DiscoveryError, UnsafePathError, find_sessions, resolve_session
+from tb_gpuadvisor.input.discovery import DiscoveryError, UnsafePathError, find_sessions, resolve_session
 
 
 @pytest.fixture
@@ -82,6 +82,6 @@ def test_fsspec_memory_filesystem():
     (ref,) = find_sessions("memory://logs")
     assert (ref.run, ref.session, ref.hosts) == ("run1", "s1", ("h1",))
     assert resolve_session("memory://logs", "run1", "s1").hosts == ("h1",)
-    from tb_gpuadvisor.model import load_session
+    from tb_gpuadvisor.pipeline import load_session
     model = load_session(ref)
     assert not model.errors and len(model.steps) == 2

@@ -184,7 +184,7 @@ def test_pytorch_ranks_map_on_dask_as_on_the_local_pool(dask_engine, local, tmp_
     """Issue 23: the ranks of a PyTorch session (one trace file each) go through the per-host map
     like XPlane hosts; the Dask cluster and the local pool give the same session."""
     from synth_kineto import kineto_trace, write_trace
-    from tb_gpuadvisor.discovery import find_sessions
+    from tb_gpuadvisor.input.discovery import find_sessions
 
     for rank, kernel_us in ((0, 400.0), (1, 500.0)):
         write_trace(tmp_path / "run" / f"rank-{rank}.pt.trace.json", kineto_trace(steps=4, kernel_us=kernel_us))

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from synth import build_training_session, truncated, write_session
 
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
-from tb_gpuadvisor.xspace.decode import has_fast_decoder
+from tb_gpuadvisor.input.xplane.decode import has_fast_decoder
 
 _SCRIPT = """
 import random, sys, tempfile, pathlib
 sys.path.insert(0, {tests!r})
 from synth import build_training_session, write_session
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 data = bytearray(build_training_session(steps=3, gpus=2, memcpy_frac=0.05).space.SerializeToString())
 for seed in range({start}, {stop}):

@@ -22,7 +22,7 @@ import pytest
 
 import synth
 from tb_gpuadvisor.model.pipeline import Pipeline, Stage, _user_facts, dataset_ops
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent

@@ -62,7 +62,7 @@ def test_pairwise_overlaps_match_coverage_masks(seed):
 def test_locate_in_sorted_times_matches_the_search(seed):
     """Times in order take the fill path of Steps.locate; it must agree with searching each time
     in the steps, also for touching, overlapping, nested and empty steps and repeated times."""
-    from tb_gpuadvisor.model.timeline import Steps
+    from tb_gpuadvisor.timeline import Steps
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 15))

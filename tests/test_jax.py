@@ -1,7 +1,7 @@
 """JAX captures get JAX advice: steps, XLA-level findings and fixes in the user's framework.
 
 The corpus captures were checked by hand against the raw trace (events dumped with
-``tb_gpuadvisor.xspace.schema.XSpace`` and summed per name); the numbers each test
+``tb_gpuadvisor.input.xplane.schema.XSpace`` and summed per name); the numbers each test
 expects are written in its docstring.  A real JAX capture is also written in a child
 process (this file run as a script) so the test process never imports JAX.
 """
@@ -20,10 +20,10 @@ import pytest
 
 from tb_gpuadvisor.checks import all_checks, fixes
 from tb_gpuadvisor.checks.base import Fix
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import HostEventKind
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import hlo
-from tb_gpuadvisor.model.classify import host_event_kind
+from tb_gpuadvisor.input.xplane.classify import host_event_kind
 from tb_gpuadvisor.model.kernels import is_tensor_core_kernel
 from tb_gpuadvisor.multihost import analyze_session
 

@@ -137,8 +137,8 @@ def test_the_helpers_own_frames_and_sync_are_no_evidence_or_advice(runs: dict):
     texts = " ".join(fix["text"] for f in session["findings"] for fix in f["fixes"])
     assert "block_until_ready" not in texts
     # The names are the tracer's own: the hook's frame is in the capture under exactly this name.
-    from tb_gpuadvisor.discovery import find_sessions
-    from tb_gpuadvisor.model import load_session
+    from tb_gpuadvisor.input.discovery import find_sessions
+    from tb_gpuadvisor.pipeline import load_session
 
     (ref,) = find_sessions(runs["hook"]["session_dir"])
     names = set(load_session(ref).hosts[0].activity.names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from synth_jax import ATTENTION_STEP, CONV_STEP, build_jax_session
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 TF_WORDS = re.compile(r"\btf\.|keras|tensorflow|TF_[A-Z]|model\.compile|steps_per_execution")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from advice_runs import REPO, assert_not_slower, run_child
 
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.keras import is_chief
 
 

@@ -8,9 +8,9 @@ import json
 import msgspec
 import pytest
 
-from tb_gpuadvisor.adapters import kineto_json
-from tb_gpuadvisor.adapters.kineto_json import decode, inflate
-from tb_gpuadvisor.xspace.reader import read_bytes
+from tb_gpuadvisor.input.kineto import decode as kineto_json
+from tb_gpuadvisor.input.kineto.decode import decode, inflate
+from tb_gpuadvisor.input.files import read_bytes
 
 
 def _whole(data) -> kineto_json.Columns:
@@ -91,8 +91,8 @@ def test_a_trace_larger_than_the_memory_budget_is_refused_in_one_line(tmp_path):
     """A 2.5 MB trace with 4 MB of memory to spare (2 bytes per JSON byte needed) is refused
     before it is decoded, in one line that says how to make it fit; with 6 MB it is read."""
     from synth_kineto import kineto_trace, write_trace
-    from tb_gpuadvisor.adapters.kineto import read
-    from tb_gpuadvisor.xspace.reader import CaptureError
+    from tb_gpuadvisor.input.kineto.build import read
+    from tb_gpuadvisor.input.files import CaptureError
 
     path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=60, kernels=100))
     size = path.stat().st_size
@@ -108,7 +108,7 @@ def test_every_decoder_reads_a_plain_file_by_ranges(tmp_path, backend):
     """A plain (not gzip) local trace is decoded from the file a range at a time (LocalFile);
     the orjson and json fallbacks must read it too (json.loads takes no buffer but bytes)."""
     from synth_kineto import kineto_trace, write_trace
-    from tb_gpuadvisor.xspace.reader import LocalFile
+    from tb_gpuadvisor.input.files import LocalFile
 
     path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace())
     with LocalFile(str(path)) as local:
@@ -121,7 +121,7 @@ def test_a_plain_trace_truncated_while_read_is_one_clear_error(tmp_path, small_r
     import os
 
     from synth_kineto import kineto_trace, write_trace
-    from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile
+    from tb_gpuadvisor.input.files import CaptureError, LocalFile
 
     path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=20, kernels=100))
     with LocalFile(str(path)) as local:

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from synth import build_training_session, write_session
 
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import DeviceEventKind, HostEventKind, PS_PER_MS, load_session
-from tb_gpuadvisor.model.build import read_host
-from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.timeline import PS_PER_MS
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.input.xplane.build import read_host
+from tb_gpuadvisor.input.files import CaptureError
 
 
 def _load(tmp_path, synth, hosts=("h",)):
@@ -301,7 +303,7 @@ def test_plane_read_buffers_are_reused_unless_large(monkeypatch):
     """A worker reads plane after plane into one buffer, grown when a plane does not fit; a buffer
     larger than KEEP_BUFFER_BYTES is let go once its plane is decoded, before the plane's tables
     are built (it would add to the decode's peak), and a small one is kept for the next plane."""
-    from tb_gpuadvisor.model import build
+    from tb_gpuadvisor.input.xplane import build
     monkeypatch.setattr(build, "KEEP_BUFFER_BYTES", 1000)
     buffers = build._ReadBuffers()
     small = buffers.fitting(600)

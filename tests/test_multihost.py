@@ -12,8 +12,8 @@ import pytest
 
 from synth import build_training_session, write_session
 
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.multihost.mapper import HostJob, map_host
 from tb_gpuadvisor.multihost.merge import merge
@@ -140,7 +140,7 @@ def test_no_reference_cycle_holds_a_finished_host_s_events(tmp_path):
     import gc
 
     from tb_gpuadvisor.checks.context import Analysis
-    from tb_gpuadvisor.model.timeline import DeviceActivity, HostActivity, SessionModel
+    from tb_gpuadvisor.timeline import DeviceActivity, HostActivity, SessionModel
 
     space = build_training_session(**dict(COMMON, steps=20)).space
     ref = _session(tmp_path, {"w0": space, "w1": space})
@@ -189,7 +189,7 @@ def test_hosts_that_started_seconds_apart_are_one_session(tmp_path):
     """A pod's hosts start tracing a few seconds apart, so each writes its own folder
     (..._00_00_00/w0, ..._00_00_02/w1). They are one session, found by the CLI's search and by
     the tab's lookup; a folder a minute later, or one that repeats a host, is a session of its own."""
-    from tb_gpuadvisor.discovery import resolve_session
+    from tb_gpuadvisor.input.discovery import resolve_session
 
     space = build_training_session(**COMMON).space
     write_session(tmp_path, "run", "2024_01_01_00_00_00", {"w0": space})

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from synth_kineto import kineto_trace, write_trace
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.multihost.engine import LocalEngine
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.timeline import PS_PER_MS
 
 
 def _imbalance(folder) -> dict:

@@ -21,17 +21,18 @@ import numpy as np
 import pytest
 from synth_kineto import kineto_trace, write_trace
 
-from tb_gpuadvisor.adapters import KINETO, adapter_for, kineto_worker
-from tb_gpuadvisor.adapters import kineto
-from tb_gpuadvisor.adapters.kineto_json import decode
+from tb_gpuadvisor.input import KINETO, adapter_for
+from tb_gpuadvisor.input.kineto import kineto_worker
+from tb_gpuadvisor.input.kineto import build as kineto
+from tb_gpuadvisor.input.kineto.decode import decode
 from tb_gpuadvisor import cli
 from tb_gpuadvisor.compare import compare_sessions, render_comparison_text
-from tb_gpuadvisor.discovery import find_sessions, resolve_session
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.input.discovery import find_sessions, resolve_session
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.multihost import build_report
 from tb_gpuadvisor.vocab import pytorch
-from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.input.files import CaptureError
 
 _REPORTS: dict[Path, dict] = {}
 

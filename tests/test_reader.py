@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from synth import build_training_session, garbage, truncated
 
-from tb_gpuadvisor.xspace.decode import decode_plane
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, index_space
-from tb_gpuadvisor.xspace.schema import XSpace
+from tb_gpuadvisor.input.xplane.decode import decode_plane
+from tb_gpuadvisor.input.xplane.reader import CaptureFile, index_space
+from tb_gpuadvisor.input.files import CaptureError
+from tb_gpuadvisor.input.xplane.schema import XSpace
 
 
 def _all(plane) -> tuple[str, ...]:
@@ -82,7 +83,7 @@ def test_missing_and_unreadable_files(tmp_path):
 def test_local_capture_is_indexed_from_headers_and_read_plane_by_plane(tmp_path, monkeypatch):
     """Opening reads only the top-level field headers (in blocks of _Headers.BLOCK bytes), and
     each plane is read, alone, when asked for: the file is never held whole."""
-    from tb_gpuadvisor.xspace import reader
+    from tb_gpuadvisor.input.xplane import reader
     data = _space_bytes(gpus=2)
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(data)

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import HostEventKind, load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from tb_gpuadvisor.checks.base import ASPECTS, Compared, CrossHost, NoReplay, Re
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.cli import main
 from tb_gpuadvisor.compare import compare_sessions
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.multihost.mapper import HostJob, map_host
 from tb_gpuadvisor.multihost.merge import merge

@@ -18,12 +18,13 @@ from test_service import SESSION, RecordingAnalyzer
 from test_service import _write as make_session
 
 from tb_gpuadvisor import service
-from tb_gpuadvisor.discovery import find_sessions, resolve_session
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import find_sessions, resolve_session
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
-from tb_gpuadvisor.xspace import decode
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, index_space
-from tb_gpuadvisor.xspace.schema import XSpace
+from tb_gpuadvisor.input.xplane import decode
+from tb_gpuadvisor.input.xplane.reader import CaptureFile, index_space
+from tb_gpuadvisor.input.files import CaptureError
+from tb_gpuadvisor.input.xplane.schema import XSpace
 
 TESTS = Path(__file__).resolve().parent
 
@@ -50,8 +51,8 @@ def test_capture_truncated_while_open_is_a_capture_error_not_a_crash(tmp_path):
     script = f"""
 import os, sys
 sys.path.insert(0, {str(TESTS)!r})
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile
-from tb_gpuadvisor.xspace.decode import decode_plane
+from tb_gpuadvisor.input.xplane.reader import CaptureError, CaptureFile
+from tb_gpuadvisor.input.xplane.decode import decode_plane
 with CaptureFile({str(path)!r}) as cap:
     os.truncate({str(path)!r}, 100)
     try:
@@ -178,10 +179,10 @@ def test_memory_estimate_bounds_the_real_peak(tmp_path, fast):
     path.write_bytes(data)
     script = f"""
 import resource, sys
-from tb_gpuadvisor.xspace import decode
+from tb_gpuadvisor.input.xplane import decode
 if not {fast}: decode._wire = None
-from tb_gpuadvisor.model.build import memory_needed, read_host
-from tb_gpuadvisor.xspace.reader import CaptureFile
+from tb_gpuadvisor.input.xplane.build import memory_needed, read_host
+from tb_gpuadvisor.input.xplane.reader import CaptureFile
 with CaptureFile({str(path)!r}) as cap:
     needed, _ = memory_needed(cap)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -202,7 +203,7 @@ def test_planes_are_admitted_by_their_event_count_and_read_once(tmp_path, monkey
     and no plane is read twice."""
     if not decode.has_fast_decoder():
         pytest.skip("C decoder not built")
-    from tb_gpuadvisor.model import build
+    from tb_gpuadvisor.input.xplane import build
     path = tmp_path / "h.xplane.pb"
     path.write_bytes(build_training_session(steps=20, gpus=2, memcpy_frac=0.05).space.SerializeToString())
     with CaptureFile(str(path)) as cap:

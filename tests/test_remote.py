@@ -15,11 +15,14 @@ from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 import synth  # noqa: E402
 from test_plugin import PLUGIN_ROOT, make_client, make_flags, wait_for_report  # noqa: E402
-from tb_gpuadvisor import discovery, service  # noqa: E402
+from tb_gpuadvisor import service  # noqa: E402
+from tb_gpuadvisor.input import discovery  # noqa: E402
 from tb_gpuadvisor.cli import main  # noqa: E402
-from tb_gpuadvisor.model import MEMORY_BASELINE_BYTES, MEMORY_PER_CAPTURE_BYTE, load_session  # noqa: E402
-from tb_gpuadvisor.xspace import reader  # noqa: E402
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile  # noqa: E402
+from tb_gpuadvisor.pipeline import load_session  # noqa: E402
+from tb_gpuadvisor.input.session import MEMORY_BASELINE_BYTES, MEMORY_PER_CAPTURE_BYTE  # noqa: E402
+from tb_gpuadvisor.input import files  # noqa: E402
+from tb_gpuadvisor.input.xplane.reader import CaptureFile  # noqa: E402
+from tb_gpuadvisor.input.files import CaptureError  # noqa: E402
 
 SESSIONS = {
     ("train", "2024_01_01_00_00_00"): lambda: synth.build_training_session(steps=5, input_wait_frac=0.3).spaces,
@@ -191,7 +194,7 @@ def test_plugin_recomputes_the_report_when_a_memory_file_is_rewritten(memory_roo
 
 
 def test_remote_files_are_read_in_bounded_ranges(memory_root, monkeypatch):
-    monkeypatch.setattr(reader, "REMOTE_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(files, "REMOTE_CHUNK_BYTES", 4096)
     data = synth.build_training_session(steps=5).space.SerializeToString()
     _write_memory(memory_root, "run", "s", {"h": data})
     fs = fsspec.filesystem("cachedmem")
@@ -229,7 +232,7 @@ class _Rewriting:
 
 @pytest.mark.parametrize("change", ["grows", "shrinks", "same size"])
 def test_a_remote_file_changing_while_read_is_a_capture_error(memory_root, monkeypatch, change):
-    monkeypatch.setattr(reader, "REMOTE_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(files, "REMOTE_CHUNK_BYTES", 4096)
     data = synth.build_training_session(steps=5).space.SerializeToString()
     path = f"{memory_root}/h.xplane.pb"
     fsspec.filesystem("memory").pipe(path, data)

@@ -9,7 +9,7 @@ import pytest
 from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.render import render_markdown, render_text
 from tb_gpuadvisor.report import rank_findings

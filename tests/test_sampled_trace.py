@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from synth_kineto import kineto_trace, write_trace
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 IDLE_CHECKS = ("kernel_launch", "host_overhead")

@@ -18,7 +18,7 @@ from golden import CORPUS_CASES, SYNTH_CASES, outputs
 from schema_check import validate
 
 from tb_gpuadvisor.compare import compare_sessions
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.schema import report_schema

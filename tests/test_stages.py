@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import SessionModel, load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.timeline import SessionModel
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.report import describe, finish
 from tb_gpuadvisor import stages
 from tb_gpuadvisor.stages import ENV, stage

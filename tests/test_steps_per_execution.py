@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tb_gpuadvisor.compare import compare_sessions, regressions_reaching
-from tb_gpuadvisor.discovery import find_sessions
+from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
 REPO = Path(__file__).resolve().parent.parent

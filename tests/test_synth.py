@@ -15,7 +15,7 @@ import pytest
 
 import synth  # noqa: E402
 from synth import PS_PER_MS, event_start_ps, iter_events  # noqa: E402
-from tb_gpuadvisor.xspace.schema import XSpace  # noqa: E402
+from tb_gpuadvisor.input.xplane.schema import XSpace  # noqa: E402
 
 
 def _roundtrip(session: synth.SynthSession, tmp_path: Path) -> XSpace:

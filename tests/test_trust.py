@@ -13,8 +13,8 @@ import pytest
 
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.report import session_json
 
@@ -233,7 +233,7 @@ def _append_trace_export(data: bytes, gap_ms: float) -> bytes:
     untraced gap, a large tf.constant, then LogicalAnd (group of the last step, with its kernel
     on the GPU), WriteSummary and FlushSummaryWriter on the Python thread; the GPU's derived
     Steps line then runs to the export's end."""
-    from tb_gpuadvisor.xspace.schema import XSpace
+    from tb_gpuadvisor.input.xplane.schema import XSpace
 
     space = XSpace.FromString(data)
     host = next(p for p in space.planes if p.name == "/host:CPU")

@@ -7,7 +7,7 @@ code (not docstrings or comments, which may explain the names) and fails on dist
 tokens.
 
 Allowed to spell framework names:
-- ``adapters/``, ``vocab/``, ``xspace/``: the input stage and the vocabularies themselves.
+- ``input/``, ``vocab/``: the input stage (its adapters) and the vocabularies themselves.
 - ``keras.py``, ``jax.py``, ``inloop.py``: the profiling helpers run inside the user's
   framework and write the names the vocabularies read (Keras 3's "Profiled batch" marker).
 - ``checks/fixes.py`` and the arguments of ``Fix(...)``/``Remedy(...)`` anywhere in checks/:
@@ -22,7 +22,7 @@ from pathlib import Path
 import tb_gpuadvisor
 
 PACKAGE = Path(tb_gpuadvisor.__file__).parent
-ALLOWED_DIRS = ("adapters", "vocab", "xspace")
+ALLOWED_DIRS = ("input", "vocab")
 ALLOWED_FILES = ("keras.py", "jax.py", "inloop.py", "checks/fixes.py")
 # Constructors whose arguments are fix texts, written for the user in the framework's words.
 FIX_CALLS = frozenset({"Fix", "Remedy"})

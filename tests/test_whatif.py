@@ -16,9 +16,9 @@ from tb_gpuadvisor.attribution.breakdown import CATEGORY_KEYS, compute_breakdown
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks import REGISTRY, all_checks
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import HostEventKind
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.report import rank_findings, reconcile_savings, run_checks, session_json
 
 all_checks()

@@ -14,9 +14,9 @@ import pytest
 
 from demo.fixed import PAIRS, Pair
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.timeline import PS_PER_MS
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILED_STEPS, WARMUP_STEPS = 6, 2

@@ -44,9 +44,9 @@ import pytest
 
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import REGISTRY, all_checks
-from tb_gpuadvisor.discovery import find_sessions
-from tb_gpuadvisor.model import load_session
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.timeline import PS_PER_MS
 
 REPO = Path(__file__).resolve().parent.parent
 # XProf's overview page drops the first and last step when it finds more than five.

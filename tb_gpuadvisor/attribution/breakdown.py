@@ -40,14 +40,14 @@ import numpy as np
 from tb_gpuadvisor.arrays import SortedKeys, distinct_small_ints
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import BLOCK, Intervals
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
-from tb_gpuadvisor.model.timeline import (
-    COPY_KINDS, PS_PER_MS, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
-    HostModel, SessionModel, Steps,
+from tb_gpuadvisor.timeline import (
+    PS_PER_MS, Device, DeviceActivity, HostActivity, HostModel, SessionModel, Steps,
 )
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
+from tb_gpuadvisor.vocab import tensorflow
 from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
 from tb_gpuadvisor.vocab.tensorflow import INPUT_SEND as _INPUT_SEND
 
@@ -328,7 +328,7 @@ class _Dispatch:
         if found is None:
             rows = self.ops
             if device_ops:
-                rows = rows[kernels.name_mask(activity.names, lambda n: op_key(n) in device_ops)[activity.name[rows]]]
+                rows = rows[kernels.name_mask(activity.names, lambda n: tensorflow.op_key(n) in device_ops)[activity.name[rows]]]
             found = self._common[device_ops] = iv.union_of(
                 self.shared, _set(activity.start_ps[rows], activity.end_ps[rows]))
         return found
@@ -489,7 +489,7 @@ def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
 
 def _op_keys(dev: DeviceActivity) -> frozenset[str]:
     """The node names of the framework ops DEV ran (how host op events are linked to it)."""
-    return frozenset(op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0]))
+    return frozenset(tensorflow.op_key(dev.ops[i]) for i in distinct_small_ints(dev.op[dev.op >= 0]))
 
 
 def fp32_eligible(classes: kernels.KernelClasses) -> np.ndarray:

@@ -44,10 +44,8 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.steps import launch_rows
-from tb_gpuadvisor.model.timeline import (
-    COPY_KINDS, PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostEventKind, HostModel,
-    SessionModel,
-)
+from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostModel, SessionModel
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
 
 ANCHOR_GAP_PS = 5 * PS_PER_US

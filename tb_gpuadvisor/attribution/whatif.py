@@ -18,7 +18,8 @@ import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import Breakdown
 from tb_gpuadvisor.attribution.replay import Replay, Scenario
-from tb_gpuadvisor.model.timeline import PS_PER_US, HostEventKind, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_US, SessionModel
+from tb_gpuadvisor.kinds import HostEventKind
 
 # Launch call cost assumed when the capture records no launch calls: the median the corpus
 # captures measure (7-14 us), not the 20-40 us often quoted.

@@ -7,7 +7,7 @@ import pkgutil
 
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import REGISTRY, Check, Evidence, Finding, Fix, Replayed, Severity
-from tb_gpuadvisor.model.timeline import SessionModel
+from tb_gpuadvisor.timeline import SessionModel
 
 _NOT_CHECKS = {"base", "context", "fixes"}
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.model.timeline import SessionModel
+from tb_gpuadvisor.timeline import SessionModel
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.checks.context import Analysis, StepScale

@@ -42,7 +42,7 @@ from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
 )
 from tb_gpuadvisor.model import intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "collectives"

@@ -16,7 +16,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks.base import Evidence, Finding, Severity
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.stages import stage
 from tb_gpuadvisor.trust import Trust, assess
 

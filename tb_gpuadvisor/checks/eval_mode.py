@@ -37,7 +37,8 @@ from tb_gpuadvisor.checks.base import Evidence, Finding, NoReplay, Severity, nee
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.steps import launch_rows
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, HostModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "eval_mode"

@@ -20,7 +20,7 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.model.timeline import HostActivity
+from tb_gpuadvisor.timeline import HostActivity
 from tb_gpuadvisor.vocab import jax
 
 _HELPERS = ("jax.py", "inloop.py", "keras.py")

@@ -46,7 +46,8 @@ from tb_gpuadvisor.checks.base import (
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
+from tb_gpuadvisor.timeline import PS_PER_MS, HostActivity
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "host_overhead"

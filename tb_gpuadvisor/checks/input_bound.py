@@ -44,7 +44,8 @@ from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.timeline import PS_PER_MS, HostEventKind
+from tb_gpuadvisor.timeline import PS_PER_MS
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "input_bound"

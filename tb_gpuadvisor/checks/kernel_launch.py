@@ -46,7 +46,8 @@ from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
-from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
+from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "kernel_launch"

@@ -40,7 +40,8 @@ from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, register,
 )
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, HostEventKind, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.kinds import HostEventKind
 
 CHECK_ID = "launch_skew"
 WARNING_AT = 10.0

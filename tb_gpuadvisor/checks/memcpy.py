@@ -36,7 +36,8 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
 from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "memcpy"

@@ -28,14 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE,
     TORCH_MEMORY_HEADROOM, TORCH_MEMORY_LARGER_BATCH, Remedy,
 )
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
-from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
+from tb_gpuadvisor.vocab import frameworks, jax, pytorch, tensorflow
 
 CHECK_ID = "memory"
 WARNING_AT = 90.0
@@ -112,7 +111,7 @@ def allocator_peaks(analysis: Analysis) -> list[AllocatorPeak]:
         mem = host.memory
         gpus = {dev.device.index: dev.device for dev in host.devices if dev.device.kind == "gpu"}
         for index, name in enumerate(mem.allocators):
-            device = gpus.get(classify.allocator_gpu(name))
+            device = gpus.get(frameworks.allocator_gpu(name))
             rows = np.flatnonzero(mem.allocator == index)
             if device is None or not device.memory_bytes or rows.size == 0:
                 continue

@@ -53,7 +53,7 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.model import intervals
-from tb_gpuadvisor.model.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
 
 CHECK_ID = "multi_gpu_imbalance"
 CRITICAL_AT, WARNING_AT = 20.0, 10.0

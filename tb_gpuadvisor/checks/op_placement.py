@@ -65,9 +65,8 @@ from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Fix, Replayed, Severity, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.timeline import (
-    PS_PER_MS, PS_PER_US, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind,
-)
+from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab import tensorflow
 
 CHECK_ID = "op_placement"

@@ -45,7 +45,7 @@ from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu,
     register,
 )
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "precision"

@@ -39,7 +39,7 @@ from tb_gpuadvisor.checks.fixes import (
     JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,
 )
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.timeline import PS_PER_MS
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "profile_quality"

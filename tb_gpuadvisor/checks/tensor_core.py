@@ -49,7 +49,7 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
 from tb_gpuadvisor.vocab import gpu
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceActivity, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "tensor_core"
 WARNING_AT = 10.0

@@ -39,7 +39,8 @@ from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, NoReplay, Sev
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import device_label, in_steps, top_by_time
-from tb_gpuadvisor.model.timeline import COPY_KINDS, PS_PER_MS, DeviceActivity, DeviceEventKind
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
 from tb_gpuadvisor.vocab import hlo, jax, xla
 
 CHECK_ID = "xla_ops"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.arrays import kept_mask
-from tb_gpuadvisor.model.timeline import Device, DeviceActivity, DeviceEventKind, HostActivity, SessionModel
+from tb_gpuadvisor.timeline import Device, DeviceActivity, HostActivity, SessionModel
+from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.vocab import gpu, pytorch, tensorflow, xla
 
 _CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)

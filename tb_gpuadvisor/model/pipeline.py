@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tb_gpuadvisor.model import classify, kernels
+from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel
+from tb_gpuadvisor.timeline import HostActivity, HostModel
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import tensorflow
 
 # Stage kinds (the last component of a long stage name, without "[n]" input indices).
@@ -113,7 +114,7 @@ def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.nda
 
 def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
     """Framework ops run on tf.data threads (the user's dataset functions), by thread time."""
-    threads = [i for i, name in enumerate(activity.threads) if classify.is_input_pipeline_thread(name)]
+    threads = [i for i, name in enumerate(activity.threads) if tensorflow.is_input_pipeline_thread(name)]
     rows = np.flatnonzero((activity.kind == HostEventKind.FRAMEWORK_OP) & np.isin(activity.thread, threads))
     totals: dict[str, tuple[int, str]] = {}
     for name_id in np.unique(activity.name[rows]):

@@ -16,10 +16,10 @@ import numpy as np
 
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import SortedKeys
-from tb_gpuadvisor.model import classify
-from tb_gpuadvisor.model.build import HostCapture
-from tb_gpuadvisor.model.timeline import DeviceActivity, HostActivity, HostEventKind, HostModel, Steps
-from tb_gpuadvisor.vocab import hlo, jax, pytorch, tensorflow
+from tb_gpuadvisor.input.capture import HostCapture
+from tb_gpuadvisor.timeline import DeviceActivity, HostActivity, HostModel, Steps
+from tb_gpuadvisor.kinds import HostEventKind
+from tb_gpuadvisor.vocab import frameworks, hlo, jax, pytorch, tensorflow
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -69,7 +69,7 @@ def _root_marker_name(act: HostActivity, mask: np.ndarray) -> str:
 
 def _steps_line(hosts: list[HostCapture]) -> Steps | None:
     for hc in hosts:
-        line = hc.steps_line
+        line = hc.recorded_steps
         if line is not None and line.number.size:
             return _collapse(line.number, line.start_ps, line.end_ps, line.group_id, "steps_line", "Steps")
     return None
@@ -93,7 +93,7 @@ def _inferred(hosts: list[HostCapture], made_by: str) -> Steps | None:
             score = (min(idx.size, 2), int(act.dur_ps[idx].sum()))
             if best is None or score > best[:2]:
                 best = (*score, act.start_ps[idx], act.end_ps[idx], act.names[int(name_id)])
-        for modules in hc.xla_modules:
+        for modules in hc.programs:
             for module_id, module in enumerate(modules.names):
                 pick = modules.name == module_id
                 score = (min(int(pick.sum()), 2), int((modules.end_ps - modules.start_ps)[pick].sum()))
@@ -145,7 +145,7 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
     device_ps: dict[str, int] = {}
     events: dict[str, int] = {}
     for hc in hosts:
-        for modules in hc.xla_modules:
+        for modules in hc.programs:
             for module_id, module in enumerate(modules.names):
                 key = hlo.module_key(module)
                 pick = modules.name == module_id
@@ -156,7 +156,7 @@ def _jax_runs(hosts: list[HostCapture]) -> dict[str, _Runs]:
                 if key not in runs or runs[key].start_ps.size < pick.sum():
                     runs[key] = _Runs(modules.start_ps[pick], modules.end_ps[pick], module, on_device=True)
         for dev in hc.devices:
-            if dev.hlo_module.size and not hc.xla_modules:
+            if dev.hlo_module.size and not hc.programs:
                 has = dev.hlo_module >= 0
                 sums = np.bincount(dev.hlo_module[has], weights=dev.dur_ps[has], minlength=len(dev.hlo_modules))
                 counts = np.bincount(dev.hlo_module[has], minlength=len(dev.hlo_modules))
@@ -353,6 +353,6 @@ def framework(hosts: list[HostCapture]) -> str:
     for hc in hosts:
         names += hc.activity.names
         threads += hc.activity.threads
-        for modules in hc.xla_modules:
+        for modules in hc.programs:
             names += modules.names[:1]
-    return classify.framework_from_names(names, threads)
+    return frameworks.framework_from_names(names, threads)

@@ -8,9 +8,9 @@ capture: unreadable hosts, a failed check or a session with no steps become
 
 from __future__ import annotations
 
-from tb_gpuadvisor.discovery import SessionRef
+from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost.engine import Engine, LocalEngine
 from tb_gpuadvisor.multihost.mapper import HostJob, HostSummary, map_host
 from tb_gpuadvisor.multihost.merge import failed_session, merge

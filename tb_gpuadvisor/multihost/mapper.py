@@ -19,8 +19,8 @@ from tb_gpuadvisor import heap
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import Finding, all_checks, multi_gpu_imbalance
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.model import load_session
+from tb_gpuadvisor.input.discovery import SessionRef
+from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.report import describe, finish, rank_findings
 from tb_gpuadvisor.stages import stage
 

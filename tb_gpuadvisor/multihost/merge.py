@@ -21,9 +21,9 @@ from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
 from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
-from tb_gpuadvisor.discovery import SessionRef
-from tb_gpuadvisor.adapters import host_of
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.input.discovery import SessionRef
+from tb_gpuadvisor.input import host_of
+from tb_gpuadvisor.timeline import PS_PER_MS
 from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
 from tb_gpuadvisor.report import finish, time_origin_ms
 

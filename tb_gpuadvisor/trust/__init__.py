@@ -27,7 +27,7 @@ import numpy as np
 
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.steps import step_columns
-from tb_gpuadvisor.model.timeline import PS_PER_MS, SessionModel, Steps
+from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel, Steps
 from tb_gpuadvisor.trust.coverage import (
     DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work, partial_trace,
 )

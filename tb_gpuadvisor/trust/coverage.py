@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.arrays import reduce_by_key
-from tb_gpuadvisor.model import classify, kernels
-from tb_gpuadvisor.model.timeline import (
-    PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
-)
+from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel, Steps
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.vocab import tensorflow
 from tb_gpuadvisor.vocab.gpu import HEAVY_KERNEL as _HEAVY_KERNEL
 from tb_gpuadvisor.vocab.tensorflow import EIGEN_ELEMENTWISE_KERNEL as _ELEMENTWISE
 from tb_gpuadvisor.vocab.tensorflow import GPU_PRIVATE_THREAD as _GPU_THREAD
@@ -67,7 +67,7 @@ def _allocations(host: HostModel) -> dict[int, int]:
     mem = host.memory
     out: dict[int, int] = {}
     for i, name in enumerate(mem.allocators):
-        gpu = classify.gpu_allocator_index(name)
+        gpu = tensorflow.gpu_allocator_index(name)
         pick = mem.allocator == i
         if gpu is not None and pick.any():
             out[gpu] = int(mem.bytes_allocated[pick].max(initial=0))

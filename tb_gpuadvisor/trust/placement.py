@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tb_gpuadvisor.arrays import kept_mask
-from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.classify import op_key
 from tb_gpuadvisor.model.kernels import name_mask, op_type
-from tb_gpuadvisor.model.timeline import (
-    PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, HostEventKind, SessionModel, Steps,
+from tb_gpuadvisor.timeline import (
+    PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, SessionModel, Steps,
 )
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import tensorflow
 
 # Host op time (as a share of the step) above which the model, not a stray op, ran on the host.
@@ -40,7 +39,7 @@ def step_threads(activity: HostActivity) -> np.ndarray:
     Kept in the table's ``derived``: trust, the breakdown and the checks all ask (read-only)."""
     mask = activity.derived.get("step_threads")
     if mask is None:
-        pipeline = name_mask(activity.threads, classify.is_input_pipeline_thread)
+        pipeline = name_mask(activity.threads, tensorflow.is_input_pipeline_thread)
         mask = ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
         mask = activity.derived["step_threads"] = kept_mask(mask)
     return mask
@@ -84,11 +83,11 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
     (no group, or the group of the batch they prepare). Those are input work (input_bound's
     evidence), not misplaced model ops, wherever they run.
     """
-    device_ops = {op_key(o) for dev in gpus for o in dev.ops}
+    device_ops = {tensorflow.op_key(o) for dev in gpus for o in dev.ops}
 
     def runs_on_host(name: str) -> bool:
-        return (classify.is_graph_op(name) and op_type(name) not in tensorflow.BOOKKEEPING_OPS
-                and op_key(name) not in device_ops)
+        return (tensorflow.is_graph_op(name) and op_type(name) not in tensorflow.BOOKKEEPING_OPS
+                and tensorflow.op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)
     mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model.kernels import name_mask
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, HostEventKind, SessionModel, Steps
+from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel, Steps
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab import xla
 
 # A step this many times the median of the others is not typical (compile, warm-up, checkpoint).

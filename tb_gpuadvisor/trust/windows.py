@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.model.timeline import HostActivity, HostEventKind, HostModel, Steps
+from tb_gpuadvisor.timeline import HostActivity, HostModel, Steps
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.trust.placement import step_threads
 from tb_gpuadvisor.vocab.tensorflow import EAGER_DISPATCH as _EAGER_OP
 from tb_gpuadvisor.vocab.tensorflow import EXPORT_SEQUENCE as _EXPORT_SEQUENCE

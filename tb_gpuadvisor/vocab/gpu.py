@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tb_gpuadvisor.model.timeline import DeviceEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind
 
 # Copies and memsets as the device planes name them ("MemcpyH2D", "Memcpy HtoD", "CopyHostToDevice"),
 # keyed by the name without spaces, lower-cased.

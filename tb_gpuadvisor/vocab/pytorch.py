@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from tb_gpuadvisor.model.timeline import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab import gpu
 
 FRAMEWORK = "pytorch"

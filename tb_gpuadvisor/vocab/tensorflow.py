@@ -137,3 +137,31 @@ LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
 HOST_HINTS = ("ExecutorState::Process", "EagerKernelExecute", KERAS2_STEP, KERAS3_STEP,
               "TFE_", "IteratorGetNextOp::DoCompute", "__inference_")
 THREAD_HINT = "tf_Compute"
+
+
+def is_graph_op(name: str) -> bool:
+    """A TensorFlow graph op ("scope/name:Type"): placed on a device by the framework.  PyTorch's
+    ops ("aten::add") run where their tensors are, so they are never misplaced graph ops."""
+    return bool(GRAPH_OP.match(name))
+
+
+def gpu_allocator_index(allocator: str) -> int | None:
+    """The GPU a TensorFlow allocator serves ("GPU_0_bfc" -> 0), or None for other allocators."""
+    match = GPU_ALLOCATOR.match(allocator)
+    return int(match.group(1)) if match else None
+
+
+def is_input_pipeline_thread(thread_name: str) -> bool:
+    """tf.data runs its producers (and their map functions' ops) on threads of its own."""
+    return thread_name.startswith(INPUT_PIPELINE_THREAD_PREFIX)
+
+
+def op_key(op_name: str) -> str:
+    """The op's node name without its type suffix ("scope/MatMul:MatMul" -> "scope/MatMul").
+
+    Device events carry the TF op as "scope/name:Type" (or just the node name), host
+    events as "scope/name:Type"; comparing node names links the two.
+    """
+    base = op_name.split("#", 1)[0]
+    head, sep, tail = base.rpartition(":")
+    return head if sep and "/" not in tail else base

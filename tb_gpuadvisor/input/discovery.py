@@ -1,13 +1,13 @@
 """Finding profile sessions: ``<logdir>/<run>/plugins/profile/<session>/<host>.xplane.pb``
-(TensorFlow, JAX) and ``<logdir>/<run>/<worker>[.<epoch ms>].pt.trace.json[.gz]`` (PyTorch).
+(TensorFlow, JAX) and ``<logdir>/<run>/<worker>[.<epoch ms>].pt.trace.json[.gz]`` (PyTorch),
+or files of any other registered format (``tb_gpuadvisor.input``) in a run's folder.
 
 A run is any folder (at any depth below the logdir) that holds ``plugins/profile``;
 its name is its path relative to the logdir ("." for the logdir itself), as
 TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
-cache files XProf writes beside them are ignored.  A PyTorch run is any folder holding
-Kineto traces; the files of one profiling cycle (one per rank or worker, written within
-SPLIT_SESSION_S of each other, or all without a time in their name) are one session whose
-hosts are the workers.  Paths with a scheme
+cache files XProf writes beside them are ignored.  A run of another format is any folder
+holding its files, grouped into sessions as the format's adapter says (a PyTorch profiling
+cycle: ``input/kineto``).  Paths with a scheme
 (``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed; their
 listings are asked of the store on every search (never of fsspec's listing cache), and
 any failure of a store (a missing backend package, credentials, network) is a
@@ -22,12 +22,12 @@ import posixpath
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterator
 
-from tb_gpuadvisor.adapters import KINETO, kineto_worker
+from tb_gpuadvisor.input import Adapter, adapter_for, adapters
+from tb_gpuadvisor.input.files import Opener, remote_stamp
 from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
-from tb_gpuadvisor.xspace.reader import Opener, remote_stamp
 
 
 class DiscoveryError(Exception):
@@ -56,7 +56,7 @@ class SessionRef:
     skipped: tuple[tuple[str, str], ...] = ()
     # (host, folder) of hosts whose file is in a sibling session folder (see join_split_sessions).
     host_dirs: tuple[tuple[str, str], ...] = ()
-    # (host, file name) of hosts whose file is not "<host>.xplane.pb" (PyTorch traces).
+    # (host, file name) of hosts whose file is not "<host>.xplane.pb" (PyTorch traces, other formats).
     files: tuple[tuple[str, str], ...] = ()
 
     def host_file(self, host: str) -> str:
@@ -225,12 +225,12 @@ def _walk(fs, root: str, unreadable: list[tuple[str, str]]):
 # write their own session folder, named by its start time: folders of one run whose names lie
 # within this many seconds of the first one's, and whose hosts all differ, are one session.
 SPLIT_SESSION_S = 30
-_SESSION_TIME = "%Y_%m_%d_%H_%M_%S"
+SESSION_TIME = "%Y_%m_%d_%H_%M_%S"
 
 
 def _started(session: str) -> datetime | None:
     try:
-        return datetime.strptime(session, _SESSION_TIME)
+        return datetime.strptime(session, SESSION_TIME)
     except ValueError:
         return None
 
@@ -261,41 +261,27 @@ def join_split_sessions(refs: list[SessionRef]) -> list[SessionRef]:
     return out
 
 
-def _cycle_name(stamp_ms: int | None) -> str:
-    """A PyTorch session's name: when its cycle was written (as TensorFlow names sessions)."""
-    if stamp_ms is None:
-        return "trace"
-    return datetime.fromtimestamp(stamp_ms / 1000, timezone.utc).strftime(_SESSION_TIME)
+def _folder_format(file_name: str) -> Adapter | None:
+    """The format claiming FILE_NAME when its files lie in run folders (not in profile folders)."""
+    adapter = adapter_for(file_name)
+    return None if adapter is None or adapter.profile_dir else adapter
 
 
-def kineto_sessions(fs, run: str, folder: str, names: list[str], real_root: str | None = None) -> list[SessionRef]:
-    """The PyTorch sessions of one run FOLDER from its file NAMES: one per profiling cycle."""
-    traces = [(kineto_worker(n), n) for n in names if KINETO.claims(n)]
-    traces.sort(key=lambda t: (t[0][1] is not None, t[0][1] or 0, t[0][0]))
-    groups: list[tuple[int | None, list[tuple[str, str]]]] = []
-    for (worker, stamp), name in traces:
-        last = groups[-1] if groups else None
-        same_cycle = last is not None and (last[0] is None) == (stamp is None) and (
-            stamp is None or stamp - last[0] <= SPLIT_SESSION_S * 1000)
-        if same_cycle and worker not in {w for w, _ in last[1]}:
-            last[1].append((worker, name))
-        else:
-            groups.append((stamp, [(worker, name)]))
-    refs, used = [], set()
-    for stamp, members in groups:
-        session = _cycle_name(stamp)
-        while session in used:          # two cycles in one second, or repeated worker names
-            session += "_"
-        used.add(session)
-        hosts, skipped = [], []
-        for worker, name in members:
-            reason = _why_skipped(os.path.join(folder, name), real_root) if fs is None else None
-            if reason:
-                skipped.append((name, reason))
-            else:
-                hosts.append((worker, name))
-        refs.append(SessionRef(run, session, folder, tuple(w for w, _ in hosts), fs, tuple(skipped),
-                               files=tuple(hosts)))
+def folder_sessions(fs, run: str, folder: str, names: list[str], real_root: str | None = None) -> list[SessionRef]:
+    """The sessions of one run FOLDER from its file NAMES, grouped by each format's adapter."""
+    refs = []
+    for adapter in adapters():
+        claimed = [n for n in names if _folder_format(n) is adapter]
+        for session, members in adapter.sessions(claimed) if claimed else []:
+            hosts, skipped = [], []
+            for host, name in members:
+                reason = _why_skipped(os.path.join(folder, name), real_root) if fs is None else None
+                if reason:
+                    skipped.append((name, reason))
+                else:
+                    hosts.append((host, name))
+            refs.append(SessionRef(run, session, folder, tuple(h for h, _ in hosts), fs, tuple(skipped),
+                                   files=tuple(hosts)))
     return refs
 
 
@@ -320,11 +306,11 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
 
     if is_file:
         folder, name = os.path.split(root)
-        if KINETO.claims(name):
-            return kineto_sessions(fs, _own_name(folder), folder, [name])
+        if _folder_format(name):
+            return folder_sessions(fs, _own_name(folder), folder, [name])
         if not root.endswith(XPLANE_SUFFIX):
-            raise DiscoveryError(f"{path}: not a profile capture (expected a *{XPLANE_SUFFIX} "
-                                 f"or *{KINETO.suffixes[0]}[.gz] file)")
+            known = " or ".join(f"*{s}" for a in adapters() for s in a.suffixes)
+            raise DiscoveryError(f"{path}: not a profile capture (expected a {known} file)")
         session_dir, name = os.path.split(root)
         split = _split_session_dir(session_dir)
         run = _own_name(split[0]) if split else "."
@@ -348,9 +334,9 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     unreadable: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
         dirnames.sort()
-        if any(KINETO.claims(n) for n in filenames):
+        if any(map(_folder_format, filenames)):
             run = _run_name(fs, root, dirpath)
-            sessions += [ref for ref in kineto_sessions(fs, run, dirpath, filenames)
+            sessions += [ref for ref in folder_sessions(fs, run, dirpath, filenames)
                          if fs is None or _addressable(run, ref.session)]
         found = _split_session_dir(dirpath)
         if not found:
@@ -395,8 +381,8 @@ def _listed(fs, run: str, session: str, session_dir: str, real_root: str | None)
     return SessionRef(run, session, session_dir, hosts, fs, skipped)
 
 
-def _pytorch_session(fs, root: str, run: str, session: str, run_dir: str) -> SessionRef | None:
-    """RUN/SESSION when it is a PyTorch profiling cycle in RUN's folder, else None."""
+def _folder_session(fs, root: str, run: str, session: str, run_dir: str) -> SessionRef | None:
+    """RUN/SESSION when it is a session of files in RUN's folder (a PyTorch profiling cycle), else None."""
     real_root = None
     if fs is None:
         real_root = os.path.realpath(root)
@@ -412,7 +398,7 @@ def _pytorch_session(fs, root: str, run: str, session: str, run_dir: str) -> Ses
                 return None
             fs.invalidate_cache(run_dir)
             names = [posixpath.basename(p) for p in fs.ls(run_dir, detail=False)]
-    return next((ref for ref in kineto_sessions(fs, run, run_dir, names, real_root) if ref.session == session), None)
+    return next((ref for ref in folder_sessions(fs, run, run_dir, names, real_root) if ref.session == session), None)
 
 
 def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
@@ -429,7 +415,8 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
     profile_dir = join(run_dir, *PROFILE_DIR)
     session_dir = join(profile_dir, session)
     # An XPlane session folder is looked up first (the common case costs no listing of the run's
-    # folder, which on a remote store is a round trip); a PyTorch cycle is sought only without one.
+    # folder, which on a remote store is a round trip); a session of a run folder's files (a PyTorch
+    # cycle) is sought only without one.
     real_root = None
     if fs is None:
         real_root = os.path.realpath(root)
@@ -441,10 +428,10 @@ def resolve_session(logdir: str, run: str, session: str) -> SessionRef:
         with _store_errors(logdir, fs):
             found = fs.isdir(session_dir)
     if not found:
-        pytorch = _pytorch_session(fs, root, run, session, run_dir)
-        if pytorch is None:
+        in_folder = _folder_session(fs, root, run, session, run_dir)
+        if in_folder is None:
             raise LookupError(f"no session {session!r} in run {run!r}")
-        return pytorch
+        return in_folder
     if fs is None:
         ref = _listed(fs, run, session, session_dir, real_root)
         siblings = sorted(os.listdir(profile_dir))

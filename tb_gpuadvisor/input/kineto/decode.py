@@ -17,7 +17,7 @@ from typing import Any, Iterator, Union
 
 import numpy as np
 
-from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile
+from tb_gpuadvisor.input.files import CaptureError, LocalFile
 
 try:
     import msgspec

@@ -1,7 +1,7 @@
-"""Turning one host's capture file into column tables.
+"""The XPlane adapter: one host's ``.xplane.pb`` file into column tables (a ``HostCapture``).
 
 One pass per plane: the plane's events arrive as numpy columns (see
-xspace.decode), the few stats the analyses need come as sparse columns, and
+``decode.py``), the few stats the analyses need come as sparse columns, and
 names are interned so classification runs once per distinct name.  Planes
 are decoded one at a time and dropped once converted.
 """
@@ -17,18 +17,18 @@ import numpy as np
 
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import map_small_ints, narrow_ids
-from tb_gpuadvisor.model import classify
-from tb_gpuadvisor.model.timeline import (
-    Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
-)
+from tb_gpuadvisor.input.capture import MAX_PS, HostCapture, ProgramRuns, RecordedSteps
+from tb_gpuadvisor.input.files import CaptureError, Opener
+from tb_gpuadvisor.input.xplane import classify
+from tb_gpuadvisor.input.xplane.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
+from tb_gpuadvisor.input.xplane.reader import CaptureFile
+from tb_gpuadvisor.kinds import HostEventKind
+from tb_gpuadvisor.timeline import Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import hlo, tensorflow, xla
-from tb_gpuadvisor.xspace.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
-from tb_gpuadvisor.xspace.reader import CaptureError, CaptureFile, Opener
 
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU|XPU|CUSTOM):(\d+)$")
 _HOST_PLANES = ("/host:CPU", "/host:CUPTI", "/host:ROCTRACER")
 
-_DROPPED = re.compile(r"dropped\s+(\d+)", re.IGNORECASE)
 _OP_STATS = ("tf_op", "level 0", "hlo_op")          # in order of preference
 _XLA_STATS = ("hlo_module", "name")       # with hlo_op: the XLA view of a kernel (vocab/hlo.py)
 _DEVICE_STATS = ("correlation_id", "group_id", "memcpy_details", "kernel_details") + _OP_STATS + _XLA_STATS
@@ -63,65 +63,6 @@ def _stat_value(stat, stat_names: dict[int, str]):
     return getattr(stat, kind)
 
 
-@dataclass
-class StepsLine:
-    """The derived "Steps" line of a GPU plane (older TensorFlow)."""
-
-    number: np.ndarray
-    start_ps: np.ndarray
-    end_ps: np.ndarray
-    group_id: np.ndarray
-
-
-@dataclass
-class XlaModules:
-    """Executions of XLA modules on a device (the "XLA Modules" line)."""
-
-    start_ps: np.ndarray
-    end_ps: np.ndarray
-    name: np.ndarray
-    names: list[str]
-
-
-@dataclass
-class HostCapture:
-    """What one capture file yields before session-level step finding."""
-
-    host: str
-    activity: HostActivity
-    memory: MemoryRecords
-    devices: list[DeviceActivity]
-    steps_line: StepsLine | None
-    xla_modules: list[XlaModules]
-    warnings: list[str]
-    origin_ns: int
-    # Why the trace holds only part of what ran (sampled or filtered after capture), or None.
-    partial_trace: str | None = None
-
-    def shift(self, delta_ps: int) -> None:
-        """Move every time by DELTA_PS (onto a session-wide origin)."""
-        if not delta_ps:
-            return
-        self.activity.start_ps += delta_ps
-        self.activity.moved()
-        self.memory.time_ps += delta_ps
-        for dev in self.devices:
-            dev.start_ps += delta_ps
-            dev.moved()
-        for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
-            table.start_ps += delta_ps
-            table.end_ps += delta_ps
-
-    @property
-    def dropped_events(self) -> int:
-        """Events the profiler says it dropped (its messages read "... dropped N events ...")."""
-        return sum(int(n) for w in self.warnings for n in _DROPPED.findall(w))
-
-    def earliest_ps(self) -> int | None:
-        starts = [a.start_ps[0] for a in [self.activity, *self.devices] if len(a)]
-        return int(min(starts)) if starts else None
-
-
 def _device_of(plane, host: str, stat_names: dict[int, str]) -> Device:
     kind_name, index = _DEVICE_PLANE.match(plane.name).groups()
     props = {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names) for s in plane.stats}
@@ -139,10 +80,6 @@ def _device_of(plane, host: str, stat_names: dict[int, str]) -> Device:
         memory_bandwidth=props.get("memory_bandwidth") or None,
         clock_khz=props.get("clock_rate") or None,
     )
-
-
-# Times are int64 picoseconds from the host's origin: about 53 days either way leaves room for sums.
-MAX_PS = 1 << 62
 
 
 def _starts(dp: DecodedPlane, origin_ns: int) -> np.ndarray:
@@ -200,7 +137,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     n = dp.n_events
 
     steps_line = None
-    modules: list[XlaModules] = []
+    modules: list[ProgramRuns] = []
     for line in dp.lines:
         if line.name == xla.STEPS_LINE and line.count:
             steps_line = _steps_line(dp, slice(line.first, line.first + line.count), start)
@@ -208,7 +145,7 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
             sel = slice(line.first, line.first + line.count)
             module_names = _Interner()
             ids = {mid: module_names.add(meta.name) for mid, meta in metadata.items()}
-            modules.append(XlaModules(start[sel], start[sel] + dp.duration_ps[sel],
+            modules.append(ProgramRuns(start[sel], start[sel] + dp.duration_ps[sel],
                                       map_small_ints(dp.metadata_id[sel], ids), module_names.strings))
 
     is_tpu = device.kind == "tpu"
@@ -276,13 +213,13 @@ def _memcpy_bytes(details: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> StepsLine:
+def _steps_line(dp: DecodedPlane, sel: slice, start: np.ndarray) -> RecordedSteps:
     metadata = dp.shell.event_metadata
     labels = [metadata[int(m)].name if int(m) in metadata else "" for m in dp.metadata_id[sel]]
     numbers = np.fromiter((int(label) if label.lstrip("-").isdigit() else i for i, label in enumerate(labels)),
                           np.int64, len(labels))
     groups = dp.stats["group_id"].window(sel.start, sel.stop).ints(sel.stop - sel.start, dp.strings)
-    return StepsLine(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
+    return RecordedSteps(numbers, start[sel], start[sel] + dp.duration_ps[sel], groups)
 
 
 def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActivity, MemoryRecords]:
@@ -457,8 +394,8 @@ class _DevicePlane:
     """A device plane's tables, timed from the plane's own origin until the host's is known."""
 
     activity: DeviceActivity
-    steps_line: StepsLine | None
-    modules: list[XlaModules]
+    steps_line: RecordedSteps | None
+    modules: list[ProgramRuns]
     origin_ns: int | None
 
     def rebase(self, origin_ns: int) -> None:

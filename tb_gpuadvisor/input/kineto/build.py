@@ -14,13 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, renumber_small_ints
-from tb_gpuadvisor.adapters.kineto_json import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
-from tb_gpuadvisor.model.build import MAX_PS, HostCapture
-from tb_gpuadvisor.model.timeline import (
-    CollectiveCall, Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, MemoryRecords,
-)
+from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
+from tb_gpuadvisor.input.files import CaptureError, LocalFile, Opener, read_bytes
+from tb_gpuadvisor.input.kineto.decode import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.timeline import CollectiveCall, Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import gpu, pytorch
-from tb_gpuadvisor.xspace.reader import CaptureError, LocalFile, Opener, read_bytes
 
 # Peak bytes per byte of (inflated) JSON, measured by benchmarks/kineto.py on the 1 GB tiled
 # trace: 0.76 for a plain file (read and decoded a run at a time), 1.57 for a gzip file

@@ -1,11 +1,10 @@
 """Opening ``.xplane.pb`` files and finding their planes without decoding them.
 
 The top level of an XSpace is just a list of length-delimited fields, so the
-planes can be located here and decoded separately (``xspace.decode``): a huge
-capture never needs the whole message tree in memory.  Every
-way a file can be unusable (missing, unreadable, empty, truncated, not a
-protobuf, not a regular file, changed while read) becomes a :class:`CaptureError`
-with a message meant for the user.
+planes can be located here and decoded separately (``decode.py``): a huge
+capture never needs the whole message tree in memory.  A file that is truncated
+or not a protobuf becomes a :class:`CaptureError` with a message meant for the
+user (the file's own failures are ``input.files``').
 
 ``fields`` walks one message level with the protobuf runtime's rules (tags of at
 most 5 bytes, field number 1..2^29-1, groups skipped, 100 levels of nesting), so
@@ -15,22 +14,18 @@ the same rules.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Iterator
 
 import numpy as np
+
+from tb_gpuadvisor.input.files import CaptureError, LocalFile, Opener, read_bytes
 
 _PLANES, _ERRORS, _WARNINGS, _HOSTNAMES = 1, 2, 3, 4
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_GROUP, _WIRE_END, _WIRE_I32 = 0, 1, 2, 3, 4, 5
 # Nesting the protobuf runtime allows below the message being parsed (messages and groups).
 MAX_DEPTH = 100
 _U64 = (1 << 64) - 1
-
-
-class CaptureError(Exception):
-    """A capture file that cannot be read; the message says why, for the user."""
 
 
 @dataclass
@@ -127,86 +122,6 @@ def index_space(buf) -> SpaceIndex:
     return index
 
 
-class Opener(Protocol):
-    """What remote files are read through: the part of an fsspec filesystem used here."""
-
-    def info(self, path: str) -> dict[str, Any]: ...
-
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes: ...
-
-    def invalidate_cache(self, path: str | None = None) -> None: ...
-
-
-# Remote files are read in ranges of at most this many bytes (one request each), so a read
-# never asks a store for more than the size it reported before reading began.
-REMOTE_CHUNK_BYTES = 16 << 20
-# Fields of fsspec's file info that change when a file is rewritten, across its implementations
-# (local and sftp/arrow/gcsfs mtime, s3fs LastModified and ETag, adlfs last_modified and etag,
-# gcsfs updated and generation, webhdfs modificationTime, ftp modify, memory created).
-_VERSION_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modificationTime",
-                   "modify", "created", "ETag", "etag", "generation")
-_CHANGED = ("the file changed while it was read (is the profiler still writing it?); "
-            "reload to analyse the new version")
-
-# What each way of failing to open a file means to the user.
-_OS_ERRORS = (
-    (FileNotFoundError, "the file does not exist"),
-    (PermissionError, "permission denied when reading the file"),
-    (IsADirectoryError, "expected a file but found a directory"),
-)
-
-
-class LocalFile:
-    """A local file read a range at a time (pread), never mapped and never held whole: files are
-    rewritten while TensorBoard runs, and a mapped file that shrinks kills the process (SIGBUS)
-    when a vanished page is touched. Every read is checked against the size and mtime seen at
-    open, so a file that changes while it is read becomes a CaptureError. Only regular files are
-    opened, without blocking (a FIFO named like a capture would hang the reader forever)."""
-
-    def __init__(self, path: str):
-        self._fd: int | None = None
-        self._fd, self._stamp = _open_local(path)
-        self.size = self._stamp[0]
-
-    def __len__(self) -> int:
-        return self.size
-
-    def read_into(self, start: int, view: memoryview) -> None:
-        """Fill VIEW with the bytes from START on."""
-        if self._fd is None:
-            raise CaptureError("the capture was closed before it was read")
-        try:
-            got = 0
-            while got < len(view):
-                n = os.preadv(self._fd, [view[got:]], start + got)
-                if n == 0:
-                    break
-                got += n
-            after = os.fstat(self._fd)
-        except OSError as err:
-            raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
-        if got != len(view) or (after.st_size, after.st_mtime_ns) != self._stamp:
-            raise CaptureError(_CHANGED)
-
-    def read(self, start: int, stop: int) -> memoryview:
-        """The bytes of [START, STOP) in a fresh buffer (drop it to free them)."""
-        data = np.empty(stop - start, np.uint8)
-        view = memoryview(data)
-        self.read_into(start, view)
-        return view
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> "LocalFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 class CaptureFile:
     """An open capture: the index of its planes, and each plane's bytes on request (``read``).
 
@@ -286,86 +201,3 @@ class _Headers:
         return self.block[key - self.first]
 
 
-def read_bytes(path: str, opener: Opener | None = None) -> np.ndarray:
-    """The bytes of a local (OPENER None) or remote capture file; any failure is a CaptureError
-    saying why in the user's terms.  Every capture format reads its files through this."""
-    try:
-        return _read_local(path) if opener is None else _read_remote(path, opener)
-    except OSError as err:
-        raise _capture_error(err) from None
-    except CaptureError:
-        raise
-    except Exception as err:    # each remote store raises its own kinds (HTTP, auth, timeouts)
-        if opener is None:
-            raise
-        raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
-
-
-def _open_local(path: str) -> tuple[int, tuple[int, int]]:
-    """An open descriptor of the regular, non-empty file PATH and its (size, mtime); a file that
-    cannot be opened is a CaptureError saying why."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as err:
-        raise _capture_error(err) from None
-    try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise CaptureError("not a regular file (a FIFO, socket or device named like a capture); skipped")
-        if before.st_size == 0:
-            raise CaptureError("the file is empty (0 bytes)")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, (before.st_size, before.st_mtime_ns)
-
-
-def _capture_error(err: OSError) -> CaptureError:
-    return CaptureError(next((text for kind, text in _OS_ERRORS if isinstance(err, kind)),
-                             f"cannot read the file: {err.strerror or err}"))
-
-
-def _read_local(path: str) -> np.ndarray:
-    """The whole local file, read and checked through a LocalFile. Not zero-filled: the read
-    writes every byte, and the first touch of each page is then the read's own."""
-    with LocalFile(path) as file:
-        data = np.empty(len(file), np.uint8)
-        file.read_into(0, memoryview(data))
-    return data
-
-
-def remote_stamp(info: dict[str, Any]) -> tuple[int | None, tuple[tuple[str, str], ...]]:
-    """(size or None, the fields that change on a rewrite) from a remote file's fsspec info."""
-    size = info.get("size")
-    version = tuple((name, str(info[name])) for name in _VERSION_FIELDS if info.get(name) is not None)
-    return (int(size) if size is not None else None), version
-
-
-def _fresh_stamp(fs: Opener, path: str) -> tuple[int | None, tuple[tuple[str, str], ...]]:
-    """remote_stamp asked of the store itself, not of a listing the filesystem cached."""
-    fs.invalidate_cache(path)
-    info = fs.info(path)
-    if info.get("type") == "directory":
-        raise IsADirectoryError(path)
-    return remote_stamp(info)
-
-
-def _read_remote(path: str, fs: Opener) -> np.ndarray:
-    before = _fresh_stamp(fs, path)
-    size = before[0]
-    if size is None:
-        raise CaptureError("the store does not report the file's size, so it cannot be read safely")
-    if size == 0:
-        raise CaptureError("the file is empty (0 bytes)")
-    data = np.empty(size, np.uint8)
-    got = 0
-    while got < size:
-        end = min(got + REMOTE_CHUNK_BYTES, size)
-        chunk = fs.cat_file(path, got, end)
-        if not chunk or len(chunk) > end - got:
-            break
-        data[got:got + len(chunk)] = np.frombuffer(chunk, np.uint8)
-        got += len(chunk)
-    if got != size or _fresh_stamp(fs, path) != before:
-        raise CaptureError(_CHANGED)
-    return data

@@ -18,11 +18,12 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tb_gpuadvisor.arrays import distinct_small_ints, map_small_ints
-from tb_gpuadvisor.xspace.reader import CaptureError, fields
-from tb_gpuadvisor.xspace.schema import XPlane
+from tb_gpuadvisor.input.files import CaptureError
+from tb_gpuadvisor.input.xplane.reader import fields
+from tb_gpuadvisor.input.xplane.schema import XPlane
 
 try:
-    from tb_gpuadvisor.xspace import _wire
+    from tb_gpuadvisor.input.xplane import _wire
 except ImportError:  # built without a C compiler
     _wire = None
 
