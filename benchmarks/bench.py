@@ -150,14 +150,14 @@ def _child_model(session_dir: str, out: str) -> int:
     began = time.perf_counter()
     from tb_gpuadvisor.input.discovery import find_sessions
     from tb_gpuadvisor.pipeline import load_session
-    from tb_gpuadvisor.report import session_json
+    from tb_gpuadvisor.pipeline import report_model
     from tb_gpuadvisor.input.xplane.decode import has_fast_decoder
 
     imported = time.perf_counter()
     (ref,) = find_sessions(session_dir)
     model = load_session(ref)
     loaded = time.perf_counter()
-    session = session_json(model)
+    session = report_model(model)
     text = json.dumps({"sessions": [session]})
     done = time.perf_counter()
     Path(out).write_text(json.dumps({

@@ -1,16 +1,76 @@
-"""The analysis of one session, said in one place: files -> input -> model -> ...
+"""The analysis of one session, said in one place (docs/architecture.md):
 
-Each stage is a function from values to a value; nothing a stage returns is written by a later one.
+    files -> input adapters -> model -> trust -> attribution and replay -> checks -> report
+
+Each stage is a function from the values before it to a value of its own; no stage writes into
+another's values.  ``report_session`` is the whole flow for a session read in one process;
+``multihost`` runs the same stages per host and joins the hosts' summaries.
 """
 
 from __future__ import annotations
 
+from tb_gpuadvisor.attribution.breakdown import Breakdown, compute_breakdown
+from tb_gpuadvisor.attribution.whatif import WhatIf
+from tb_gpuadvisor.checks import replay_scenarios
+from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input.session import read_session
 from tb_gpuadvisor.model import build_session
+from tb_gpuadvisor.report import Described, describe, finish
+from tb_gpuadvisor.stages import Deferred, stage
 from tb_gpuadvisor.timeline import SessionModel
+from tb_gpuadvisor.trust import Trust, assess
 
 
-def load_session(ref: SessionRef) -> SessionModel:
-    """The session model of REF: its hosts read by their formats' adapters, then joined."""
-    return build_session(read_session(ref))
+def load_session(ref: SessionRef, session_hosts: int = 0) -> SessionModel:
+    """Files -> model: REF's hosts read by their formats' adapters, then joined into one session
+    (one host of a SESSION_HOSTS-host session when multihost maps its hosts one by one)."""
+    return build_session(read_session(ref), session_hosts)
+
+
+def attribute(model: SessionModel, trust: Trust) -> Breakdown:
+    """One cause per microsecond of each trusted step of MODEL (trust's view)."""
+    return compute_breakdown(model, trust)
+
+
+def replay(model: SessionModel, breakdown: Breakdown) -> WhatIf:
+    """The trusted steps replayed, with the scenario every replayed check declares for MODEL."""
+    return WhatIf.build(model, breakdown, replay_scenarios(model, breakdown.device_kind))
+
+
+def analyse(model: SessionModel) -> Analysis:
+    """Model -> trust -> attribution and replay: what the checks read. Trust is assessed here;
+    the attribution and the replay are computed by the first check that asks (checks run in
+    threads, and those that need neither overlap with them)."""
+    with stage("trust"):
+        trust = assess(model)
+    view = trust.view
+    attribution = Deferred("attribution", lambda: attribute(view, trust))
+    replayed = Deferred("replay", lambda: replay(view, attribution.get()))
+    return Analysis(model, trust, attribution, replayed)
+
+
+def check(analysis: Analysis) -> Described:
+    """Analysis -> checks: the session object before ranking, every check's finding, the errors."""
+    with stage("checks", "breakdown, replay and every check"):
+        return describe(analysis)
+
+
+def report(described: Described, analysis: Analysis) -> dict:
+    """Checks -> report: the findings ranked, their savings made to add up, the first fix named."""
+    with stage("report"):
+        return finish(*described, analysis)
+
+
+def report_session(ref: SessionRef, session_hosts: int = 0) -> dict:
+    """The whole flow for the session REF, in this process."""
+    model = load_session(ref, session_hosts)
+    analysis = analyse(model)
+    described = check(analysis)
+    return report(described, analysis)
+
+
+def report_model(model: SessionModel) -> dict:
+    """The report of a session model already built (benchmarks time the stages apart)."""
+    analysis = analyse(model)
+    return report(check(analysis), analysis)

@@ -11,7 +11,8 @@ import re
 import shutil
 import textwrap
 
-from tb_gpuadvisor.checks.base import ACTIONABLE, QUIET, Severity
+from tb_gpuadvisor.checks.base import Severity
+from tb_gpuadvisor.checks.finding import ACTIONABLE, QUIET
 
 _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info", "ok": " ok ", "not_applicable": " n/a"}
 _EMOJI = {"critical": "🔴", "warning": "🟠", "info": "🔵", "ok": "🟢", "not_applicable": "⚪"}

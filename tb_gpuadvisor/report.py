@@ -1,8 +1,10 @@
-"""From a session model to the contract's session object (see shared/design/contract.md).
+"""From the analysed session to the contract's session object (see shared/design/contract.md).
 
-``session_json`` never raises for a bad capture: a check that fails, or a session
-with no steps, become entries in ``errors`` and the rest of the report is still
-produced. Reading the files and joining many hosts is tb_gpuadvisor.multihost's job.
+``describe`` runs the checks and ``finish`` ranks what they found; neither raises for a bad
+capture: a check that fails, or a session with no steps, become entries in ``errors`` and the
+rest of the report is still produced. The report never changes a check's finding: it makes new
+ones (its confidence, reconciled saving and severity, fixes and evidence as the user reads them).
+Reading the files and joining many hosts is tb_gpuadvisor.multihost's job.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import replace
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.heap import return_freed_memory_if_worth
 from tb_gpuadvisor.input import opens_in_xprof
-from tb_gpuadvisor.checks.base import ACTIONABLE
+from tb_gpuadvisor.checks.finding import ACTIONABLE
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks import Check, Evidence, Finding, Severity, all_checks, declared, explaining, fixes
 from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel
@@ -80,17 +82,19 @@ def _aspect(check_id: str) -> str:
     return check.aspect if check else "idle"
 
 
-def attach_confidence(findings: list[Finding], analysis: Analysis) -> None:
-    """Give every finding the confidence the capture supports; a check's own reasons are kept and
-    can only lower it."""
-    order = {"high": 0, "medium": 1, "low": 2}
-    for finding in findings:
-        if finding.severity is Severity.NOT_APPLICABLE:
-            continue
-        level, reasons = confidence(analysis.trust, analysis.model, _aspect(finding.check))
-        if order[level] > order.get(finding.confidence, 0):
-            finding.confidence = level
-        finding.confidence_reasons = reasons + [r for r in finding.confidence_reasons if r not in reasons]
+_CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+def with_confidence(finding: Finding, analysis: Analysis) -> Finding:
+    """FINDING with the confidence the capture supports; a check's own reasons are kept and can
+    only lower it."""
+    if finding.severity is Severity.NOT_APPLICABLE:
+        return finding
+    level, reasons = confidence(analysis.trust, analysis.model, _aspect(finding.check))
+    if _CONFIDENCE_ORDER[level] <= _CONFIDENCE_ORDER.get(finding.confidence, 0):
+        level = finding.confidence
+    return replace(finding, confidence=level,
+                   confidence_reasons=reasons + [r for r in finding.confidence_reasons if r not in reasons])
 
 
 def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
@@ -121,11 +125,10 @@ def reconcile_savings(analysis: Analysis, ranked: list[Finding],
         return ranked, None
     what_if = analysis.what_if
     shares = what_if.reconcile([(f.check, f.estimated_savings_ms_per_step) for f in ranked])
-    for finding, share in zip(ranked, shares):
-        finding.estimated_savings_ms_per_step = share
-        if finding.check in what_if.checks:
-            finding.severity = analysis.gated(finding.severity, share)
-    ranked = rank_findings(ranked, bound)
+    ranked = rank_findings([replace(f, estimated_savings_ms_per_step=share,
+                                    severity=analysis.gated(f.severity, share) if f.check in what_if.checks
+                                    else f.severity)
+                            for f, share in zip(ranked, shares)], bound)
     top = [f for f in ranked if f.severity in ACTIONABLE and f.estimated_savings_ms_per_step > 0][:WHAT_IF_FIXES]
     if not top:
         return ranked, None
@@ -167,7 +170,11 @@ def time_origin_ms(origin_ns: int) -> float:
     return round(origin_ns / 1e6, 6)
 
 
-def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
+# What ``describe`` hands to ``finish``: the session object, the findings, the errors.
+Described = tuple[dict, list[Finding], list[dict]]
+
+
+def describe(analysis: Analysis) -> Described:
     """The session object before ranking, the findings with their standalone savings, and the
     errors so far: what one host's analysis hands on when a session spans several hosts."""
     model = analysis.model
@@ -182,11 +189,10 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
         out["breakdown"] = analysis.breakdown.to_json()
     except Exception as err:
         errors.append({"message": f"step breakdown failed: {err!r}"})
-    findings, check_errors = run_checks(analysis)
-    attach_confidence(findings, analysis)
-    for finding in findings:   # fixes in the user's own framework
-        finding.fixes = fixes.for_framework(finding.fixes, model.framework)
-        finding.evidence = _located(finding.evidence, model)
+    found, check_errors = run_checks(analysis)
+    # With the capture's confidence, fixes in the user's own framework, evidence the user can find.
+    findings = [replace(with_confidence(f, analysis), fixes=fixes.for_framework(f.fixes, model.framework),
+                        evidence=_located(f.evidence, model)) for f in found]
     try:
         out["bottleneck"] = bottleneck(analysis)
     except Exception as err:
@@ -229,7 +235,3 @@ def finish(out: dict, findings: list[Finding], errors: list[dict], analysis: Ana
     out["warnings"] = out.pop("warnings")       # after the errors, as the contract lists them
     return out
 
-
-def session_json(model: SessionModel) -> dict:
-    analysis = Analysis(model)
-    return finish(*describe(analysis), analysis)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Generic, Iterator, TypeVar
 
 from tb_gpuadvisor.heap import return_freed_memory_if_worth
 
@@ -41,3 +42,25 @@ def stage(name: str, what: str = "", hand_back: bool = True) -> Iterator[None]:
             print(f"tb-gpuadvisor timing: {name:<11} {time.perf_counter() - wall:7.3f} s wall "
                   f"{time.process_time() - cpu:7.3f} s cpu  pid {os.getpid()}{'  ' + what if what else ''}",
                   file=sys.stderr, flush=True)
+
+
+T = TypeVar("T")
+
+
+class Deferred(Generic[T]):
+    """A stage's value, computed on first ask by the function the pipeline gave it, once: the
+    checks run in threads, and those that do not need the value overlap with its computation."""
+
+    def __init__(self, name: str, compute: Callable[[], T]) -> None:
+        self.name = name
+        self._compute: Callable[[], T] | None = compute
+        self._value: T | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        with self._lock:
+            if self._compute is not None:
+                with stage(self.name):
+                    self._value = self._compute()
+                self._compute = None
+        return self._value      # type: ignore[return-value]

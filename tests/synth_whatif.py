@@ -17,6 +17,7 @@ from pathlib import Path
 from synth import SynthSession, Truth, build_training_session
 
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
 
@@ -26,7 +27,7 @@ def analysed(session: SynthSession, folder: Path) -> Analysis:
     session.write(folder)
     (ref,) = find_sessions(str(folder))
     model = load_session(ref)
-    return Analysis(model)
+    return analyse(model)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from synth_whatif import analysed
 
 from tb_gpuadvisor.attribution.breakdown import compute_breakdown
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.input.xplane.classify import op_key
+from tb_gpuadvisor.vocab.tensorflow import op_key
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.timeline import (
     Device, DeviceActivity, HostActivity, HostModel, MemoryRecords, SessionModel, Steps,

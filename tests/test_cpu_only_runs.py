@@ -21,7 +21,7 @@ from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.render import render_text
-from tb_gpuadvisor.report import session_json
+from tb_gpuadvisor.pipeline import report_model
 
 KERAS_FIT = """
 import os, sys
@@ -75,7 +75,7 @@ def _session(path: Path, change=None) -> dict:
     model = load_session(ref)
     if change is not None:
         change(model)
-    return session_json(model)
+    return report_model(model)
 
 
 def _finding(session: dict, check: str) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tb_gpuadvisor.checks import all_checks, fixes
-from tb_gpuadvisor.checks.base import Fix
+from tb_gpuadvisor.checks.finding import Fix
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import hlo

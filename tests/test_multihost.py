@@ -1,6 +1,6 @@
 """Many-host sessions: the per-host map and merge against one process holding every host.
 
-The reference is the one-process analysis (``report.session_json(load_session(ref))``),
+The reference is the one-process analysis (``report.report_model(load_session(ref))``),
 which sees every host's events at once; the merge sees only per-host summaries.
 """
 
@@ -17,7 +17,7 @@ from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.multihost.mapper import HostJob, map_host
 from tb_gpuadvisor.multihost.merge import merge
-from tb_gpuadvisor.report import session_json
+from tb_gpuadvisor.pipeline import report_model
 
 COMMON = dict(steps=8, step_ms=20.0, gpus=2, marker="keras2", allreduce_calls=4, kernels_per_step=120,
               launch_frac=0.05, cc=(8, 0))
@@ -45,7 +45,7 @@ def _session(tmp_path, spaces: dict) -> object:
 
 def _both(ref) -> tuple[dict, dict]:
     summaries = [map_host(HostJob(ref, host, len(ref.hosts))) for host in ref.hosts]
-    return session_json(load_session(ref)), merge(ref, summaries)
+    return report_model(load_session(ref)), merge(ref, summaries)
 
 
 def test_identical_hosts_give_the_one_process_findings(tmp_path):
@@ -113,7 +113,7 @@ def test_hosts_with_different_problems_keep_the_primary_view(tmp_path):
     b = build_training_session(host_overhead_frac=0.2, **COMMON).space
     one, merged = _both(_session(tmp_path, {"w0": a, "w1": b}))
     _assert_same_findings(one, merged)
-    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    alone = _by_check(report_model(load_session(_session(tmp_path / "alone", {"w0": a}))))
     found = _by_check(merged)
     assert alone["input_bound"]["severity"] == "critical"
     assert alone["input_bound"]["estimated_savings_ms_per_step"] == pytest.approx(4.0, abs=0.05)
@@ -177,7 +177,7 @@ def test_analyze_session_goes_through_the_map(tmp_path, hosts):
     """One host: exactly the one-process report; several: the merge."""
     space = build_training_session(input_wait_frac=0.15, **COMMON).space
     ref = _session(tmp_path, {f"w{i}": space for i in range(hosts)})
-    one = session_json(load_session(ref))
+    one = report_model(load_session(ref))
     session = analyze_session(ref)
     if hosts == 1:
         assert session == one
@@ -233,7 +233,7 @@ def test_memory_is_as_bad_as_the_worst_host(tmp_path):
     b = build_training_session(peak_mem_frac=0.95, **COMMON).space
     ref = _session(tmp_path, {"w0": a, "w1": b})
     merged = merge(ref, [map_host(HostJob(ref, host, 2)) for host in ref.hosts])
-    alone = _by_check(session_json(load_session(_session(tmp_path / "alone", {"w0": a}))))
+    alone = _by_check(report_model(load_session(_session(tmp_path / "alone", {"w0": a}))))
     assert alone["memory"]["severity"] != "warning"
     memory = _by_check(merged)["memory"]
     assert memory["severity"] == "warning" and memory["metrics"]["peak_percent"] >= 90, memory["metrics"]

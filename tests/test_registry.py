@@ -16,6 +16,7 @@ from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks, explaining, replay_scenarios
 from tb_gpuadvisor.checks.base import ASPECTS, Compared, CrossHost, NoReplay, Replayed, register
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.cli import main
 from tb_gpuadvisor.compare import compare_sessions
 from tb_gpuadvisor.input.discovery import find_sessions
@@ -56,7 +57,7 @@ def session(tmp_path):
 
 
 def test_a_toy_check_reaches_report_whatif_compare_and_cli(toy, session, capsys):
-    analysis = Analysis(load_session(session))
+    analysis = analyse(load_session(session))
     assert TOY in analysis.what_if.checks
     alone = analysis.what_if.saving_ms(TOY)
     # Half the host gaps: a positive gain, below what host_overhead's whole scenario gains.

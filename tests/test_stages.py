@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.timeline import SessionModel
 from tb_gpuadvisor.pipeline import load_session
@@ -36,7 +37,7 @@ def _report(analysis: Analysis) -> dict:
 def _assert_trust_leaves_model(model: SessionModel) -> tuple[Analysis, Analysis]:
     steps, numbers, ends = model.steps, model.steps.number.copy(), model.steps.end_ps.copy()
     per_marker, columns = steps.per_marker, _step_columns(model)
-    first, second = Analysis(model), Analysis(model)
+    first, second = analyse(model), analyse(model)
     assert _report(first) == _report(second)
     assert model.steps is steps and steps.per_marker == per_marker
     assert np.array_equal(steps.number, numbers) and np.array_equal(steps.end_ps, ends)

@@ -13,10 +13,11 @@ import pytest
 
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.multihost import analyze_session
-from tb_gpuadvisor.report import session_json
+from tb_gpuadvisor.pipeline import report_model
 
 
 all_checks()   # fills REGISTRY
@@ -24,7 +25,7 @@ all_checks()   # fills REGISTRY
 
 def analysis_of(path: Path) -> Analysis:
     (ref,) = find_sessions(str(path))
-    return Analysis(load_session(ref))
+    return analyse(load_session(ref))
 
 
 def report_of(path: Path) -> dict:
@@ -155,7 +156,7 @@ def test_map_function_ops_of_another_batch_are_input_not_placement(corpus):
     (ref,) = find_sessions(str(corpus / "keras-t4" / "20221104-213654"))
     model = load_session(ref)
     _stretch(model, "GatherV2", 3.0)
-    placement = next(f for f in session_json(model)["findings"] if f["check"] == "op_placement")
+    placement = next(f for f in report_model(model)["findings"] if f["check"] == "op_placement")
     assert placement["metrics"]["host_op_ms_per_step"] == 0.0
     assert placement["severity"] == "ok"
 
@@ -191,11 +192,11 @@ def test_device_trace_that_stops_half_way(corpus):
     out, and the idle shares of the steps that remain stay within 5 points of the full capture's."""
     (run,) = (corpus / "keras-cnn-rtx5000").glob("download64-*")
     (ref,) = find_sessions(str(run))
-    full = Analysis(load_session(ref))
+    full = analyse(load_session(ref))
     model = load_session(ref)
     middle = int((model.steps.start_ps[0] + model.steps.end_ps[-1]) // 2)
     _drop_device_events_after(model, middle)
-    cut = Analysis(model)
+    cut = analyse(model)
     assert cut.trust.partial and len(cut.model.steps) < len(full.model.steps)
     assert all(e.end_ps > middle for e in cut.trust.excluded)
     quality = REGISTRY["profile_quality"].run(cut)
@@ -381,7 +382,7 @@ def test_export_never_takes_the_step_s_own_device_work(corpus):
     (ref,) = find_sessions(str(corpus / "keras-t4" / "20221104-213654"))
     model = load_session(ref)
     _export_without_sync(model)
-    analysis = Analysis(model)
+    analysis = analyse(model)
     assert analysis.trust.export_cuts
     assert analysis.mean_step_ms == pytest.approx(8.02, abs=0.05)
 

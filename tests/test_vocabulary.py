@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import CATEGORIES
-from tb_gpuadvisor.checks.base import ACTIONABLE, QUIET, Severity
+from tb_gpuadvisor.checks.base import Severity
+from tb_gpuadvisor.checks.finding import ACTIONABLE, QUIET
 
 FRONTEND = Path(__file__).resolve().parents[1] / "frontend"
 

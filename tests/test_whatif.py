@@ -16,10 +16,12 @@ from tb_gpuadvisor.attribution.breakdown import CATEGORY_KEYS, compute_breakdown
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks import REGISTRY, all_checks
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.report import rank_findings, reconcile_savings, run_checks, session_json
+from tb_gpuadvisor.pipeline import report_model
+from tb_gpuadvisor.report import rank_findings, reconcile_savings, run_checks
 
 all_checks()
 PLANTED = ("input_wait", "launch_bound", "fp32_matmuls", "exposed_copies", "straggler", "host_bound_fp32")
@@ -27,7 +29,7 @@ ACTIONABLE = ("warning", "critical")
 
 
 def corpus_analyses(corpus: Path) -> list[tuple[str, Analysis]]:
-    return [(f"{ref.run}/{ref.session}", Analysis(load_session(ref))) for ref in find_sessions(str(corpus))]
+    return [(f"{ref.run}/{ref.session}", analyse(load_session(ref))) for ref in find_sessions(str(corpus))]
 
 
 @pytest.mark.parametrize("builder", PLANTED)
@@ -56,7 +58,7 @@ def test_planted_findings_claim_at_most_the_step(tmp_path: Path, builder: str) -
 def test_straggler_ranks_imbalance_first_and_collectives_claim_no_waiting(tmp_path: Path) -> None:
     """4 GPUs, GPU:0 straggles; GPUs 1-3 wait for it inside AllReduce. The wait is imbalance's."""
     planted = synth_whatif.straggler(tmp_path)
-    out = session_json(planted.analysis.model)
+    out = report_model(planted.analysis.model)
     actionable = [f for f in out["findings"] if f["severity"] in ACTIONABLE]
     assert actionable[0]["check"] == "multi_gpu_imbalance"
     collectives = next(f for f in out["findings"] if f["check"] == "collectives")
@@ -71,7 +73,7 @@ def test_healthy_run_gets_nothing_above_info(tmp_path: Path) -> None:
     pipeline, device-bound steps with launches well ahead of the GPU."""
     session = build_training_session(steps=6, cc=(8, 0), fp16_frac=0.5, tensor_core_frac=0.6,
                                      eligible_frac=0.6, input_wait_frac=0.01, host_overhead_frac=0.01)
-    out = session_json(analysed(session, tmp_path).model)
+    out = report_model(analysed(session, tmp_path).model)
     fired = [(f["check"], f["severity"]) for f in out["findings"] if f["severity"] in ACTIONABLE]
     assert fired == []
     assert out["first_fix"] is None
@@ -86,7 +88,7 @@ def test_gpu_idle_behind_host_ops_is_op_placement_not_kernel_launch() -> None:
         ("cudaLaunchKernel", HostEventKind.LAUNCH, 800, 100, 7),
     ])
     model = _model(activity, [_gpu(0, [(900, 100, 7, "model/dense/MatMul:MatMul")])])
-    analysis = Analysis(model)
+    analysis = analyse(model)
     dev = analysis.breakdown.primary
     assert dev.parts["host_ops"][0] == 800 * US
     assert dev.parts["launch"][0] == 100 * US
@@ -110,7 +112,7 @@ def test_categories_add_up_and_findings_fit_in_the_step_on_the_corpus(corpus: Pa
         for dev in analysis.breakdown.devices:
             total = np.sum([dev.parts[key] for key in CATEGORY_KEYS], axis=0)
             assert np.array_equal(total, dev.duration), (name, dev.name)
-        out = session_json(analysis.model)
+        out = report_model(analysis.model)
         claimed = sum(f["estimated_savings_ms_per_step"] for f in out["findings"])
         if out["steps"]["count"]:
             # each saving is rounded to 3 decimals in the JSON
@@ -140,7 +142,7 @@ def test_rtx5000_batch8_faster_kernels_save_almost_nothing(corpus: Path) -> None
     step); the fp32 eligible kernels total ~0.3 ms, and only their part on the critical path can
     shorten the step. The issue measured 0.20 ms promised twice before the replay."""
     (pair,) = corpus_analyses(corpus / "keras-cnn-rtx5000" / "download8-20210202-122657")
-    out = session_json(pair[1].model)
+    out = report_model(pair[1].model)
     by_check = {f["check"]: f for f in out["findings"]}
     shared = by_check["precision"]["estimated_savings_ms_per_step"] + \
         by_check["tensor_core"]["estimated_savings_ms_per_step"]
@@ -157,7 +159,7 @@ def test_keras_t4_counts_no_time_twice(corpus: Path) -> None:
     train_function at 0, and the input waits before 0.858 ms (IteratorGetNext 0.609-0.689, the
     _Send from 0.722) add about 0.22 ms: 0.79 ms."""
     (pair,) = corpus_analyses(corpus / "keras-t4" / "20221104-215722")
-    out = session_json(pair[1].model)
+    out = report_model(pair[1].model)
     by_check = {f["check"]: f for f in out["findings"]}
     precision = by_check["precision"]["estimated_savings_ms_per_step"]
     tensor_core = by_check["tensor_core"]["estimated_savings_ms_per_step"]

@@ -14,6 +14,7 @@ import pytest
 
 from demo.fixed import PAIRS, Pair
 from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
 from tb_gpuadvisor.timeline import PS_PER_MS
@@ -41,7 +42,7 @@ def pairs_logdir(tmp_path_factory) -> Path:
 
 def _analysis(logdir: Path, run: str) -> Analysis:
     (ref,) = find_sessions(str(logdir / run))
-    return Analysis(load_session(ref))
+    return analyse(load_session(ref))
 
 
 def prediction(logdir: Path, pair: Pair) -> tuple[float, float, float]:

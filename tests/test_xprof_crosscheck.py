@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_gpuadvisor.checks.context import Analysis
+from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.checks import REGISTRY, all_checks
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
@@ -111,7 +111,7 @@ def test_input_percent_matches_xprof(tmp_path: Path, sleep_ms: float) -> None:
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (ref,) = find_sessions(str(log_dir))
-    analysis = Analysis(load_session(ref))
+    analysis = analyse(load_session(ref))
     steps = analysis.model.steps
     assert steps.source == "custom_loop"
     assert steps.number.tolist() == list(range(PROFILED_STEPS))

@@ -6,7 +6,8 @@ import importlib
 import pkgutil
 
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.checks.base import REGISTRY, Check, Evidence, Finding, Fix, Replayed, Severity
+from tb_gpuadvisor.checks.base import REGISTRY, Check, Finding, Replayed, Severity
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.timeline import SessionModel
 
 _NOT_CHECKS = {"base", "context", "fixes"}

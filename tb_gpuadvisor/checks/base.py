@@ -1,7 +1,8 @@
 """What a check is and what it returns.
 
 A check is a small registered unit, like a linter rule: a stable id, a title,
-and a function from the analysed session to one :class:`Finding`.  Each check
+and a function from the analysed session (``context.Analysis``) to one
+:class:`Finding` (``finding.py``).  Each check
 lives in its own module whose docstring explains what it measures, why it
 matters and how to fix it; the registry reads that docstring for ``--explain``.
 
@@ -15,38 +16,17 @@ measurements are joined. The what-if, the report, compare, the multihost merge a
 
 from __future__ import annotations
 
-import enum
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS
 from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.context import Analysis, StepScale
+from tb_gpuadvisor.checks.finding import Finding, Severity
 from tb_gpuadvisor.timeline import SessionModel
 
-if TYPE_CHECKING:
-    from tb_gpuadvisor.checks.context import Analysis, StepScale
-
-
-class Severity(str, enum.Enum):
-    CRITICAL = "critical"
-    WARNING = "warning"
-    INFO = "info"
-    OK = "ok"
-    NOT_APPLICABLE = "not_applicable"
-
-    @property
-    def weight(self) -> int:
-        """Ordering for ranking and --fail-on: larger is worse."""
-        return {"critical": 4, "warning": 3, "info": 2, "ok": 1, "not_applicable": 0}[self.value]
-
-
-# The findings a user should act on, everywhere: the report's ranking, fix-first and what-if,
-# the text and Markdown renderers, --fail-on and the tab (frontend/views.js ACTIONABLE mirrors it).
-ACTIONABLE = frozenset({Severity.CRITICAL, Severity.WARNING})
-# Checks with nothing to say: collapsed into one line (text) or one list (the tab).
-QUIET = frozenset({Severity.OK, Severity.NOT_APPLICABLE})
 # The severities a run can be failed on (the CLI's --fail-on, the in-loop helpers' fail_on).
 FAIL_ON = ("warning", "critical")
 
@@ -67,62 +47,6 @@ def severity_by_threshold(value: float, critical: float | None, warning: float |
     if warning is not None and value >= warning:
         return Severity.WARNING
     return Severity.OK
-
-
-@dataclass
-class Fix:
-    text: str
-    code: str = ""
-    doc: str = ""
-
-
-@dataclass
-class Evidence:
-    """One offending op, kernel, step, device, pipeline stage or thread, with its number."""
-
-    kind: str
-    name: str
-    value: float
-    unit: str
-    detail: str | None = None
-    device: str | None = None
-    host: str | None = None
-    start_ms: float | None = None
-    end_ms: float | None = None
-    tool: str | None = None
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass
-class Finding:
-    check: str
-    severity: Severity
-    title: str
-    summary: str
-    metrics: dict[str, float | int | str | None] = field(default_factory=dict)
-    estimated_savings_ms_per_step: float = 0.0
-    evidence: list[Evidence] = field(default_factory=list)
-    fixes: list[Fix] = field(default_factory=list)
-    # How far the capture supports it ("high", "medium", "low") and why; set by the report from
-    # the trust stage, or by the check itself when it knows better.
-    confidence: str = "high"
-    confidence_reasons: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {
-            "check": self.check,
-            "severity": self.severity.value,
-            "title": self.title,
-            "summary": self.summary,
-            "metrics": self.metrics,
-            "estimated_savings_ms_per_step": round(float(self.estimated_savings_ms_per_step), 3),
-            "confidence": self.confidence,
-            "confidence_reasons": self.confidence_reasons,
-            "evidence": [item.to_json() for item in self.evidence],
-            "fixes": [asdict(fix) for fix in self.fixes],
-        }
 
 
 def needs_steps(check_id: str, subject: str, measure: str) -> Finding:

@@ -39,8 +39,9 @@ from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measuremen
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
+    Compared, CrossHost, Finding, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 from tb_gpuadvisor.vocab import tensorflow

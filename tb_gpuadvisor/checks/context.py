@@ -1,28 +1,25 @@
-"""What every check receives: the session model plus analyses computed once.
+"""What every check receives: the values of the stages before the checks, bundled.
 
-Several checks need the same expensive measurement (the step breakdown walks
-every event of every device); :class:`Analysis` computes it lazily on first use
-and hands the same object to all of them.
+The pipeline (tb_gpuadvisor/pipeline.py) assesses trust, and gives the bundle the functions that
+attribute the steps and replay them: several checks need the same expensive measurement (the
+step breakdown walks every event of every device), computed on first ask and shared.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Evidence, Finding, Severity
+from tb_gpuadvisor.attribution.breakdown import Breakdown
+from tb_gpuadvisor.attribution.whatif import WhatIf
+from tb_gpuadvisor.checks.finding import Evidence, Finding, Severity
 from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.stages import Deferred
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel
-from tb_gpuadvisor.stages import stage
-from tb_gpuadvisor.trust import Trust, assess
-
-if TYPE_CHECKING:
-    from tb_gpuadvisor.attribution.breakdown import Breakdown
-    from tb_gpuadvisor.attribution.whatif import WhatIf
+from tb_gpuadvisor.trust import Trust
 
 # A finding is only worth acting on when its fix gains real time: a warning needs a replayed
 # saving of at least this share of the mean step (and ACTIONABLE_MIN_MS), a critical one
@@ -79,25 +76,19 @@ def judged(measured: "M | Finding", judge: "Callable[[M], Finding]") -> Finding:
     return measured if isinstance(measured, Finding) else judge(measured)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis(StepScale):
-    """The analysed session handed to every check: the model as built, and trust's view of it.
+    """The analysed session handed to every check: the model as built, trust's view of it, and
+    the attribution and replay of its trusted steps (``pipeline.analyse`` makes it).
 
-    Building an analysis never changes SOURCE, so two analyses of one model are equal."""
+    Nothing here changes SOURCE, so two analyses of one model are equal."""
 
     source: SessionModel     # the model as built: every candidate step and its step columns
-    trust: Trust = None  # type: ignore[assignment]  # assessed in __post_init__ when not given
-
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _breakdown: "Breakdown | None" = field(default=None, init=False, repr=False, compare=False)
-    _what_if: "WhatIf | None" = field(default=None, init=False, repr=False, compare=False)
+    trust: Trust
+    attribution: Deferred[Breakdown] = field(repr=False, compare=False)
+    replay: Deferred[WhatIf] = field(repr=False, compare=False)
     # The checks' measurements (see ``measurement``), by function.
     measurements: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.trust is None:
-            with stage("trust"):
-                self.trust = assess(self.source)
 
     @property
     def model(self) -> SessionModel:
@@ -105,29 +96,14 @@ class Analysis(StepScale):
         return self.trust.view
 
     @property
-    def breakdown(self) -> "Breakdown":
-        """Computed once, by the first check to ask (checks may run in parallel threads)."""
-        with self._lock:
-            if self._breakdown is None:
-                from tb_gpuadvisor.attribution.breakdown import compute_breakdown
-
-                with stage("attribution"):
-                    self._breakdown = compute_breakdown(self.model, self.trust)
-        return self._breakdown
+    def breakdown(self) -> Breakdown:
+        """The attribution of the trusted steps (computed once, by the first check to ask)."""
+        return self.attribution.get()
 
     @property
-    def what_if(self) -> "WhatIf":
+    def what_if(self) -> WhatIf:
         """The replay of every step's dependency graph and each check's scenario (computed once)."""
-        breakdown = self.breakdown
-        with self._lock:
-            if self._what_if is None:
-                from tb_gpuadvisor.attribution.whatif import WhatIf
-                from tb_gpuadvisor.checks import replay_scenarios
-
-                with stage("replay"):
-                    self._what_if = WhatIf.build(self.model, breakdown,
-                                                 replay_scenarios(self.model, breakdown.device_kind))
-        return self._what_if
+        return self.replay.get()
 
     @property
     def primary_device(self) -> DeviceActivity | None:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.base import Evidence, Finding, NoReplay, Severity, needs_gpu, register
+from tb_gpuadvisor.checks.base import Finding, NoReplay, Severity, needs_gpu, register
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.steps import launch_rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tb_gpuadvisor.checks.base import Fix
+from tb_gpuadvisor.checks.finding import Fix
 
 
 @dataclass(eq=False)

@@ -41,8 +41,9 @@ from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.sync_stalls import idle_gaps, stall_evidence, stall_sentence, sync_stalls
 from tb_gpuadvisor.checks.base import (
-    ACTIONABLE, Compared, Evidence, Finding, Fix, Severity, Replayed, needs_steps, register, severity_by_threshold,
+    Compared, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import ACTIONABLE, Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events

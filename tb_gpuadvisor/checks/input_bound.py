@@ -41,8 +41,9 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.pipeline import Pipeline, pipeline_stages, stage_kind
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
+    Compared, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.timeline import PS_PER_MS
 from tb_gpuadvisor.kinds import HostEventKind

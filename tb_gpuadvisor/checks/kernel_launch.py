@@ -44,8 +44,9 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.host_overhead import graph_remedies
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
+    Compared, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
 from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.vocab import pytorch

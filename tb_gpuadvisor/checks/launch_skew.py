@@ -38,8 +38,9 @@ from tb_gpuadvisor.checks.context import Analysis, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, register,
+    Compared, CrossHost, Finding, HostAlignment, NoReplay, Severity, measured_parts, register,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 from tb_gpuadvisor.kinds import HostEventKind
 

@@ -32,8 +32,9 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Fix, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
+    Compared, Finding, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity

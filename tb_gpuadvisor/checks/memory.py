@@ -33,7 +33,8 @@ from tb_gpuadvisor.checks.fixes import (
     GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE,
     TORCH_MEMORY_HEADROOM, TORCH_MEMORY_LARGER_BATCH, Remedy,
 )
-from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.vocab import frameworks, jax, pytorch, tensorflow
 
 CHECK_ID = "memory"

@@ -48,9 +48,9 @@ from tb_gpuadvisor.checks.fixes import (
     DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, TORCH_DDP_DOC, Remedy,
 )
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, measured_parts, register,
-    severity_by_threshold,
+    Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, measured_parts, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel

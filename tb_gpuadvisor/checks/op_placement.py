@@ -62,8 +62,9 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.trust.placement import host_op_mask, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
-    Compared, Evidence, Finding, Fix, Replayed, Severity, needs_steps, register, severity_by_threshold,
+    Compared, Finding, Replayed, Severity, needs_steps, register, severity_by_threshold,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind

@@ -42,9 +42,9 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu,
-    register,
+    Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
 )
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 from tb_gpuadvisor.vocab import pytorch
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,

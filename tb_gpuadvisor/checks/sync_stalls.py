@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Evidence
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events

@@ -44,9 +44,9 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu,
-    register,
+    Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
 )
+from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
 from tb_gpuadvisor.vocab import gpu
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel

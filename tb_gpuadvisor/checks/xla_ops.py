@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import device_label, in_steps, top_by_time

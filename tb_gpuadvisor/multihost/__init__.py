@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.metadata import SCHEMA_VERSION
-from tb_gpuadvisor.pipeline import load_session
+from tb_gpuadvisor.pipeline import report_session
 from tb_gpuadvisor.multihost.engine import Engine, LocalEngine
 from tb_gpuadvisor.multihost.mapper import HostJob, HostSummary, map_host
 from tb_gpuadvisor.multihost.merge import failed_session, merge
-from tb_gpuadvisor.report import session_json
 
 
 def _here_only(ref: SessionRef) -> bool:
@@ -49,10 +48,9 @@ def _one_host(ref: SessionRef) -> dict:
     """A session of one host (or none readable): analysed here, exactly as the map would."""
     if not ref.hosts:
         try:
-            model = load_session(ref)
+            return dict(report_session(ref), hosts=list(ref.hosts))
         except Exception as err:  # never let one session take the whole report down
             return failed_session(ref, [{"message": f"could not analyse the session: {err!r}"}])
-        return dict(session_json(model), hosts=list(ref.hosts))
     summary = map_host(HostJob(ref, ref.hosts[0], 1))
     return summary.report if summary.report is not None else failed_session(ref, summary.errors)
 

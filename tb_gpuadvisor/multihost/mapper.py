@@ -20,8 +20,8 @@ from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import Finding, all_checks, multi_gpu_imbalance
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
-from tb_gpuadvisor.pipeline import load_session
-from tb_gpuadvisor.report import describe, finish, rank_findings
+from tb_gpuadvisor.pipeline import analyse, check, load_session, report_session
+from tb_gpuadvisor.report import rank_findings
 from tb_gpuadvisor.stages import stage
 
 # The balance scenario is replayed across every host's replicas in the merge, not per host.
@@ -69,17 +69,16 @@ def map_host(job: HostJob) -> HostSummary:
     # A one-host session keeps its skipped files' errors; a many-host one reports them once, in the merge.
     ref = dataclasses.replace(job.ref, hosts=(job.host,), skipped=job.ref.skipped if job.hosts == 1 else ())
     try:
-        model = load_session(ref)
-        if job.hosts > 1 and not model.hosts:
+        if job.hosts == 1:
+            report = report_session(ref, session_hosts=1)
+            return HostSummary(job.host, [], report=dict(report, hosts=report["hosts"] or [job.host]))
+        # Findings name devices as the whole session does (SessionModel.session_hosts).
+        model = load_session(ref, session_hosts=job.hosts)
+        if not model.hosts:
             return HostSummary(job.host, model.errors)      # unreadable: nothing to analyse
-        model.session_hosts = job.hosts     # findings name devices as the whole session does
-        analysis = Analysis(model)
-        with stage("checks", "breakdown, replay and every check"):
-            out, findings, errors = describe(analysis)
+        analysis = analyse(model)
+        out, findings, errors = check(analysis)
         with stage("report"):
-            if job.hosts == 1:
-                return HostSummary(job.host, [], report=dict(finish(out, findings, errors, analysis),
-                                                             hosts=out["hosts"] or [job.host]))
             return _summary(job.host, analysis, out, findings, errors)
     except Exception as err:  # one bad host never hides the others
         return HostSummary(job.host, [{"host": job.host, "message": f"could not analyse this host: {err!r}"}])
