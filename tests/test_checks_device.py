@@ -9,7 +9,7 @@ import synth
 from synth_whatif import analysed
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.pipeline import analyse
+from tb_gpuadvisor.pipeline import analyse as analyse_model
 from tb_gpuadvisor.checks import collectives, launch_skew, memory, multi_gpu_imbalance, precision, tensor_core
 from tb_gpuadvisor.checks.base import Severity
 from tb_gpuadvisor.input.discovery import find_sessions
@@ -27,7 +27,7 @@ def analyse(session: synth.SynthSession, tmp_path) -> Analysis:
 
 
 def analyse_corpus(path) -> list[Analysis]:
-    return [analyse(load_session(ref)) for ref in find_sessions(str(path))]
+    return [analyse_model(load_session(ref)) for ref in find_sessions(str(path))]
 
 
 # ----------------------------------------------------------------- kernel names
@@ -268,7 +268,7 @@ def test_memory_from_hand_built_records():
     mem = _memory(["GPU_1_bfc", "gpu_host_bfc"], [], [
         (1, 0, 4 * gib, 4 * gib, 0.0, -1, 1), (2, 0, 12 * gib, 2 * gib, 0.25, -1, 1),
         (3, 1, 40 * gib, 0, 0.0, -1, 1)])
-    finding = memory.check(analyse(_model([dev], mem)))
+    finding = memory.check(analyse_model(_model([dev], mem)))
     assert finding.metrics["peak_percent"] == pytest.approx(75.0)
     assert finding.metrics["fragmentation_percent"] == pytest.approx(25.0)
     assert finding.metrics["allocator_limit_percent"] == pytest.approx(87.5)
@@ -289,7 +289,7 @@ def test_collectives_compare_with_parameter_bytes():
         (0, 0, param_bytes // 2, 0, 0.0, 0, param_bytes // 2),
         (1, 0, param_bytes, 0, 0.0, 0, param_bytes // 2),
         (2, 0, param_bytes + 10, 0, 0.0, 1, 10)])
-    finding = collectives.check(analyse(_model(devices, mem)))
+    finding = collectives.check(analyse_model(_model(devices, mem)))
     expected_ms = param_bytes / collectives.ASSUMED_LINK_BYTES_PER_S * 1e3     # 2 ms at 50 GB/s
     assert finding.metrics["parameters"] == 25_000_000
     assert finding.metrics["expected_allreduce_ms"] == pytest.approx(expected_ms)

@@ -13,7 +13,7 @@ from synth import PS_PER_MS, SpaceBuilder, build_training_session, write_session
 from synth_whatif import analysed
 
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.pipeline import analyse
+from tb_gpuadvisor.pipeline import analyse as analyse_model
 from tb_gpuadvisor.checks import REGISTRY, Severity, all_checks
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import load_session
@@ -26,7 +26,7 @@ MINE = ("input_bound", "kernel_launch", "host_overhead", "op_placement", "memcpy
 
 def load(path: Path) -> Analysis:
     (ref,) = find_sessions(str(path))
-    return analyse(load_session(ref))
+    return analyse_model(load_session(ref))
 
 
 def analyse(tmp_path: Path, **planted):
@@ -282,7 +282,7 @@ def test_real_captures_give_sane_findings(corpus, folder) -> None:
     savings of a session add up to at most its mean step; on keras-cpu-macbook (hand check: its
     one file has a single plane, /host:CPU) the GPU-only checks do not apply, elsewhere they do."""
     for ref in find_sessions(str(corpus / folder)):
-        analysis = analyse(load_session(ref))
+        analysis = analyse_model(load_session(ref))
         mean = analysis.mean_step_ms
         findings = {check: run(analysis, check) for check in MINE}
         for check, finding in findings.items():
@@ -322,7 +322,7 @@ def _cpu_capture(tmp_path, unique_ms: float, matmul_ms: float, steps: int = 4):
         pipeline.add("map/Conv2D:Conv2D", t0, 15 * PS_PER_MS)
     write_session(tmp_path, "cpu", "s", {"cpu-host": space.build()})
     (ref,) = find_sessions(str(tmp_path))
-    return analyse(load_session(ref))
+    return analyse_model(load_session(ref))
 
 
 @pytest.mark.parametrize("unique_ms, matmul_ms, expected", [

@@ -93,3 +93,19 @@ def test_the_check_sees_an_upward_import():
     graph = {"tb_gpuadvisor.model.steps": {"tb_gpuadvisor.checks.context"}}
     assert upward(graph) == [("tb_gpuadvisor.model.steps", "tb_gpuadvisor.checks.context")]
     assert loops({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+
+
+def _registers(path: Path) -> bool:
+    """Whether the module declares a check (a function decorated with ``register(...)``)."""
+    return any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "register"
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+               for d in node.decorator_list)
+
+
+def test_checks_share_helpers_through_modules_not_through_each_other():
+    """A check (a module that registers one) imports no other check: what two checks share
+    (fixes, measurements) lives in a module of its own, so a check can be removed alone."""
+    checks = {_module(p) for p in (PACKAGE / "checks").glob("*.py") if _registers(p)}
+    graph = imports()
+    assert len(checks) > 10
+    assert sorted((c, i) for c in checks for i in graph[c] if i in checks) == []

@@ -492,3 +492,33 @@ LOG_DEVICE_PLACEMENT = Remedy(
     doc=GPU_GUIDE,
     jax=JAX_PLACEMENT,
 )
+
+
+# Fixes more than one check gives.
+MIXED_PRECISION = Remedy(
+    "Enable mixed precision before building the model: layers compute in float16 and keep "
+    "float32 variables; Keras wraps the optimizer with dynamic loss scaling.",
+    'import keras\nkeras.mixed_precision.set_global_policy("mixed_float16")\n\n'
+    "model = build_model()\n"
+    "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
+    'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
+    MIXED_PRECISION_GUIDE, jax=JAX_BF16, pytorch=TORCH_AUTOCAST)
+
+CHECK_GPU_VISIBLE = Remedy(
+    text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
+         "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
+         "matching ones).",
+    code="import tensorflow as tf\n"
+         "print(tf.config.list_physical_devices('GPU'))   # [] means TensorFlow cannot use the GPU\n"
+         "build = tf.sysconfig.get_build_info()\n"
+         "print(build.get('cuda_version'), build.get('cudnn_version'))  # must match the installed libraries",
+    doc=GPU_GUIDE,
+    jax=Fix(
+        text="Check that JAX can use the GPU: jax.devices() must list GPU devices; a CPU-only jaxlib "
+             "runs everything on the host. Install the CUDA build.",
+        code="import jax\n"
+             "print(jax.devices())          # [CpuDevice(id=0)] means JAX cannot use the GPU\n"
+             "print(jax.default_backend())  # 'gpu' expected\n"
+             "# pip install -U 'jax[cuda12]'",
+        doc="https://docs.jax.dev/en/latest/installation.html"),
+)

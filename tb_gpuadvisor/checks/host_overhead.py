@@ -38,6 +38,7 @@ import numpy as np
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.checks.graph_fixes import graph_remedies
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.sync_stalls import idle_gaps, stall_evidence, stall_sentence, sync_stalls
 from tb_gpuadvisor.checks.base import (
@@ -46,7 +47,6 @@ from tb_gpuadvisor.checks.base import (
 from tb_gpuadvisor.checks.finding import ACTIONABLE, Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.timeline import PS_PER_MS, HostActivity
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import pytorch, tensorflow
@@ -89,16 +89,6 @@ FEWER_CALLBACKS = fixes.Remedy(
     doc=fixes.GPU_PERF_GUIDE,
     jax=_jax_host_work(syncs=True), pytorch=fixes.TORCH_NO_HOST_SYNC,
 )
-
-LOOP_IN_GRAPH = fixes.Remedy(
-    text="In a custom training loop, run the loop over the dataset inside tf.function too, so "
-         "Python is not re-entered between steps.",
-    code="@tf.function\n"
-         "def train_epoch(dataset):\n"
-         "    for x, y in dataset:  # becomes a tf.while_loop\n"
-         "        train_step(x, y)",
-    doc=fixes.FUNCTION_GUIDE,
-    jax=fixes.JAX_SCAN_STEPS, pytorch=fixes.TORCH_COMPILE)
 
 STATIC_LOSS_SCALE = fixes.Remedy(
     text="The step runs dynamic loss scaling, whose finite-check and conditional update add host "
@@ -199,22 +189,6 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
                             detail=f"on thread {activity.threads[thread]} while {idle}",
                             host=activity.host, tool="trace_viewer@"))
     return out
-
-
-# Steps marked by model.fit itself (Keras 3 "Profiled batch", Keras 2 TraceContext): fit compiles
-# the step into a tf.function unless run_eagerly=True, and runs the loop over the data itself.
-_FIT_MARKERS = ("keras", "keras2")
-
-
-def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
-    """The "run it as a tf.function" remedies that apply: none for a model.fit step that already
-    ran as one (its function calls are in the steps), only TF_FUNCTION (turn run_eagerly off) for
-    an eager fit, both for a custom loop."""
-    if analysis.trust.candidates.source not in _FIT_MARKERS:
-        return [fixes.TF_FUNCTION, LOOP_IN_GRAPH]
-    compiled = any((named_events(host.activity, "graph_call", tensorflow.GRAPH_CALL.search) & (host.activity.step >= 0)).any()
-                   for host in analysis.model.hosts)
-    return [] if compiled else [fixes.TF_FUNCTION]
 
 
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:

@@ -41,7 +41,7 @@ from tb_gpuadvisor.attribution.breakdown import DeviceBreakdown
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.checks.host_overhead import graph_remedies
+from tb_gpuadvisor.checks.graph_fixes import graph_remedies
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,

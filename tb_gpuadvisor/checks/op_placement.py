@@ -93,26 +93,6 @@ FIND_CPU_OPS = fixes.Remedy(
 )
 
 
-CHECK_GPU_VISIBLE = fixes.Remedy(
-    text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
-         "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
-         "matching ones).",
-    code="import tensorflow as tf\n"
-         "print(tf.config.list_physical_devices('GPU'))   # [] means TensorFlow cannot use the GPU\n"
-         "build = tf.sysconfig.get_build_info()\n"
-         "print(build.get('cuda_version'), build.get('cudnn_version'))  # must match the installed libraries",
-    doc=fixes.GPU_GUIDE,
-    jax=Fix(
-        text="Check that JAX can use the GPU: jax.devices() must list GPU devices; a CPU-only jaxlib "
-             "runs everything on the host. Install the CUDA build.",
-        code="import jax\n"
-             "print(jax.devices())          # [CpuDevice(id=0)] means JAX cannot use the GPU\n"
-             "print(jax.default_backend())  # 'gpu' expected\n"
-             "# pip install -U 'jax[cuda12]'",
-        doc="https://docs.jax.dev/en/latest/installation.html"),
-)
-
-
 def _op_evidence(activity: HostActivity, idx: np.ndarray, gpu_types: set[str], steps: int) -> list[Evidence]:
     types = np.array([op_type(activity.names[i]) for i in activity.name[idx]], dtype=object).astype(str)
     uniq, inverse, counts = np.unique(types, return_inverse=True, return_counts=True)
@@ -202,7 +182,7 @@ def _model_on_host(analysis: Analysis) -> Finding:
                  "host_op_ms_per_step": round(placement.host_op_ms_per_step, 3), "measured_on": "cpu"},
         # On the GPU these ops would take a fraction of their host time (the replay's stated speed-up).
         estimated_savings_ms_per_step=placement.host_op_ms_per_step * (1.0 - 1.0 / HOST_OP_GPU_SPEEDUP),
-        evidence=evidence, fixes=[CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])
+        evidence=evidence, fixes=[fixes.CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])
 
 
 @register(CHECK_ID, "Ops placed on the host", __doc__,

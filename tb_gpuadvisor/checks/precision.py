@@ -64,17 +64,8 @@ TORCH_FLOAT32 = fixes.Fix(
          "torch.set_default_dtype(torch.float32)",
     doc=fixes.TORCH_TUNING_GUIDE)
 
-MIXED_PRECISION = Remedy(
-    "Enable mixed precision before building the model: layers compute in float16 and keep "
-    "float32 variables; Keras wraps the optimizer with dynamic loss scaling.",
-    'import keras\nkeras.mixed_precision.set_global_policy("mixed_float16")\n\n'
-    "model = build_model()\n"
-    "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
-    'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
-    MIXED_PRECISION_GUIDE, jax=fixes.JAX_BF16, pytorch=fixes.TORCH_AUTOCAST)
-
 FIXES = [
-    MIXED_PRECISION,
+    fixes.MIXED_PRECISION,
     Remedy("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
         "float32, so no loss scaling is needed.",
         'keras.mixed_precision.set_global_policy("mixed_bfloat16")',

@@ -37,9 +37,8 @@ from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, reg
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
-    JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,
+    CHECK_GPU_VISIBLE, JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,
 )
-from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.timeline import PS_PER_MS
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 

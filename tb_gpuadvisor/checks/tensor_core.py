@@ -41,17 +41,18 @@ import numpy as np
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, MIXED_PRECISION, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
-from tb_gpuadvisor.checks.precision import CHECK_ID as PRECISION_ID, MIXED_PRECISION
 from tb_gpuadvisor.vocab import gpu
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
 
 CHECK_ID = "tensor_core"
+# The check whose fix (mixed precision) is also this one's: its replayed saving counts here too.
+PRECISION_ID = "precision"
 WARNING_AT = 10.0
 TOP = 6
 
