@@ -13,8 +13,9 @@ import os
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from tb_gpuadvisor.heap import return_freed_memory_if_worth
 
@@ -64,3 +65,21 @@ class Deferred(Generic[T]):
                     self._value = self._compute()
                 self._compute = None
         return self._value      # type: ignore[return-value]
+
+
+class Memo:
+    """What one stage derives from the model's tables and asks for again, kept by that stage
+    (one Memo per module), never written into the tables. Keyed by the table's ``key``, which
+    trust's views of a table share: a value derived from columns other than ``step`` is computed
+    once for the model and its views, and goes with the table."""
+
+    def __init__(self) -> None:
+        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def of(self, table: Any) -> dict:
+        """This stage's values of TABLE, by name (a values that refers back to the table would
+        keep it alive: keep only its columns' derivations)."""
+        values = self._tables.get(table.key)
+        if values is None:
+            values = self._tables[table.key] = {}
+        return values

@@ -66,6 +66,11 @@ class CollectiveCall:
     group: str | None = None        # the group's name and ranks, as the trace writes them
 
 
+class TableKey:
+    """A table's identity for the values later stages derive from it (``stages.Memo``): a view
+    of the table made by ``replace`` (trust's, ``SessionModel.with_steps``) shares it."""
+
+
 class _EventColumns:
     """What device and host event tables share: start/duration/kind columns."""
 
@@ -168,9 +173,10 @@ class DeviceActivity(_EventColumns):
     sources: list[str] = field(default_factory=list)
     collective: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     collectives: list[CollectiveCall] = field(default_factory=list)
-    # Values analyses derive from these columns, kept with the table they describe; never from
-    # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
+    # What the table's own methods derive from its columns (end_ps, rows_of); never from ``step``,
+    # which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    key: TableKey = field(default_factory=TableKey, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._narrow("correlation_id", "group_id", "op", "details", "hlo_op", "hlo_module", "source")
@@ -208,6 +214,7 @@ class HostActivity(_EventColumns):
     threads: list[str]
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    key: TableKey = field(default_factory=TableKey, repr=False, compare=False)
     # tf.data stage ("Iterator::Model::Prefetch") -> its dataset op (the ``name`` stat).
     datasets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 

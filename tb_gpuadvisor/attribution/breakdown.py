@@ -50,6 +50,10 @@ from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab import tensorflow
 from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
 from tb_gpuadvisor.vocab.tensorflow import INPUT_SEND as _INPUT_SEND
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.trust import Trust
@@ -294,7 +298,7 @@ class _Dispatch:
     names (replicas run the same ops), so each device adds only its own launches.
     """
 
-    # Kept in its host's activity.derived, so it holds no reference back to the activity (that
+    # Kept in this stage's memo of its host's activity, so it holds no reference back to the activity (that
     # cycle kept every host event of a pool worker's earlier hosts alive until the collector ran).
     own: list[np.ndarray]           # per device position: int32 rows of the launches joined to it
     allocator: Intervals            # allocator calls (cudaFree...): not launch cost
@@ -305,7 +309,7 @@ class _Dispatch:
     @classmethod
     def of(cls, host: HostModel) -> "_Dispatch":
         """The host's index, built once and kept with its events (it does not depend on steps)."""
-        found = host.activity.derived.get("dispatch")
+        found = _MEMO.of(host.activity).get("dispatch")
         if found is None:
             activity = host.activity
             kind = activity.kind
@@ -316,7 +320,7 @@ class _Dispatch:
             # device cost ten times more).
             own = [launches[to == position] for position in range(len(host.devices))]
             shared = ((kind == HostEventKind.LAUNCH) & (target == -1)) | (kind == HostEventKind.EXECUTOR)
-            found = host.activity.derived["dispatch"] = cls(
+            found = _MEMO.of(host.activity)["dispatch"] = cls(
                 own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR),
                 _set(activity.start_ps, activity.end_ps, shared),
                 activity.rows_of(HostEventKind.FRAMEWORK_OP))
@@ -342,7 +346,7 @@ class _Dispatch:
 def launch_targets(host: HostModel) -> np.ndarray:
     """For every host event, the position in ``host.devices`` of the device that ran the work
     it launched (joined by correlation id), -1 when none; computed once per host."""
-    targets = host.activity.derived.get("launch_targets")
+    targets = _MEMO.of(host.activity).get("launch_targets")
     if targets is None:
         keys = [d.correlation_id[d.correlation_id >= 0] for d in host.devices]
         positions = [np.full(k.size, i, np.int32) for i, k in enumerate(keys)]
@@ -355,7 +359,7 @@ def launch_targets(host: HostModel) -> np.ndarray:
         targets = np.empty(ids.size, np.int8 if len(host.devices) <= np.iinfo(np.int8).max else np.int32)
         for first in range(0, ids.size, BLOCK):
             targets[first:first + BLOCK] = table.get(ids[first:first + BLOCK], -1)
-        host.activity.derived["launch_targets"] = targets
+        _MEMO.of(host.activity)["launch_targets"] = targets
     return targets
 
 
@@ -449,11 +453,11 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
 def _input_waits(host: HostModel) -> Intervals:
     """When the host waited on tf.data or handed its batch to the device; shared by every device
     of the host, built once."""
-    waits = host.activity.derived.get("input_waits")
+    waits = _MEMO.of(host.activity).get("input_waits")
     if waits is None:
         activity = host.activity
         sends = kernels.named_events(activity, "input_sends", _INPUT_SEND.search)
-        waits = host.activity.derived["input_waits"] = _set(
+        waits = _MEMO.of(host.activity)["input_waits"] = _set(
             activity.start_ps, activity.end_ps, (activity.kind == HostEventKind.INPUT_WAIT) | sends)
     return waits
 

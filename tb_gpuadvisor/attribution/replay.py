@@ -47,6 +47,10 @@ from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 ANCHOR_GAP_PS = 5 * PS_PER_US
 # Each round of the replay carries a gain across one more wait (host -> device -> host ...); a step
@@ -128,9 +132,9 @@ class _Held:
 def _sync_calls(host: HostModel) -> np.ndarray:
     """The host's synchronize calls inside steps, shared by every device of the host."""
     activity = host.activity
-    calls = activity.derived.get("sync_calls")
+    calls = _MEMO.of(activity).get("sync_calls")
     if calls is None:
-        calls = activity.derived["sync_calls"] = kept_mask(kernels.named_events(activity, "sync", _SYNC.search)
+        calls = _MEMO.of(activity)["sync_calls"] = kept_mask(kernels.named_events(activity, "sync", _SYNC.search)
                                                            & (activity.step >= 0))
     return calls
 

@@ -22,6 +22,10 @@ from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.timeline import HostActivity
 from tb_gpuadvisor.vocab import jax
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 _HELPERS = ("jax.py", "inloop.py", "keras.py")
 # The step hook (``ProfileSteps.wrap``'s inner function) calls the user's step: only its own
@@ -74,8 +78,8 @@ def _inside(act: HostActivity, outer: np.ndarray) -> np.ndarray:
 
 def helper_overhead(act: HostActivity) -> np.ndarray:
     """Per event of ACT: the helpers' own work (their frames and what they call, the hook's
-    block_until_ready included; not the user's step the hook calls). Kept in ``act.derived``."""
-    cached = act.derived.get("helper_overhead")
+    block_until_ready included; not the user's step the hook calls). Kept in ``_MEMO.of(act)``."""
+    cached = _MEMO.of(act).get("helper_overhead")
     if cached is not None:
         return cached
     frames, hooks = helper_frame_names()
@@ -86,7 +90,7 @@ def helper_overhead(act: HostActivity) -> np.ndarray:
         out |= _inside(act, np.flatnonzero(helper & ~hook))
         syncs = np.flatnonzero(named_events(act, "sync_call", jax.BLOCK_UNTIL_READY_FRAME.match))
         out[syncs[_parents_are(act, syncs, hook)]] = True
-    out = act.derived["helper_overhead"] = kept_mask(out)
+    out = _MEMO.of(act)["helper_overhead"] = kept_mask(out)
     return out
 
 

@@ -21,6 +21,10 @@ from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.timeline import Device, DeviceActivity, HostActivity, SessionModel
 from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.vocab import gpu, pytorch, tensorflow, xla
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 _CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)
 _SHAPE_ANNOTATION = re.compile(r"#shape=\(([^)]*)\)#")
@@ -101,11 +105,11 @@ def name_mask(names: Sequence[str], predicate: Callable[[str], object]) -> np.nd
 
 
 def named_events(table: HostActivity | DeviceActivity, key: str, predicate: Callable[[str], object]) -> np.ndarray:
-    """Per-event mask of TABLE's events whose name satisfies PREDICATE, kept in the table's
-    ``derived`` under KEY (read-only, ``arrays.kept_mask``): computed once per table, whoever asks."""
-    mask = table.derived.get(key)
+    """Per-event mask of TABLE's events whose name satisfies PREDICATE, kept in this
+    module's memo under KEY (read-only, ``arrays.kept_mask``): computed once per table, whoever asks."""
+    mask = _MEMO.of(table).get(key)
     if mask is None:
-        mask = table.derived[key] = kept_mask(name_mask(table.names, predicate)[table.name])
+        mask = _MEMO.of(table)[key] = kept_mask(name_mask(table.names, predicate)[table.name])
     return mask
 
 
@@ -133,9 +137,9 @@ class KernelClasses:
 
 def classify(dev: DeviceActivity) -> KernelClasses:
     """Masks over ``dev``'s events for every kernel class the device checks use (computed once)."""
-    classes = dev.derived.get("kernel_classes")
+    classes = _MEMO.of(dev).get("kernel_classes")
     if classes is None:
-        classes = dev.derived["kernel_classes"] = _classify(dev)
+        classes = _MEMO.of(dev)["kernel_classes"] = _classify(dev)
     return classes
 
 

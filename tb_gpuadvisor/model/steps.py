@@ -20,6 +20,10 @@ from tb_gpuadvisor.input.capture import HostCapture
 from tb_gpuadvisor.timeline import DeviceActivity, HostActivity, HostModel, Steps
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import frameworks, hlo, jax, pytorch, tensorflow
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -330,10 +334,10 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
 
 def _correlation_rows(act: HostActivity) -> SortedKeys:
     """The host's events with a correlation id, by id (built once per host)."""
-    table = act.derived.get("correlation_rows")
+    table = _MEMO.of(act).get("correlation_rows")
     if table is None:
         with_id = np.flatnonzero(act.correlation_id >= 0)
-        table = act.derived["correlation_rows"] = SortedKeys(act.correlation_id[with_id], with_id.astype(np.int32))
+        table = _MEMO.of(act)["correlation_rows"] = SortedKeys(act.correlation_id[with_id], with_id.astype(np.int32))
     return table
 
 
@@ -341,9 +345,9 @@ def launch_rows(act: HostActivity, dev: DeviceActivity) -> np.ndarray:
     """For every event of DEV, the row of the first ACT event with its correlation id (the call
     that launched it), -1 when none. The join does not depend on steps, so both step passes of
     trust share it: the host's table of correlation ids is built once, each device's rows once."""
-    rows = dev.derived.get("launch_rows")
+    rows = _MEMO.of(dev).get("launch_rows")
     if rows is None:
-        rows = dev.derived["launch_rows"] = _correlation_rows(act).get(dev.correlation_id, -1)
+        rows = _MEMO.of(dev)["launch_rows"] = _correlation_rows(act).get(dev.correlation_id, -1)
     return rows
 
 

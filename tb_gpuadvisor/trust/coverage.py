@@ -26,6 +26,10 @@ from tb_gpuadvisor.vocab.tensorflow import GPU_PRIVATE_THREAD as _GPU_THREAD
 from tb_gpuadvisor.vocab.tensorflow import REPLICA as _REPLICA
 from tb_gpuadvisor.vocab.tensorflow import gpu_private_thread, replica_scope
 from tb_gpuadvisor.vocab.xla import EXECUTE_THREAD_PREFIX as _XLA_EXECUTE_THREAD
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 # A device whose last event comes this long before the host's last step activity stopped early.
 STOP_EARLY_MIN_PS = 5 * PS_PER_MS
@@ -78,14 +82,14 @@ def _replica_events(host: HostModel) -> Counter:
     """Replica index -> host events naming it (TensorFlow's per-replica op scopes); a search of
     every event name, kept on the host (coverage and the device count both ask)."""
     act = host.activity
-    if "replicas" in act.derived:
-        return act.derived["replicas"]
+    if "replicas" in _MEMO.of(act):
+        return _MEMO.of(act)["replicas"]
     per_name = np.bincount(act.name, minlength=len(act.names)) if len(act) else np.zeros(len(act.names), int)
     out: Counter = Counter()
     for name_id, name in enumerate(act.names):
         for replica in set(_REPLICA.findall(name)):
             out[int(replica)] += int(per_name[name_id])
-    act.derived["replicas"] = out
+    _MEMO.of(act)["replicas"] = out
     return out
 
 

@@ -24,6 +24,10 @@ from tb_gpuadvisor.timeline import (
 )
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.stages import Memo
+
+# What this stage derives from the tables and asks for again (see stages.Memo).
+_MEMO = Memo()
 
 # Host op time (as a share of the step) above which the model, not a stray op, ran on the host.
 MODEL_ON_HOST_SHARE = 0.5
@@ -36,12 +40,12 @@ TOP = 5
 
 def step_threads(activity: HostActivity) -> np.ndarray:
     """Per event: is it on a thread that runs the step (tf.data's producers run ahead of it)?
-    Kept in the table's ``derived``: trust, the breakdown and the checks all ask (read-only)."""
-    mask = activity.derived.get("step_threads")
+    Kept in trust's memo: trust, the breakdown and the checks all ask (read-only)."""
+    mask = _MEMO.of(activity).get("step_threads")
     if mask is None:
         pipeline = name_mask(activity.threads, tensorflow.is_input_pipeline_thread)
         mask = ~pipeline[activity.thread] if activity.threads else np.ones(len(activity), bool)
-        mask = activity.derived["step_threads"] = kept_mask(mask)
+        mask = _MEMO.of(activity)["step_threads"] = kept_mask(mask)
     return mask
 
 
@@ -60,13 +64,13 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
 
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
-    """Framework op events on step threads that compute (not bookkeeping); kept in the table's
-    ``derived`` (read-only), as ``step_threads``."""
-    mask = activity.derived.get("compute_ops")
+    """Framework op events on step threads that compute (not bookkeeping); kept in trust's
+    memo (read-only), as ``step_threads``."""
+    mask = _MEMO.of(activity).get("compute_ops")
     if mask is None:
         computes = name_mask(activity.names, lambda n: op_type(n) not in tensorflow.BOOKKEEPING_OPS)
         mask = (activity.kind == HostEventKind.FRAMEWORK_OP) & step_threads(activity) & computes[activity.name]
-        mask = activity.derived["compute_ops"] = kept_mask(mask)
+        mask = _MEMO.of(activity)["compute_ops"] = kept_mask(mask)
     return mask
 
 
