@@ -416,18 +416,18 @@ TORCH_RUNNERS: dict[str, Callable[[Sizes, str, bool], Workload]] = {
 
 def profile_torch(work: Workload, logdir: Path, worker: str, device: str, sizes: Sizes) -> None:
     """Profile the way the README shows: schedule skips the warm-up, prof.step() each step."""
-    import torch
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities, schedule=schedule(wait=WAIT, warmup=PROFILER_WARMUP, active=sizes.active,
                                                           repeat=1),
                  on_trace_ready=tensorboard_trace_handler(str(logdir), worker_name=worker)) as prof:
-        for _ in range(WAIT + PROFILER_WARMUP + sizes.active):
+        total = WAIT + PROFILER_WARMUP + sizes.active
+        for i in range(total):
             work.step()
+            if i == total - 1:
+                work.sync()      # the capture stops at this prof.step(): let it hold the last step's GPU work
             prof.step()
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def run_torch(scenario: Scenario, fixed: bool, out: Path, sizes: Sizes, device: str) -> dict:
