@@ -145,10 +145,14 @@ GPU_SIZES = Sizes(warmup=3, timed=10, synced=4, active=5, batch=8192, width=4096
                   h2d_rows=32768, ddp_layers=32, ddp_width=512, ddp_batch=1024, ddp_small_bucket_mb=0.5,
                   read_ms=20.0, readers=16, tiny_calls=64, tiny_width=16)
 SMOKE_SIZES = Sizes(warmup=1, timed=3, synced=2, active=3, batch=32, width=64, depth=2,
-                    sample_ms=0.05, sample_width=16, loader_width=32, loader_batch=16, workers=2, host_ms=2.0, members=8, member_in=8,
+                    sample_ms=0.05, sample_width=16, loader_width=32, loader_batch=16, workers=2, host_ms=2.0,
+                    members=8, member_in=8,
                     member_hidden=8, member_batch=8, h2d_rows=64, ddp_layers=4, ddp_width=32, ddp_batch=16,
                     ddp_small_bucket_mb=0.001, read_ms=5.0, readers=4, tiny_calls=8, tiny_width=8)
 DDP_UP_S, DDP_RUN_S = 45.0, 120.0  # seconds for the ranks' first all-reduce, and for both runs
+# Seconds expected on the GPU before anything is timed: the DDP pair (two spawned ranks, maybe
+# twice: NCCL, then gloo) and the JAX process's start with its first pair.
+DDP_EXPECTED_S, JAX_START_S = 45.0, 30.0
 WAIT, PROFILER_WARMUP = 1, 2       # torch.profiler.schedule(wait=1, warmup=2, active=N)
 JAX_WARMUP = 2                     # profile_steps(warmup_steps=...)
 
@@ -163,7 +167,9 @@ def run_name(scenario: str, fixed: bool) -> str:
 
 def expected_check(scenario: Scenario, backend: str | None) -> str | None:
     """The first finding to expect; a DDP run that fell back to gloo has its own."""
-    return scenario.expected_check_gloo if backend == "gloo" and scenario.expected_check_gloo else scenario.expected_check
+    if backend == "gloo" and scenario.expected_check_gloo:
+        return scenario.expected_check_gloo
+    return scenario.expected_check
 
 
 def spin(seconds: float) -> None:
@@ -274,8 +280,8 @@ def dataloader(sizes: Sizes, device: str, fixed: bool) -> Workload:
     model = _mlp(sizes.loader_width, sizes.depth, 10, features=sizes.sample_width).to(device)
     optimizer = torch.optim.Adam(model.parameters())
     data = SpinDataset(sizes.sample_width, sizes.sample_ms / 1e3)
-    loader = (DataLoader(data, batch_size=sizes.loader_batch, num_workers=sizes.workers, persistent_workers=True,
-                         prefetch_factor=4) if fixed else DataLoader(data, batch_size=sizes.loader_batch, num_workers=0))
+    workers = {"num_workers": sizes.workers, "persistent_workers": True, "prefetch_factor": 4} if fixed else {}
+    loader = DataLoader(data, batch_size=sizes.loader_batch, **workers)
     batches = iter(loader)
 
     def step():
@@ -677,15 +683,16 @@ def jax_tiny_calls(sizes: Sizes, fixed: bool) -> JaxWork:
         for _ in range(sizes.tiny_calls):
             p = tiny(p)
         return p
-    return JaxWork(jnp.eye(n, dtype=jnp.float32), looped if fixed else python_loop, {"calls_per_step": sizes.tiny_calls})
+    return JaxWork(jnp.eye(n, dtype=jnp.float32), looped if fixed else python_loop,
+                   {"calls_per_step": sizes.tiny_calls})
 
 
 def _device_batches(sizes: Sizes):
     import jax
 
     keys = jax.random.split(jax.random.PRNGKey(1), 4)
-    return [(jax.random.normal(keys[i], (sizes.batch, sizes.width)), jax.random.normal(keys[i + 2], (sizes.batch, sizes.width)))
-            for i in range(2)]
+    shape = (sizes.batch, sizes.width)
+    return [(jax.random.normal(keys[i], shape), jax.random.normal(keys[i + 2], shape)) for i in range(2)]
 
 
 def jax_fp32(sizes: Sizes, fixed: bool) -> JaxWork:
@@ -743,19 +750,22 @@ class Budget:
     deadline: float
     longest: float = 0.0
 
-    def allows(self) -> bool:
-        return time.time() + 1.2 * self.longest < self.deadline
+    def allows(self, at_least: float = 0.0) -> bool:
+        """Whether a pair expected to take AT_LEAST seconds (or the slowest so far) still fits."""
+        return time.time() + max(1.2 * self.longest, at_least) < self.deadline
 
     def took(self, seconds: float) -> None:
         self.longest = max(self.longest, seconds)
 
 
 def run_scenarios(names: list[Scenario], out: Path, sizes: Sizes, budget: Budget,
-                  run: Callable[[Scenario, bool], dict], env: dict) -> tuple[list[dict], list[dict]]:
-    """Each scenario, then its fixed twin; manifest entries and skips."""
+                  run: Callable[[Scenario, bool], dict], env: dict,
+                  at_least: float = 0.0) -> tuple[list[dict], list[dict]]:
+    """Each scenario, then its fixed twin; manifest entries and skips. AT_LEAST: seconds a pair
+    is expected to take before one has been timed."""
     runs, skipped = [], []
     for scenario in names:
-        if not budget.allows():
+        if not budget.allows(at_least):
             skipped.append({"scenario": scenario.name, "reason": "time budget spent"})
             continue
         t0 = time.time()
@@ -828,7 +838,7 @@ def run_all(out: Path, smoke: bool, budget_s: float, only: list[str] | None) -> 
             if not pair:
                 pair.update(run_ddp(out, sizes, device))
             return pair[fixed]
-        runs_d, skip_d = run_scenarios([by_name("ddp")], out, sizes, budget, ddp, env)
+        runs_d, skip_d = run_scenarios([by_name("ddp")], out, sizes, budget, ddp, env, DDP_EXPECTED_S if cuda else 0.0)
         runs += runs_d
         skipped += skip_d
     return {"mode": "gpu" if cuda else "cpu-smoke", "host": platform.node(), "python": platform.python_version(),
@@ -841,7 +851,7 @@ def run_all(out: Path, smoke: bool, budget_s: float, only: list[str] | None) -> 
 
 def _jax_group(out: Path, names: list[str], smoke: bool, budget: Budget) -> tuple[list[dict], list[dict]]:
     """Run the JAX scenarios in a child process (JAX must not share the process, or CUPTI, with torch)."""
-    if not budget.allows():
+    if not budget.allows(JAX_START_S if not smoke else 0.0):
         return [], [{"scenario": n, "reason": "time budget spent"} for n in names]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))

@@ -181,6 +181,16 @@ def gpu_dir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.skipif(GPU_MANIFEST is None, reason="no GPU captures yet")
+def test_gpu_captures_come_from_a_gpu_run():
+    """The archives hold a GPU run (not a CPU smoke run packed by mistake), every scenario of the
+    table run or skipped with its reason."""
+    assert GPU_MANIFEST["mode"] == "gpu"
+    assert {r["device_kind"] for r in GPU_MANIFEST["runs"]} == {"gpu"}
+    ran = {r["scenario"] for r in GPU_MANIFEST["runs"]} | {s["scenario"] for s in GPU_MANIFEST["skipped"]}
+    assert {s["name"] for s in GPU_MANIFEST["scenarios"]} <= ran
+
+
 def _actionable(session: dict) -> list[dict]:
     return [f for f in session["findings"] if f["severity"] in {s.value for s in ACTIONABLE}]
 
