@@ -962,6 +962,8 @@ def main(argv: list[str] | None = None) -> int:
         jax_child(args.jax_child, args.cpu_smoke, args.deadline, args.only)
         return 0
     if args.pack:
+        if not (args.pack[0] / MANIFEST).is_file():
+            parser.error(f"{args.pack[0]}: no {MANIFEST} (write the runs with --out first)")
         pack(*args.pack)
         return 0
     if not args.out:
