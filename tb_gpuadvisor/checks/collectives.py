@@ -36,7 +36,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
-from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks import _ranks, fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Evidence, Finding, Fix, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
@@ -117,6 +117,8 @@ class GpuCollectives:
     top: list[tuple[str, int, int]]                   # (kernel, ps, calls) of the longest-running kinds
     longest: tuple[str, int, int, int] | None        # (kernel, ps, start_ps, end_ps) of the longest call
     kinds: list[KindCollectives] = field(default_factory=list)   # most exposed first; empty unless named
+    overlap: np.ndarray | None = None     # 3 x step windows where calls are named: exposed, what stays exposed
+                                          # (per kind the most exposed call), compute not alongside a collective
 
 
 @dataclass
@@ -129,6 +131,7 @@ class Collectives:
     transfer_ms: float        # per step, mean over replicas
     waiting_ms: float
     param_bytes: int | None
+    calls: list[_ranks.RankCalls | None] | None = None   # per row, its group calls (named: PyTorch)
 
 
 def parameter_bytes(model: SessionModel) -> int | None:
@@ -163,6 +166,7 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
     compute_busy = intervals.union(dev.start_ps[compute], dev.end_ps[compute])
     exposed = intervals.subtract(coll_busy, compute_busy)
     kinds = _by_kind(dev, coll, compute_busy) if dev.collective.size else []
+    overlap = _overlap_room(dev, model, coll, coll_busy, compute_busy, exposed) if kinds else None
     if kinds:       # the trace names each call's kind: an all-reduce is one whatever its kernel is called
         ids = [i for i, call in enumerate(dev.collectives) if call.kind == ALL_REDUCE]
         allreduce = coll & np.isin(dev.collective, ids)
@@ -174,7 +178,27 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
         longest = (dev.names[dev.name[i]], int(dev.dur_ps[i]), int(dev.start_ps[i]), int(dev.end_ps[i]))
     return GpuCollectives(kernels.device_label(model, dev), dev.device.name, dev.device.host, intervals.total(coll_busy),
                           intervals.total(exposed), int(allreduce.sum()), int(coll.sum()),
-                          int(dev.dur_ps[allreduce].sum()), top, longest, kinds)
+                          int(dev.dur_ps[allreduce].sum()), top, longest, kinds, overlap)
+
+
+def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, coll_busy: intervals.Intervals,
+                  compute_busy: intervals.Intervals, exposed: intervals.Intervals) -> np.ndarray | None:
+    """Per step window: collective time not alongside compute; the part of it that stays so when the
+    calls overlap compute (per kind, its most exposed call: the first gather needs its parameters
+    before any compute, the last gradient reduction follows the last gradient); and compute not yet
+    alongside any collective (what the others can hide behind)."""
+    lo, hi, _ = kernels.step_windows(model)
+    if not len(model.steps) or dev.step.size != len(dev):
+        return None
+    rows = np.flatnonzero(coll & (dev.collective >= 0))
+    order = rows[np.argsort(dev.start_ps[rows], kind="stable")]
+    per_call = intervals.per_bin_total(exposed, dev.start_ps[order], dev.end_ps[order])
+    kinds = sorted({call.kind for call in dev.collectives})
+    kind_of = np.array([kinds.index(call.kind) for call in dev.collectives])[dev.collective[order]]
+    most = np.zeros((len(kinds), lo.size), np.int64)
+    np.maximum.at(most, (kind_of, dev.step[order].astype(np.int64)), per_call)
+    return np.vstack([intervals.per_bin_total(exposed, lo, hi), most.sum(axis=0),
+                      intervals.per_bin_total(intervals.subtract(compute_busy, coll_busy), lo, hi)])
 
 
 def _by_kind(dev: DeviceActivity, coll: np.ndarray, compute_busy: np.ndarray) -> list[KindCollectives]:
@@ -213,7 +237,8 @@ def measure(analysis: Analysis) -> Collectives | Finding:
         return needs_gpu(CHECK_ID, "collectives")
     lo, hi, windows = kernels.step_windows(model)
     return Collectives([measure_gpu(dev, model) for dev in active], windows,
-                       float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model))
+                       float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model),
+                       [_ranks.measure(dev, model) for dev in active])
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Collectives | None:
@@ -222,15 +247,17 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
     measured = measured_parts(parts, Collectives)
     if not measured:
         return None
-    shifted = [row if row.longest is None else replace(row, longest=(
-                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))))
+    shifted = [replace(row, longest=row.longest if row.longest is None else (
+                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))),
+                   overlap=None if row.overlap is None else alignment.take(h, row.overlap))
                for h, c in measured for row in c.rows]
     ones = [c for _, c in measured]
     transfer_ms, waiting_ms = alignment.collective_parts_ms(steps) or (
         sum(c.transfer_ms * len(c.rows) for c in ones) / len(shifted),
         sum(c.waiting_ms * len(c.rows) for c in ones) / len(shifted))
     return Collectives(shifted, ones[0].windows, ones[0].step_ps, transfer_ms, waiting_ms,
-                       next((c.param_bytes for c in ones if c.param_bytes), None))
+                       next((c.param_bytes for c in ones if c.param_bytes), None),
+                       _ranks.join_calls(alignment, [(h, c.calls, c.windows) for h, c in measured]))
 
 
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__,
@@ -283,6 +310,15 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                        "parameters x 4 bytes / bandwidth.")
     kinds = _kinds_per_step(rows, steps)
     remedies = FIXES
+    room = _overlap_saving(measured)
+    if room is not None:
+        transfer_ms, waiting_ms = room.transfer_ms, room.waiting_ms
+        metrics["collective_transfer_ms_per_step"] = round(transfer_ms, 3)
+        metrics["collective_wait_ms_per_step"] = round(waiting_ms, 3)
+        metrics["exposed_collective_ms_per_step"] = round(room.exposed_ms, 3)
+        metrics["exposed_transfer_ms_per_step"] = round(room.exposed_transfer_ms, 3)
+        metrics["overlap_saving_ms_per_step"] = round(room.saving_ms, 3)
+        savings = room.saving_ms
     if kinds:
         metrics.update((f"{_slug(k['kind'])}_{key}", value) for k in kinds for key, value in k.items()
                        if key not in ("kind", "group"))
@@ -301,6 +337,8 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
     severity = scale.gated(Severity.WARNING if percent >= WARNING_AT else Severity.OK, savings)
     summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
                f"hidden behind compute), with {calls_text} call(s) per step per GPU. {expectation}")
+    if room is not None:
+        summary += room.sentence(step_ms)
     if waiting_ms > 0.1 * (transfer_ms + waiting_ms):
         summary += (f" Of the collective time, {waiting_ms:.2f} ms per step (mean per GPU) is replicas waiting "
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
@@ -308,6 +346,74 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
              else f"Collectives take {percent:.1f}% of each step")
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
                    remedies if severity is Severity.WARNING else [])
+
+
+@dataclass
+class OverlapRoom:
+    """Per step, mean over GPUs: collective time not alongside compute, the part of it that is
+    waiting for the last rank, and what overlapping the calls with compute would save."""
+
+    exposed_ms: float
+    exposed_transfer_ms: float
+    transfer_ms: float        # every call's transfer (the shortest kernel of the call over the ranks)
+    waiting_ms: float
+    saving_ms: float
+    ranks_matched: bool       # waiting measured by matching the ranks' calls (else not separable here)
+
+    def sentence(self, step_ms: float) -> str:
+        wait = (f", of which {self.exposed_ms - self.exposed_transfer_ms:.2f} ms is waiting for the last rank "
+                "(multi_gpu_imbalance's)" if self.ranks_matched else
+                " (with one rank in the capture, waiting for other ranks cannot be told from transfer)")
+        return (f" Per step {self.exposed_ms:.2f} ms of collective time runs with no compute alongside{wait}. "
+                f"Issued so they overlap compute (only the first call of each kind, or the last gradient "
+                f"reduction, has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
+                f"ms instead of {step_ms:.2f} ms: the saving is bounded by the compute not yet alongside a "
+                "collective.")
+
+
+def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
+    """What overlapping the named calls with compute saves, per step and GPU (mean over GPUs): the
+    exposed time beyond what must stay exposed (per kind its most exposed call) and beyond the
+    waiting for the last rank (the straggler's, not communication's), capped by the compute
+    available to hide it; None where the trace does not name its calls (TensorFlow, JAX)."""
+    rows = [row for row in measured.rows if row.overlap is not None]
+    if not rows or len(rows) != len(measured.rows):
+        return None
+    table = np.stack([row.overlap for row in rows]).astype(np.float64)     # rows x 3 x steps
+    exposed, stays, free = table[:, 0], table[:, 1], table[:, 2]
+    steps = exposed.shape[1]
+    if not steps:
+        return None
+    busy = np.array([row.busy_ps for row in rows], np.float64)
+    found = _ranks.split(measured.calls, steps) if measured.calls and all(measured.calls) else None
+    if found is not None and found.wait.shape == exposed.shape:
+        wait = np.minimum(found.wait, exposed)
+        stays = _stays_exposed(found)
+        transfer_ms = float(busy.sum() - found.wait.sum()) / len(rows) / steps / PS_PER_MS
+        waiting_ms = float(found.wait.sum()) / len(rows) / steps / PS_PER_MS
+    else:
+        found, wait = None, np.zeros_like(exposed)
+        transfer_ms, waiting_ms = measured.transfer_ms, measured.waiting_ms
+    saving = np.clip(np.minimum(exposed - wait - stays, free), 0.0, None)
+    per = len(rows) * steps * PS_PER_MS
+    return OverlapRoom(float(exposed.sum()) / per, float((exposed - wait).sum()) / per, transfer_ms, waiting_ms,
+                       float(saving.sum()) / per, found is not None)
+
+
+def _stays_exposed(found: _ranks.Split) -> np.ndarray:
+    """Ranks x steps: per kind of call, the most exposed call's exposed transfer (its exposed time
+    beyond the waiting for the last rank), the part no reordering hides."""
+    transfer = np.clip(found.call_exposed - found.call_wait, 0, None)
+    keys = sorted(set(found.call_key))
+    kind_of = np.array([keys.index(k) for k in found.call_key], np.int64)
+    out = np.zeros((transfer.shape[0], found.steps), np.float64)
+    for kind in range(len(keys)):
+        most = np.zeros((transfer.shape[0], found.steps), np.int64)
+        cols = np.flatnonzero(kind_of == kind)
+        for rank in range(transfer.shape[0]):
+            np.maximum.at(most[rank], found.call_step[cols], transfer[rank, cols])
+        out += most
+    return out
 
 
 def _slug(kind: str) -> str:

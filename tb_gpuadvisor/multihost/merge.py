@@ -19,7 +19,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
+from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes, multi_gpu_imbalance, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.discovery import SessionRef
 from tb_gpuadvisor.adapters import host_of
@@ -93,7 +93,11 @@ class MergedWhatIf(Savings):
 
     @functools.cached_property
     def _balance(self) -> np.ndarray:
-        return balance_gain(*_balance_inputs(self.alignment))
+        """Per step the larger of two ways the straggler stops holding the others: its GPU's work
+        evened out, or the op that makes its host late at the collectives brought to the others'."""
+        gain = balance_gain(*_balance_inputs(self.alignment))
+        late = _late_host_gain(self.alignment, gain.size)
+        return gain if late is None else np.maximum(gain, late)
 
     def _gains(self, checks: frozenset[str]) -> np.ndarray:
         hosts = [h for h in self.alignment.hosts if h.combined]
@@ -126,6 +130,17 @@ def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.nd
     if not parts:
         return np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0))
     return tuple(np.vstack([p[i] for p in parts]) for i in range(3))   # type: ignore[return-value]
+
+
+def _late_host_gain(alignment: Alignment, steps: int) -> np.ndarray | None:
+    """Per session step, the gain of the late rank's host op at the others' median, from every
+    host's collective calls (checks/_ranks); None when they cannot be matched."""
+    parts = [(h, h.parts.get(BALANCE)) for h in alignment.hosts]
+    if not steps or not all(isinstance(p, multi_gpu_imbalance.Replicas) for _, p in parts):
+        return None
+    calls = _ranks.join_calls(alignment, [(h, p.calls, p.per_step.shape[1]) for h, p in parts])
+    found = _ranks.late_host_gain(calls, steps)
+    return None if found is None else found[3]
 
 
 @dataclass
