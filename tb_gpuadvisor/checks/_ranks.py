@@ -12,7 +12,8 @@ every rank. An NCCL collective ends at about the same moment on every rank, so:
   calls' median end (reported, not needed for the split below);
 - the rank whose kernel of a call is shortest arrived last: the others launched theirs earlier
   and waited. The shortest kernel is the call's transfer; what each rank spent beyond it is
-  waiting for the last rank (one cause per microsecond: waiting is never also transfer).
+  waiting for the last rank. As in the breakdown, only time with no compute alongside is
+  counted, once: exposed waiting, and exposed transfer (the rest of the exposed time).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tb_gpuadvisor.model import intervals, kernels
-from tb_gpuadvisor.model.timeline import DeviceActivity, HostEventKind, SessionModel
+from tb_gpuadvisor.model.timeline import PS_PER_US, DeviceActivity, HostEventKind, SessionModel
 
 # Kinds of call that join every rank of their group (a send/recv joins two).
 GROUP_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "reduce")
+# Matched calls are one collective when their ends, clock offsets taken out, lie within this (or this
+# share of the call's shortest kernel); the ranks are matched when this share of their calls is.
+END_TOLERANCE_PS, END_TOLERANCE_SHARE, MATCHED_SHARE = 50 * PS_PER_US, 0.1, 0.8
 # Host ops kept per host: the busiest names, enough that a straggler's slow op is on every rank's list.
 TOP_OPS = 48
 
@@ -104,8 +108,9 @@ class Split:
 
     calls: int                  # calls matched on every rank
     steps: int
-    transfer: np.ndarray        # ranks x steps: the call's shortest kernel, per rank that ran it
-    wait: np.ndarray            # ranks x steps: kernel time beyond the transfer (waiting for the last)
+    transfer: np.ndarray        # ranks x steps: exposed kernel time that is not waiting (the transfer)
+    wait: np.ndarray            # ranks x steps: exposed kernel time beyond the call's shortest kernel
+                                # (waiting for the last rank; what compute hides is not counted)
     last: np.ndarray            # int per matched call: the rank that arrived last
     caused: np.ndarray          # per matched call: the others' mean wait for the last rank
     offsets: np.ndarray         # per rank: its clock less the session's, from the calls' ends
@@ -133,8 +138,9 @@ class Split:
 
 
 def split(ranks: list[RankCalls], steps: int) -> Split | None:
-    """The calls every rank ran (same class, session step and order within it), split into
-    transfer and waiting; None when fewer than two ranks share any call."""
+    """The calls every rank ran (same class, session step and order within it) that end together
+    once the clocks' offsets are out, split into transfer and waiting; None when fewer than two
+    ranks share any call, or too few of the shared ones end together to be the same collectives."""
     if len(ranks) < 2 or not steps:
         return None
     tables = [_by_call(r) for r in ranks]
@@ -147,20 +153,29 @@ def split(ranks: list[RankCalls], steps: int) -> Split | None:
     rows = np.array([[table[k] for k in ids] for table in tables])          # ranks x calls: index in rank
     start = np.vstack([r.start_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
     end = np.vstack([r.end_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
+    offsets = np.median(end - np.median(end, axis=0), axis=1)
+    # Calls that are one collective end together once the clocks' offsets are taken out; where they
+    # do not, the n-th call is not the same one on every rank (other groups, point-to-point peers).
+    ends = end - offsets[:, None]
+    spread = ends.max(axis=0) - ends.min(axis=0)
+    same = spread <= np.maximum(END_TOLERANCE_PS, END_TOLERANCE_SHARE * (end - start).min(axis=0))
+    if same.mean() < MATCHED_SHARE:
+        return None
+    ids = [k for k, keep in zip(ids, same) if keep]
+    rows, start, end = rows[:, same], start[:, same], end[:, same]
     step = np.array([k[1] for k in ids], np.int64)
     dur = end - start
-    transfer = dur.min(axis=0)
-    wait = dur - transfer
+    exposed = np.vstack([r.exposed_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
+    # Waiting that compute hides costs nothing: only the exposed part counts (as in the breakdown).
+    wait = np.minimum(dur - dur.min(axis=0), exposed)
     last = np.argmin(dur, axis=0)
     n = len(ranks)
     caused = (wait.sum(axis=0) - wait[last, np.arange(len(ids))]) / (n - 1)
-    offsets = np.median(end - np.median(end, axis=0), axis=1)
     per_step = lambda table: np.vstack([np.bincount(step, weights=row, minlength=steps)  # noqa: E731
                                         for row in table.astype(np.float64)])
     wait_steps = per_step(wait)
     others = np.vstack([np.delete(wait_steps, r, axis=0).min(axis=0) for r in range(n)])
-    exposed = np.vstack([r.exposed_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
-    return Split(len(ids), steps, per_step(np.broadcast_to(transfer, dur.shape)), wait_steps, last, caused,
+    return Split(len(ids), steps, per_step(exposed - wait), wait_steps, last, caused,
                  offsets, others, [k[0] for k in ids], step, wait, exposed)
 
 

@@ -21,7 +21,20 @@ Raise the per-replica batch size to amortise communication, remove AllReduce cal
 the gradient reduction (metrics reduced every step, manual ``all_reduce`` in the loop), and
 let the cross-device ops pack gradients into few buckets.
 
-Savings model: only the transfer counts. Time a replica spends inside a collective waiting
+Where the trace names each call (PyTorch: ``record_param_comms``, ``nccl:*`` annotations),
+``exposed_collective_ms_per_step`` is the collective time with no compute kernel alongside on
+any stream, and the ranks of a many-host session are matched call by call (checks/_ranks.py):
+its waiting part (``collective_wait_ms_per_step``, a rank arriving early and waiting for the
+last) is multi_gpu_imbalance's, the rest is transfer. The fix is to overlap the calls with
+compute: DDP buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) or a registered comm hook
+for all-reduces, FSDP ``forward_prefetch``/``backward_prefetch`` and ``limit_all_gathers`` for
+all-gathers and reduce-scatters, ``async_op=True`` for all-to-all. Its saving
+(``overlap_saving_ms_per_step``), per step and GPU from the timeline: the exposed transfer
+beyond what has to stay exposed (per kind, the most exposed call: the first gather before any
+compute, the last gradient reduction after the last gradient), bounded by the compute not
+yet alongside a collective.
+
+Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica spends inside a collective waiting
 for the slowest one (its collective time beyond the shortest replica's in that step) is the
 straggler's, reported and saved by multi_gpu_imbalance. The saving is the transfer time
 above params x 4 B / bandwidth when the parameter count is known; otherwise the exposed
@@ -339,7 +352,7 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                f"hidden behind compute), with {calls_text} call(s) per step per GPU. {expectation}")
     if room is not None:
         summary += room.sentence(step_ms)
-    if waiting_ms > 0.1 * (transfer_ms + waiting_ms):
+    if waiting_ms > 0.1 * (transfer_ms + waiting_ms) and not (room is not None and room.ranks_matched):
         summary += (f" Of the collective time, {waiting_ms:.2f} ms per step (mean per GPU) is replicas waiting "
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
@@ -355,15 +368,21 @@ class OverlapRoom:
 
     exposed_ms: float
     exposed_transfer_ms: float
-    transfer_ms: float        # every call's transfer (the shortest kernel of the call over the ranks)
+    transfer_ms: float        # exposed collective time that is not waiting (as the breakdown counts it)
     waiting_ms: float
     saving_ms: float
+    ranks: int                # GPUs measured
     ranks_matched: bool       # waiting measured by matching the ranks' calls (else not separable here)
 
     def sentence(self, step_ms: float) -> str:
-        wait = (f", of which {self.exposed_ms - self.exposed_transfer_ms:.2f} ms is waiting for the last rank "
-                "(multi_gpu_imbalance's)" if self.ranks_matched else
-                " (with one rank in the capture, waiting for other ranks cannot be told from transfer)")
+        if self.ranks_matched:
+            wait = (f", of which {self.exposed_ms - self.exposed_transfer_ms:.2f} ms is waiting for the last rank "
+                    "(multi_gpu_imbalance's)")
+        elif self.ranks == 1:
+            wait = " (with one rank in the capture, waiting for other ranks cannot be told apart from transfer)"
+        else:
+            wait = (" (the ranks' calls do not end together call by call, so they are not the same collectives "
+                    "and waiting cannot be told apart from transfer)")
         return (f" Per step {self.exposed_ms:.2f} ms of collective time runs with no compute alongside{wait}. "
                 f"Issued so they overlap compute (only the first call of each kind, or the last gradient "
                 f"reduction, has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
@@ -384,12 +403,11 @@ def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
     steps = exposed.shape[1]
     if not steps:
         return None
-    busy = np.array([row.busy_ps for row in rows], np.float64)
     found = _ranks.split(measured.calls, steps) if measured.calls and all(measured.calls) else None
     if found is not None and found.wait.shape == exposed.shape:
         wait = np.minimum(found.wait, exposed)
         stays = _stays_exposed(found)
-        transfer_ms = float(busy.sum() - found.wait.sum()) / len(rows) / steps / PS_PER_MS
+        transfer_ms = float(found.transfer.sum()) / len(rows) / steps / PS_PER_MS
         waiting_ms = float(found.wait.sum()) / len(rows) / steps / PS_PER_MS
     else:
         found, wait = None, np.zeros_like(exposed)
@@ -397,7 +415,7 @@ def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
     saving = np.clip(np.minimum(exposed - wait - stays, free), 0.0, None)
     per = len(rows) * steps * PS_PER_MS
     return OverlapRoom(float(exposed.sum()) / per, float((exposed - wait).sum()) / per, transfer_ms, waiting_ms,
-                       float(saving.sum()) / per, found is not None)
+                       float(saving.sum()) / per, len(rows), found is not None)
 
 
 def _stays_exposed(found: _ranks.Split) -> np.ndarray:

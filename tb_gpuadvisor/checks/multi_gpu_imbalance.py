@@ -8,7 +8,12 @@ kernels left out because they wait for the slowest replica. ``imbalance_percent`
 that spends notably the least time in collectives (``late_device``) is the one the others
 wait for there; ``straggler_reason`` says why it arrives last: ``compute`` (it works longer)
 or ``host`` (its GPU idles longer outside collectives, waiting on its host). Ranks of a
-many-host job (one GPU per trace file) are compared in the merge. Also
+many-host job (one GPU per trace file) are compared in the merge. Where the trace names its
+collective calls (PyTorch), the ranks are matched call by call on the calls' end times (clock
+offsets between hosts measured and taken out, checks/_ranks.py): per call the rank with the
+shortest kernel arrived last and the others waited; the rank the others waited for longest is
+the straggler, and the framework op on its host that takes longer than on the other ranks
+(``straggler_host_op``, e.g. its ``Optimizer.step``) is the reason it is late. Also
 the overlap of the GPUs' busy time (``min_overlap_percent``: the least-overlapping pair,
 as a share of the less busy GPU's time) to spot GPUs that run one after another instead of
 together, and GPU planes of the capture that ran no kernels at all.
@@ -21,6 +26,8 @@ control dependencies between them and run serially. Critical at >= 20%, warning 
 fewer than two GPUs with kernels: not applicable.
 
 ## How to fix
+A rank late for its host (PyTorch): make that op as cheap as on the others (a fused or foreach
+optimizer), give each rank's process its own cores, and keep rank-only work out of the step.
 Give every replica the same work: let ``tf.distribute.MirroredStrategy`` split a global
 batch that is a multiple of the replica count, keep per-replica ops (metrics, summaries,
 checkpoints) off GPU:0, recheck the input pipeline for the larger global batch, and
@@ -30,7 +37,10 @@ Savings model: the straggler's work brought to the median replica's, replayed pe
 (attribution/replay.py): the replica that waited least inside its collectives arrived
 last; the step gains its extra work, but only until the next-latest replica becomes the
 last one (the second-smallest collective wait). The other replicas' waiting inside
-AllReduce is this cause's time, not the collectives finding's. When GPUs run serially
+AllReduce is this cause's time, not the collectives finding's. A rank late for its host
+gains per step the larger: its late op brought to the other ranks' median lets it arrive that
+much earlier, up to the least any other rank waits for it (replayed with the balance in the
+merge of a many-host session). When GPUs run serially
 (pairwise overlap < 30%), the larger of that and the time their combined busy span
 exceeds the busiest GPU's busy time (what running them side by side would save).
 """
@@ -417,7 +427,8 @@ def _host_straggler(r: Replicas, means: np.ndarray) -> _HostLate | None:
     spent = (f" Matching the ranks' {found.calls} collective calls one by one (a call ends at the same moment "
              f"on every rank; their clocks differ by up to {metrics['max_clock_offset_ms']:.2f} ms), {label} arrives last at {last} of the {waited} calls where ranks wait: the other "
              f"ranks spend {others_wait_ms:.2f} ms per step ({wait_percent:.0f}% of the step) inside them waiting "
-             f"for it, while the transfer itself takes {metrics['collective_transfer_ms_per_step']:.2f} ms per step.")
+             f"for it, while the transfer itself keeps them {metrics['collective_transfer_ms_per_step']:.2f} ms per step "
+             "with no compute alongside.")
     reason = _ranks.host_reason(r.calls, index)       # type: ignore[arg-type]
     extra_work = float(means[index] - np.median(means))
     if reason is None or reason.excess_ps.sum() / steps <= extra_work:
