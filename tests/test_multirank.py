@@ -82,3 +82,99 @@ def test_ranks_that_wait_alike_name_no_late_rank():
     r = _replicas([60, 61], [35, 34], [5, 5])
     means = r.per_step.mean(axis=1)
     assert _late_arrival(r, means) is None
+
+
+# An FSDP-like job of 4 ranks (tests/synth_kineto.kineto_ranks): per step 8 layers of forward (an
+# all-gather, then a 1.5 ms kernel) and backward (a 1.5 ms kernel, a reduce-scatter), a sync, then
+# the optimizer step on the host: 8 ms, launching kernels the GPU keeps up with.
+RANKS = dict(ranks=4, steps=4, layers=8, kernel_us=1500.0, optimizer_us=8000.0, gather_us=400.0, scatter_us=800.0)
+
+
+def _session(tmp_path, workers: int = 1, **params) -> dict:
+    from synth_kineto import kineto_ranks
+    for rank, trace in enumerate(kineto_ranks(**dict(RANKS, **params))):
+        write_trace(tmp_path / "run" / f"rank-{rank}.pt.trace.json", trace)
+    refs = find_sessions(str(tmp_path))
+    assert len(refs) == 1 and len(refs[0].hosts) == RANKS["ranks"]
+    with LocalEngine(workers=workers) as engine:
+        return analyze_session(refs[0], engine)
+
+
+def _finding(session: dict, check: str) -> dict:
+    return next(f for f in session["findings"] if f["check"] == check)
+
+
+def test_a_rank_whose_host_is_slow_is_named_with_its_optimizer_step(tmp_path):
+    """Rank 2's optimizer step takes 16 ms on its host against 8 ms on the others, so from the
+    second step on its first all-gather is launched 8 ms after theirs: they wait 8 ms inside it
+    (3 of 4 steps: 6.0 ms per step mean), every GPU does the same work (imbalance 0%). By hand:
+    fixing the op lets rank 2 arrive 8 ms earlier, and then nobody waits: 6.0 ms per step; the
+    collective time splits into waiting (3 ranks x 8 ms x 3 steps / 4 ranks / 4 steps = 4.5 ms
+    per rank and step) and exposed transfer (the 8 exposed reduce-scatters, 6.4 ms, plus the
+    first all-gather's 0.4 ms and the exposed ends of the others). The hosts' clocks are shifted by
+    0, +5, -3 and +0.2 ms and the ranks are mapped in two processes: the merge aligns them
+    from the per-host summaries alone."""
+    session = _session(tmp_path, workers=2, slow_rank=2, clock_offsets_us=(0.0, 5000.0, -3000.0, 200.0))
+    first = session["findings"][0]
+    assert first["check"] == "multi_gpu_imbalance" and first["severity"] in ("warning", "critical")
+    m = first["metrics"]
+    assert m["late_device"].startswith("rank-2/") and m["straggler_reason"] == "host"
+    assert m["straggler_host_op"] == "Optimizer.step#AdamW.step"
+    assert m["straggler_op_ms_per_step"] == pytest.approx(16.0, abs=0.05)
+    assert m["others_op_ms_per_step"] == pytest.approx(8.0, abs=0.05)
+    assert m["others_wait_ms_per_step"] == pytest.approx(6.0, abs=0.05)
+    assert m["collective_wait_ms_per_step"] == pytest.approx(4.5, abs=0.05)
+    assert m["max_clock_offset_ms"] == pytest.approx(8.0, abs=0.01)
+    assert m["imbalance_percent"] == 0.0
+    assert first["estimated_savings_ms_per_step"] == pytest.approx(6.0, abs=0.1)
+    assert "rank-2" in first["title"] and "Optimizer.step#AdamW.step" in first["title"]
+    assert "fused=True" in first["fixes"][0]["code"] and "tf." not in " ".join(f["code"] for f in first["fixes"])
+    coll = _finding(session, "collectives")["metrics"]
+    # One cause per microsecond: the exposed time is waiting plus transfer, never both.
+    assert coll["collective_wait_ms_per_step"] == pytest.approx(4.5, abs=0.05)
+    assert coll["exposed_collective_ms_per_step"] == pytest.approx(
+        coll["collective_wait_ms_per_step"] + coll["collective_transfer_ms_per_step"], abs=0.01)
+
+
+def test_ranks_that_keep_pace_name_no_host_straggler(tmp_path):
+    """Every host takes 8 ms for its optimizer step: no rank waits for another (calls match, no
+    waiting), so nothing is blamed on a host and no saving is claimed for imbalance."""
+    session = _session(tmp_path)
+    imbalance = _finding(session, "multi_gpu_imbalance")
+    assert "straggler_host_op" not in imbalance["metrics"]
+    assert imbalance["estimated_savings_ms_per_step"] == pytest.approx(0.0, abs=0.01)
+    assert _finding(session, "collectives")["metrics"]["collective_wait_ms_per_step"] == pytest.approx(0.0, abs=0.01)
+
+
+def test_overlap_saving_predicts_the_step_with_reduce_scatters_in_backward(tmp_path):
+    """The same job with its 8 reduce-scatters after backward (each 0.8 ms, nothing alongside) and
+    with each issued beside the next layer's backward kernel (as a gradient hook does), only the
+    last one left exposed. By hand the second is 7 x 0.8 = 5.6 ms per step shorter; the first's
+    collectives finding predicts its overlap saving from the first alone, within 25%, and names
+    FSDP's prefetch; the overlapped run has nothing left to gain."""
+    exposed = _session(tmp_path / "exposed", overlap=False)
+    overlapped = _session(tmp_path / "overlapped", overlap=True)
+    measured = exposed["steps"]["mean_ms"] - overlapped["steps"]["mean_ms"]
+    assert measured == pytest.approx(5.6, abs=0.05)
+    finding = _finding(exposed, "collectives")
+    assert finding["severity"] in ("warning", "critical")
+    predicted = finding["metrics"]["overlap_saving_ms_per_step"]
+    assert abs(predicted - measured) <= 0.25 * measured
+    assert finding["estimated_savings_ms_per_step"] == pytest.approx(predicted, abs=0.01)
+    assert any("backward_prefetch" in fix["code"] for fix in finding["fixes"])
+    after = _finding(overlapped, "collectives")
+    assert after["metrics"]["overlap_saving_ms_per_step"] < 0.1 * measured
+    assert after["severity"] not in ("warning", "critical")
+
+
+def test_hta_ranks_calls_are_not_matched_where_they_do_not_end_together(corpus):
+    """pytorch-hta-2ranks: 2 of 128 ranks; their NCCL kernels are SendRecv ones under
+    all-to-all/all-reduce/all-gather calls. Hand check from the raw JSON: rank 0's first
+    all-to-all kernel ends at ts 1682725898125046 us, rank 1's first at ...98187835, which is rank
+    0's second's end: the n-th call is not the same collective on both (other groups), so the
+    ranks are not matched, no straggler is named and no waiting split is claimed from them."""
+    folder = corpus / "pytorch-hta-2ranks"
+    session = analyze_session(find_sessions(str(folder))[0], LocalEngine(workers=1))
+    imbalance = _finding(session, "multi_gpu_imbalance")
+    assert "straggler_host_op" not in imbalance["metrics"] and "aligned_collectives_per_step" not in imbalance["metrics"]
+    assert "cannot be told apart from transfer" in _finding(session, "collectives")["summary"]

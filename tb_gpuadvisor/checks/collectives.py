@@ -30,9 +30,10 @@ compute: DDP buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) or a regis
 for all-reduces, FSDP ``forward_prefetch``/``backward_prefetch`` and ``limit_all_gathers`` for
 all-gathers and reduce-scatters, ``async_op=True`` for all-to-all. Its saving
 (``overlap_saving_ms_per_step``), per step and GPU from the timeline: the exposed transfer
-beyond what has to stay exposed (per kind, the most exposed call: the first gather before any
-compute, the last gradient reduction after the last gradient), bounded by the compute not
-yet alongside a collective.
+beyond what has to stay exposed (per kind with several calls in the step, the most exposed
+call: the first gather before any compute, the last gradient reduction after the last
+gradient; a kind's only call can be split into buckets that overlap), bounded by the compute
+not yet alongside a collective.
 
 Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica spends inside a collective waiting
 for the slowest one (its collective time beyond the shortest replica's in that step) is the
@@ -197,9 +198,10 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
 def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, coll_busy: intervals.Intervals,
                   compute_busy: intervals.Intervals, exposed: intervals.Intervals) -> np.ndarray | None:
     """Per step window: collective time not alongside compute; the part of it that stays so when the
-    calls overlap compute (per kind, its most exposed call: the first gather needs its parameters
-    before any compute, the last gradient reduction follows the last gradient); and compute not yet
-    alongside any collective (what the others can hide behind)."""
+    calls overlap compute (per kind with several calls in the step, its most exposed call: the first
+    gather needs its parameters before any compute, the last gradient reduction follows the last
+    gradient; a kind's only call can be split into buckets or per-layer units that overlap); and
+    compute not yet alongside any collective (what the calls can hide behind)."""
     lo, hi, _ = kernels.step_windows(model)
     if not len(model.steps) or dev.step.size != len(dev):
         return None
@@ -208,9 +210,11 @@ def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, co
     per_call = intervals.per_bin_total(exposed, dev.start_ps[order], dev.end_ps[order])
     kinds = sorted({call.kind for call in dev.collectives})
     kind_of = np.array([kinds.index(call.kind) for call in dev.collectives])[dev.collective[order]]
-    most = np.zeros((len(kinds), lo.size), np.int64)
-    np.maximum.at(most, (kind_of, dev.step[order].astype(np.int64)), per_call)
-    return np.vstack([intervals.per_bin_total(exposed, lo, hi), most.sum(axis=0),
+    at = (kind_of, dev.step[order].astype(np.int64))
+    most, count = np.zeros((len(kinds), lo.size), np.int64), np.zeros((len(kinds), lo.size), np.int64)
+    np.maximum.at(most, at, per_call)
+    np.add.at(count, at, 1)
+    return np.vstack([intervals.per_bin_total(exposed, lo, hi), np.where(count >= 2, most, 0).sum(axis=0),
                       intervals.per_bin_total(intervals.subtract(compute_busy, coll_busy), lo, hi)])
 
 
@@ -357,8 +361,10 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
              else f"Collectives take {percent:.1f}% of each step")
+    # Where the calls are named, the overlap fix goes with any saving it has, however small.
+    shown = severity is Severity.WARNING or (room is not None and room.saving_ms > 0)
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
-                   remedies if severity is Severity.WARNING else [])
+                   remedies if shown else [])
 
 
 @dataclass
@@ -384,8 +390,8 @@ class OverlapRoom:
             wait = (" (the ranks' calls do not end together call by call, so they are not the same collectives "
                     "and waiting cannot be told apart from transfer)")
         return (f" Per step {self.exposed_ms:.2f} ms of collective time runs with no compute alongside{wait}. "
-                f"Issued so they overlap compute (only the first call of each kind, or the last gradient "
-                f"reduction, has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
+                f"Issued so they overlap compute (only the first gather or the last gradient reduction of "
+                f"each kind has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
                 f"ms instead of {step_ms:.2f} ms: the saving is bounded by the compute not yet alongside a "
                 "collective.")
 
@@ -419,8 +425,8 @@ def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
 
 
 def _stays_exposed(found: _ranks.Split) -> np.ndarray:
-    """Ranks x steps: per kind of call, the most exposed call's exposed transfer (its exposed time
-    beyond the waiting for the last rank), the part no reordering hides."""
+    """Ranks x steps: per kind of call with several calls in the step, the most exposed call's exposed
+    transfer (its exposed time beyond the waiting for the last rank), the part no reordering hides."""
     transfer = np.clip(found.call_exposed - found.call_wait, 0, None)
     keys = sorted(set(found.call_key))
     kind_of = np.array([keys.index(k) for k in found.call_key], np.int64)
@@ -428,9 +434,10 @@ def _stays_exposed(found: _ranks.Split) -> np.ndarray:
     for kind in range(len(keys)):
         most = np.zeros((transfer.shape[0], found.steps), np.int64)
         cols = np.flatnonzero(kind_of == kind)
+        several = np.bincount(found.call_step[cols], minlength=found.steps) >= 2
         for rank in range(transfer.shape[0]):
             np.maximum.at(most[rank], found.call_step[cols], transfer[rank, cols])
-        out += most
+        out += np.where(several, most, 0)
     return out
 
 
