@@ -50,7 +50,14 @@ class RankCalls:
 
 def measure(dev: DeviceActivity, model: SessionModel) -> RankCalls | None:
     """DEV's group collective calls inside the steps (None when the trace does not name its calls'
-    kinds, as TensorFlow's and JAX's do not, or it has none)."""
+    kinds, as TensorFlow's and JAX's do not, or it has none); measured once per device (both
+    multi_gpu_imbalance and collectives ask)."""
+    if "rank_calls" not in dev.derived:
+        dev.derived["rank_calls"] = _measure(dev, model)
+    return dev.derived["rank_calls"]
+
+
+def _measure(dev: DeviceActivity, model: SessionModel) -> RankCalls | None:
     if not dev.collectives or not len(model.steps) or dev.step.size != len(dev):
         return None
     classes = [(c.kind, f"{c.kind} {c.group or ''}".strip()) for c in dev.collectives]

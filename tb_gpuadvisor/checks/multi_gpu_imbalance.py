@@ -307,8 +307,10 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
     late = _late_arrival(r, means)
     host_late = _host_straggler(r, means)
     if host_late is not None:
-        late = host_late.late
+        late = host_late.late or late
         metrics.update(host_late.metrics)
+        if host_late.reason is not None and late is not None:
+            metrics["straggler_device"] = labels[late.index]     # the rank the others wait for
         savings_ms = max(savings_ms, host_late.gain_ms)
     if late is not None:
         metrics.update(late_device=labels[late.index], straggler_reason=late.reason)
@@ -368,7 +370,7 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
         title = f"GPU work is balanced within {imbalance:.0f}%"
     fixes = FIXES if severity in (Severity.WARNING, Severity.CRITICAL) else []
     if fixes and host_late is not None and host_late.reason is not None:
-        fixes = host_late.fixes + fixes
+        fixes = host_late.fixes     # its GPU's work is even: splitting the data differently changes nothing
     if idle:
         fixes = fixes + [ALL_DEVICES_FIX]
     return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
@@ -379,8 +381,8 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
 class _HostLate:
     """A rank the others wait for at their collective calls, matched call by call (PyTorch ranks)."""
 
-    late: _Late
-    reason: _ranks.HostReason | None     # the op on its host that makes it late (None: it computes longer)
+    late: _Late | None                   # None: neither its host nor its GPU's work explains it
+    reason: _ranks.HostReason | None     # the op on its host that makes it late (None: not its host)
     gain_ms: float                       # per step: that op at the others' median, replayed on the calls
     wait_percent: float                  # the other ranks' mean wait for it, percent of the step
     title: str
@@ -389,7 +391,7 @@ class _HostLate:
 
     def evidence(self, r: Replicas) -> Evidence:
         """The late rank's host op, against the others' median."""
-        assert self.reason is not None
+        assert self.reason is not None and self.late is not None
         device, host = r.devices[self.late.index]
         return Evidence("op", self.reason.op, round(float(self.reason.late_ms.mean()), 3), "ms/step",
                         detail=f"on {r.labels[self.late.index]}'s host; {self.reason.others_ms:.2f} ms per step on "
@@ -432,8 +434,8 @@ def _host_straggler(r: Replicas, means: np.ndarray) -> _HostLate | None:
     reason = _ranks.host_reason(r.calls, index)       # type: ignore[arg-type]
     extra_work = float(means[index] - np.median(means))
     if reason is None or reason.excess_ps.sum() / steps <= extra_work:
-        late = _Late(index, "compute", spent + f" It arrives late because its GPU computes {extra_work / ms:.2f} ms "
-                                                 "per step more than the median rank.")
+        late = None if extra_work <= 0 else _Late(index, "compute", spent + (
+            f" It arrives late because its GPU computes {extra_work / ms:.2f} ms per step more than the median rank."))
         return _HostLate(late, None, 0.0, wait_percent, "", metrics, [])
     gain = np.minimum(reason.excess_ps, found.others_wait[index])
     late_ms, others_ms = float(reason.late_ms.mean()), reason.others_ms
