@@ -135,6 +135,12 @@ def test_a_rank_whose_host_is_slow_is_named_with_its_optimizer_step(tmp_path):
     assert coll["collective_wait_ms_per_step"] == pytest.approx(4.5, abs=0.05)
     assert coll["exposed_collective_ms_per_step"] == pytest.approx(
         coll["collective_wait_ms_per_step"] + coll["collective_transfer_ms_per_step"], abs=0.01)
+    # The breakdown (rank 0's) splits its collective time the same way: 8 ms waiting from step 6 on.
+    steps = session["breakdown"]["steps"]
+    assert [s["collective_wait_ms"] for s in steps] == pytest.approx([0.0, 8.0, 8.0, 8.0], abs=0.01)
+    device = session["breakdown"]["per_device"][0]
+    assert device["collective_wait_ms"] == pytest.approx(6.0, abs=0.01)
+    assert device["collective_wait_ms"] + device["collective_transfer_ms"] == pytest.approx(device["collective_ms"], abs=0.01)
 
 
 def test_ranks_that_keep_pace_name_no_host_straggler(tmp_path):
