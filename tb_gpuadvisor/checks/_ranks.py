@@ -144,11 +144,11 @@ class Split:
         return int(np.count_nonzero(waited & (self.last == rank))), int(np.count_nonzero(waited))
 
 
-def split(ranks: list[RankCalls], steps: int) -> Split | None:
+def split(ranks: list[RankCalls | None], steps: int) -> Split | None:
     """The calls every rank ran (same class, session step and order within it) that end together
     once the clocks' offsets are out, split into transfer and waiting; None when fewer than two
     ranks share any call, or too few of the shared ones end together to be the same collectives."""
-    if len(ranks) < 2 or not steps:
+    if len(ranks) < 2 or not steps or any(r is None for r in ranks):
         return None
     tables = [_by_call(r) for r in ranks]
     common = set(tables[0])

@@ -140,7 +140,9 @@ def _rank_calls(alignment: Alignment) -> tuple[list, list] | None:
     if not parts or not all(isinstance(p, multi_gpu_imbalance.Replicas) for _, p in parts):
         return None
     calls = _ranks.join_calls(alignment, [(h, p.calls, p.per_step.shape[1]) for h, p in parts])
-    return None if calls is None else (calls, [d for _, p in parts for d in p.devices])
+    if calls is None or any(c is None for c in calls):
+        return None
+    return calls, [d for _, p in parts for d in p.devices]
 
 
 def _late_host_gain(alignment: Alignment, steps: int) -> np.ndarray | None:
