@@ -197,3 +197,41 @@ def test_compare_shows_the_exposed_collectives_an_overlap_fix_moved(tmp_path):
     rows = {row["part"]: row for row in _device_deltas(before, after, (1.0, 1.0))}
     assert rows["collectives with no compute alongside"]["delta_ms"] == pytest.approx(-5.6, abs=0.05)
     assert abs(rows["collectives (NCCL/RCCL)"]["delta_ms"]) < 0.1
+
+
+def _calls(starts_ms: list[float], ends_ms: list[float], ops: dict[str, float] | None = None):
+    """One rank's calls, all one all-reduce class in session step 0, and its host ops (ms in step 0)."""
+    from tb_gpuadvisor.checks._ranks import RankCalls
+    n = len(starts_ms)
+    start = (np.array(starts_ms) * PS_PER_MS).astype(np.int64)
+    end = (np.array(ends_ms) * PS_PER_MS).astype(np.int64)
+    ops = ops or {}
+    return RankCalls(["all-reduce group 0"], np.zeros(n, np.int32), start, end, np.zeros(n, np.int32), end - start,
+                     list(ops), (np.array([[v] for v in ops.values()]) * PS_PER_MS).astype(np.int64).reshape(len(ops), 1))
+
+
+def test_calls_split_on_their_ends_whatever_the_clocks():
+    """Rank 1's clock runs 100 ms ahead. Call 1: rank 0 starts at 10, rank 1 at 115 (15 on rank 0's
+    clock); both end at 20: rank 1 arrived last, its 5 ms kernel is the transfer and rank 0 waited
+    5 ms. Call 2: both start 30 and end 32 (no waiting). Rank 1's backward op took 9 ms against 4."""
+    from tb_gpuadvisor.checks._ranks import host_reason, late_host_gain, split
+    ranks = [_calls([10, 30], [20, 32], {"aten::mm": 4.0, "autograd::engine::evaluate_function: MmBackward0": 4.0}),
+             _calls([115, 130], [120, 132], {"aten::mm": 4.0, "autograd::engine::evaluate_function: MmBackward0": 9.0})]
+    found = split(ranks, 1)
+    assert found.calls == 2 and found.straggler == 1
+    assert found.wait[:, 0] / PS_PER_MS == pytest.approx([5.0, 0.0])
+    assert found.transfer[:, 0] / PS_PER_MS == pytest.approx([7.0, 7.0])
+    assert (found.offsets[1] - found.offsets[0]) / PS_PER_MS == pytest.approx(100.0)
+    reason = host_reason(ranks, 1)
+    assert reason.op == "autograd::engine::evaluate_function: MmBackward0" and reason.others_ms == pytest.approx(4.0)
+    # Its 5 ms of extra host time would let rank 1 arrive 5 ms earlier: rank 0 waited 5 ms, so all of it.
+    assert late_host_gain(ranks, 1)[3] / PS_PER_MS == pytest.approx([5.0])
+
+
+def test_calls_that_do_not_end_together_are_not_matched():
+    """Same count of calls, but rank 1's end 7, 12 and 1 ms after rank 0's: with the median offset
+    (7 ms) out, two of the three still end 5 and 6 ms apart, so the n-th call is not the same
+    collective on both and nothing is split."""
+    from tb_gpuadvisor.checks._ranks import split
+    ranks = [_calls([10, 30, 50], [20, 32, 60]), _calls([10, 40, 52], [27, 44, 61])]
+    assert split(ranks, 1) is None
