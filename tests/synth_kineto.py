@@ -152,7 +152,8 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
     ``aten::item`` with ``cudaStreamSynchronize`` waiting for the GPU (the gradients' norm read), then
     the host's ``Optimizer.step#AdamW.step`` (OPTIMIZER_US of host time, SLOW_FACTOR times that on
     SLOW_RANK, launching OPTIMIZER_KERNELS kernels evenly, each 0.9 x OPTIMIZER_US / OPTIMIZER_KERNELS on
-    every rank: the others' GPUs keep up, the slow rank's idles), so the next step's first all-gather waits for the slowest host.
+    every rank: the others' GPUs keep up, the slow rank's idles), so the next step's first all-gather
+    waits for the slowest host.
     Every collective's kernel starts on its rank when launched and its stream is free, and ends on
     every rank at the same moment: the last rank's start plus the transfer (GATHER_US, SCATTER_US),
     so earlier ranks wait inside it. OVERLAP False: backward's reduce-scatters all run after the

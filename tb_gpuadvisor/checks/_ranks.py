@@ -243,7 +243,8 @@ def join_calls(alignment, hosts: list[tuple[object, list[RankCalls | None] | Non
     return out
 
 
-def late_host_gain(ranks: list[RankCalls | None] | None, steps: int) -> tuple[Split, int, HostReason, np.ndarray] | None:
+def late_host_gain(ranks: list[RankCalls | None] | None,
+                   steps: int) -> tuple[Split, int, HostReason, np.ndarray] | None:
     """Per step (ps), what the step gains when the rank the others wait for at their calls brings the
     op that makes it late on its host to the other ranks' median: it arrives that much earlier, up to
     the least any other rank waits for it (then that rank is the last). With the split, the late rank
@@ -259,4 +260,9 @@ def late_host_gain(ranks: list[RankCalls | None] | None, steps: int) -> tuple[Sp
     reason = host_reason(ranks, late)   # type: ignore[arg-type]
     if reason is None:
         return None
-    return found, late, reason, np.minimum(reason.excess_ps, found.others_wait[late]).astype(np.float64)
+    return found, late, reason, host_gain(found, late, reason)
+
+
+def host_gain(found: Split, late: int, reason: HostReason) -> np.ndarray:
+    """Per step (ps): rank LATE arrives earlier by its op's excess, until another rank is the last."""
+    return np.minimum(reason.excess_ps, found.others_wait[late]).astype(np.float64)

@@ -26,20 +26,20 @@ Where the trace names each call (PyTorch: ``record_param_comms``, ``nccl:*`` ann
 any stream, and the ranks of a many-host session are matched call by call (checks/_ranks.py):
 its waiting part (``collective_wait_ms_per_step``, a rank arriving early and waiting for the
 last) is multi_gpu_imbalance's, the rest is transfer. The fix is to overlap the calls with
-compute: DDP buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) or a registered comm hook
-for all-reduces, FSDP ``forward_prefetch``/``backward_prefetch`` and ``limit_all_gathers`` for
-all-gathers and reduce-scatters, ``async_op=True`` for all-to-all. Its saving
-(``overlap_saving_ms_per_step``), per step and GPU from the timeline: the exposed transfer
-beyond what has to stay exposed (per kind with several calls in the step, the most exposed
-call: the first gather before any compute, the last gradient reduction after the last
-gradient; a kind's only call can be split into buckets that overlap), bounded by the compute
-not yet alongside a collective.
+compute: DDP buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) for all-reduces, with a
+registered comm hook compressing what they move, FSDP ``forward_prefetch``/``backward_prefetch``
+and ``limit_all_gathers`` for all-gathers and reduce-scatters, ``async_op=True`` for all-to-all.
+Its saving (``overlap_saving_ms_per_step``), per step and GPU from the timeline: the exposed
+transfer beyond what has to stay exposed (per kind with several calls in the step, the most
+exposed call: the first gather before any compute, the last gradient reduction after the last
+gradient; a kind's only call can be split into buckets that overlap), bounded by the compute not
+yet alongside a collective.
 
-Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica spends inside a collective waiting
-for the slowest one (its collective time beyond the shortest replica's in that step) is the
-straggler's, reported and saved by multi_gpu_imbalance. The saving is the transfer time
-above params x 4 B / bandwidth when the parameter count is known; otherwise the exposed
-transfer time above 5% of the step.
+Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica
+spends inside a collective waiting for the slowest one (its collective time beyond the shortest
+replica's in that step) is the straggler's, reported and saved by multi_gpu_imbalance. The
+saving is the transfer time above params x 4 B / bandwidth when the parameter count is known;
+otherwise the exposed transfer time above 5% of the step.
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ ALL_REDUCE = "all-reduce"
 BUS_FACTOR = {ALL_REDUCE: lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
               "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n}
 # The torch remedy for a kind of collective that is exposed, in the order the evidence ranks them.
+# DDP's all-reduces also move half the bytes when a comm hook compresses the gradients to bf16.
+TORCH_COMM_HOOK = Fix(
+    "Halve what each DDP all-reduce moves: register a communication hook that sends the gradient buckets "
+    "in bf16 (fp16 before Ampere) and restores them after the reduction.",
+    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+    "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)",
+    "https://pytorch.org/docs/stable/ddp_comm_hooks.html")
 TORCH_REMEDY = {ALL_REDUCE: fixes.TORCH_DDP_BUCKETS, "all-to-all": fixes.TORCH_OVERLAP_ALL_TO_ALL,
                 "send/recv": fixes.TORCH_OVERLAP_ALL_TO_ALL, "all-gather": fixes.TORCH_FSDP_PREFETCH,
                 "reduce-scatter": fixes.TORCH_FSDP_PREFETCH}
@@ -345,7 +352,9 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
             expectation += (" The trace does not record the calls' message sizes, so their bandwidth "
                             "cannot be measured.")
         remedies = []
-        for fix in [TORCH_REMEDY[k["kind"]] for k in kinds if k["kind"] in TORCH_REMEDY] + [fixes.TORCH_LARGER_BATCH]:
+        hooks = [TORCH_COMM_HOOK] if any(k["kind"] == ALL_REDUCE for k in kinds) else []
+        kind_fixes = [TORCH_REMEDY[k["kind"]] for k in kinds if k["kind"] in TORCH_REMEDY]
+        for fix in kind_fixes + hooks + [fixes.TORCH_LARGER_BATCH]:
             if fix not in remedies:
                 remedies.append(fix)
     else:

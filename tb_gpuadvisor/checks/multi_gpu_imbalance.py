@@ -406,9 +406,7 @@ def _host_straggler(r: Replicas, means: np.ndarray) -> _HostLate | None:
     balance in the merge) is that op brought to the others' median, per step, capped by how long
     the next-latest rank waits."""
     steps = r.per_step.shape[1]
-    if not r.calls or any(c is None for c in r.calls):
-        return None
-    found = _ranks.split(r.calls, steps)        # type: ignore[arg-type]
+    found = _ranks.split(r.calls, steps) if r.calls else None
     if found is None or found.straggler is None:
         return None
     index = found.straggler
@@ -427,17 +425,18 @@ def _host_straggler(r: Replicas, means: np.ndarray) -> _HostLate | None:
                "max_clock_offset_ms": round(float(np.ptp(found.offsets)) / ms, 3)}
     label = r.labels[index]
     spent = (f" Matching the ranks' {found.calls} collective calls one by one (a call ends at the same moment "
-             f"on every rank; their clocks differ by up to {metrics['max_clock_offset_ms']:.2f} ms), {label} arrives last at {last} of the {waited} calls where ranks wait: the other "
-             f"ranks spend {others_wait_ms:.2f} ms per step ({wait_percent:.0f}% of the step) inside them waiting "
-             f"for it, while the transfer itself keeps them {metrics['collective_transfer_ms_per_step']:.2f} ms per step "
-             "with no compute alongside.")
+             f"on every rank; their clocks differ by up to {metrics['max_clock_offset_ms']:.2f} ms), {label} "
+             f"arrives last at {last} of the {waited} calls where ranks wait: the other ranks spend "
+             f"{others_wait_ms:.2f} ms per step ({wait_percent:.0f}% of the step) inside them waiting for it, while "
+             f"the transfer itself keeps them {metrics['collective_transfer_ms_per_step']:.2f} ms per step with no "
+             "compute alongside.")
     reason = _ranks.host_reason(r.calls, index)       # type: ignore[arg-type]
     extra_work = float(means[index] - np.median(means))
     if reason is None or reason.excess_ps.sum() / steps <= extra_work:
         late = None if extra_work <= 0 else _Late(index, "compute", spent + (
             f" It arrives late because its GPU computes {extra_work / ms:.2f} ms per step more than the median rank."))
         return _HostLate(late, None, 0.0, wait_percent, "", metrics, [])
-    gain = np.minimum(reason.excess_ps, found.others_wait[index])
+    gain = _ranks.host_gain(found, index, reason)
     late_ms, others_ms = float(reason.late_ms.mean()), reason.others_ms
     metrics.update(straggler_host_op=reason.op, straggler_op_ms_per_step=round(late_ms, 3),
                    others_op_ms_per_step=round(others_ms, 3))
