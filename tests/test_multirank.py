@@ -237,3 +237,14 @@ def test_calls_that_do_not_end_together_are_not_matched():
     from tb_gpuadvisor.checks._ranks import split
     ranks = [_calls([10, 30, 50], [20, 32, 60]), _calls([10, 40, 52], [27, 44, 61])]
     assert split(ranks, 1) is None
+
+
+def test_calls_outside_the_session_steps_are_never_matched():
+    """Each rank's second call lies outside every session step (step -1): only the first ones,
+    both in step 0, are one collective."""
+    from tb_gpuadvisor.checks._ranks import split
+    ranks = [_calls([10, 30], [20, 32]), _calls([12, 31], [20, 32])]
+    for r in ranks:
+        r.step[1] = -1
+    found = split(ranks, 1)
+    assert found.calls == 1 and found.wait[:, 0] / PS_PER_MS == pytest.approx([2.0, 0.0])

@@ -30,6 +30,8 @@ GROUP_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broa
 # Matched calls are one collective when their ends, clock offsets taken out, lie within this (or this
 # share of the call's shortest kernel); the ranks are matched when this share of their calls is.
 END_TOLERANCE_PS, END_TOLERANCE_SHARE, MATCHED_SHARE = 50 * PS_PER_US, 0.1, 0.8
+# Spans of the packed call ids: steps per class, calls of one class per step.
+CLASSES_SPAN, CALLS_SPAN = 1 << 24, 1 << 24
 # Host ops kept per host: the busiest names, enough that a straggler's slow op is on every rank's list.
 TOP_OPS = 48
 
@@ -150,14 +152,18 @@ def split(ranks: list[RankCalls | None], steps: int) -> Split | None:
     ranks share any call, or too few of the shared ones end together to be the same collectives."""
     if len(ranks) < 2 or not steps or any(r is None for r in ranks):
         return None
-    tables = [_by_call(r) for r in ranks]
-    common = set(tables[0])
-    for table in tables[1:]:
-        common &= set(table)
-    if not common:
+    names: dict[str, int] = {}
+    ids = [_call_ids(r, names) for r in ranks]
+    common = ids[0]
+    for table in ids[1:]:
+        common = np.intersect1d(common, table)
+    common = common[common >= 0]
+    if not common.size:
         return None
-    ids = sorted(common, key=lambda k: (k[1], k[2], k[0]))
-    rows = np.array([[table[k] for k in ids] for table in tables])          # ranks x calls: index in rank
+    # ranks x calls: each common call's index in the rank's calls; the calls in step, then run order
+    rows = np.vstack([np.argsort(table, kind="stable")[np.searchsorted(np.sort(table), common)] for table in ids])
+    order = np.argsort(ranks[0].start_ps[rows[0]], kind="stable")
+    rows = rows[:, order]
     start = np.vstack([r.start_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
     end = np.vstack([r.end_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
     offsets = np.median(end - np.median(end, axis=0), axis=1)
@@ -168,36 +174,40 @@ def split(ranks: list[RankCalls | None], steps: int) -> Split | None:
     same = spread <= np.maximum(END_TOLERANCE_PS, END_TOLERANCE_SHARE * (end - start).min(axis=0))
     if same.mean() < MATCHED_SHARE:
         return None
-    ids = [k for k, keep in zip(ids, same) if keep]
     rows, start, end = rows[:, same], start[:, same], end[:, same]
-    step = np.array([k[1] for k in ids], np.int64)
+    step = ranks[0].step[rows[0]].astype(np.int64)
+    calls = rows.shape[1]
     dur = end - start
     exposed = np.vstack([r.exposed_ps[i] for r, i in zip(ranks, rows)]).astype(np.int64)
     # Waiting that compute hides costs nothing: only the exposed part counts (as in the breakdown).
     wait = np.minimum(dur - dur.min(axis=0), exposed)
     last = np.argmin(dur, axis=0)
     n = len(ranks)
-    caused = (wait.sum(axis=0) - wait[last, np.arange(len(ids))]) / (n - 1)
+    caused = (wait.sum(axis=0) - wait[last, np.arange(calls)]) / (n - 1)
     per_step = lambda table: np.vstack([np.bincount(step, weights=row, minlength=steps)  # noqa: E731
                                         for row in table.astype(np.float64)])
     wait_steps = per_step(wait)
     others = np.vstack([np.delete(wait_steps, r, axis=0).min(axis=0) for r in range(n)])
-    return Split(len(ids), steps, per_step(exposed - wait), wait_steps, last, caused,
-                 offsets, others, [k[0] for k in ids], step, wait, exposed)
+    keys = ranks[0].keys
+    return Split(calls, steps, per_step(exposed - wait), wait_steps, last, caused,
+                 offsets, others, [keys[k] for k in ranks[0].key[rows[0]].tolist()], step, wait, exposed)
 
 
-def _by_call(calls: RankCalls) -> dict[tuple[str, int, int], int]:
-    """Each call of CALLS inside a session step, keyed (class, step, n-th of its class in the step)."""
-    out: dict[tuple[str, int, int], int] = {}
-    seen: dict[tuple[str, int], int] = {}
-    for i, (key, step) in enumerate(zip(calls.key.tolist(), calls.step.tolist())):
-        if step < 0:
-            continue
-        name = calls.keys[key]
-        n = seen.get((name, step), 0)
-        seen[(name, step)] = n + 1
-        out[(name, step, n)] = i
-    return out
+def _call_ids(calls: RankCalls, names: dict[str, int]) -> np.ndarray:
+    """Per call of CALLS, one number for (class, session step, n-th of its class in the step), the
+    same for the same call on every rank (NAMES numbers the classes across ranks); negative for
+    calls outside the session's steps, which are never matched."""
+    cls = np.array([names.setdefault(k, len(names)) for k in calls.keys], np.int64)[calls.key]
+    step = calls.step.astype(np.int64)
+    n = cls.size
+    order = np.lexsort((np.arange(n), step, cls))
+    group = cls[order] * (int(step.max(initial=0)) + 2) + step[order]
+    first = np.r_[True, group[1:] != group[:-1]] if n else np.empty(0, bool)
+    at = np.arange(n)
+    nth = np.empty(n, np.int64)
+    nth[order] = at - np.maximum.accumulate(np.where(first, at, 0))
+    ids = (cls * CLASSES_SPAN + step) * CALLS_SPAN + nth
+    return np.where(step >= 0, ids, -1 - at)
 
 
 @dataclass
