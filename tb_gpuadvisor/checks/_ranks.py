@@ -89,16 +89,15 @@ def _host_ops(model: SessionModel, host_name: str) -> tuple[list[str], np.ndarra
     rows = (act.kind == HostEventKind.FRAMEWORK_OP) & (act.step >= 0)
     if not rows.any():
         return [], np.zeros((0, steps), np.int64)
-    names, steps_of, dur = act.name[rows], act.step[rows].astype(np.int64), act.dur_ps[rows]
-    uniq, inverse = np.unique(names, return_inverse=True)
-    totals = np.bincount(inverse, weights=dur.astype(np.float64))
+    names, steps_of, dur = act.name[rows].astype(np.int64), act.step[rows].astype(np.int64), act.dur_ps[rows]
+    totals = np.bincount(names, weights=dur, minlength=len(act.names))
     top = np.argsort(-totals, kind="stable")[:TOP_OPS]
-    table = np.zeros((top.size, steps), np.int64)
-    slot = np.full(uniq.size, -1)
+    top = top[totals[top] > 0]
+    slot = np.full(len(act.names), -1, np.int64)
     slot[top] = np.arange(top.size)
-    keep = slot[inverse] >= 0
-    np.add.at(table, (slot[inverse][keep], steps_of[keep]), dur[keep])
-    return [act.names[int(uniq[i])] for i in top], table
+    keep = slot[names] >= 0
+    table = np.bincount(slot[names][keep] * steps + steps_of[keep], weights=dur[keep], minlength=top.size * steps)
+    return [act.names[int(i)] for i in top], table.reshape(top.size, steps).astype(np.int64)
 
 
 def on_session_steps(calls: RankCalls, windows: np.ndarray) -> RankCalls:
