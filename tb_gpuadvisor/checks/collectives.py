@@ -370,8 +370,8 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
              else f"Collectives take {percent:.1f}% of each step")
-    # Where the calls are named, the overlap fix goes with any saving it has, however small.
-    shown = severity is Severity.WARNING or (room is not None and room.saving_ms > 0)
+    # Where the calls are named, the overlap fix goes with a saving too small for a warning.
+    shown = severity is Severity.WARNING or (severity is Severity.INFO and room is not None and room.saving_ms > 0)
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
                    remedies if shown else [])
 
