@@ -9,7 +9,8 @@ per step. The n-th call of one kind and group in one session step is the same co
 every rank. An NCCL collective ends at about the same moment on every rank, so:
 
 - the clock offset of a rank is the median, over matched calls, of its end time less the
-  calls' median end (reported, not needed for the split below);
+  calls' median end; with the offsets out, calls that still end apart are not one collective
+  (other groups, a point-to-point schedule), and ranks whose calls mostly do not are not matched;
 - the rank whose kernel of a call is shortest arrived last: the others launched theirs earlier
   and waited. The shortest kernel is the call's transfer; what each rank spent beyond it is
   waiting for the last rank. As in the breakdown, only time with no compute alongside is

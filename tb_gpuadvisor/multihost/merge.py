@@ -6,7 +6,10 @@ one-process analysis) gives the per-host findings; the cross-host ones (imbalanc
 launch skew, collectives...) are judged again over every host's GPUs by each check's declared
 join and judge (``CrossHost`` in checks/base.py), and every replayed saving becomes the gain all hosts allow: a step
 of synchronous training ends when its slowest host does, so per step the smallest gain
-of any host, plus the straggler's balance across all replicas.
+of any host, plus the straggler's balance across all replicas. Where the hosts' traces name
+their collective calls (PyTorch ranks), the calls are matched across hosts (checks/_ranks.py):
+the straggler's balance also counts its host arriving late, and the primary host's breakdown
+splits its collective time into waiting and transfer as the matched calls do.
 """
 
 from __future__ import annotations
