@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 EPOCH_US = 1_700_000_000_000_000
+OPTIMIZER_KERNELS = 20
 
 
 def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
@@ -138,3 +139,128 @@ def write_trace(path: Path, trace: dict) -> Path:
     data = json.dumps(trace).encode()
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
+
+
+def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: float = 500.0,
+                 optimizer_us: float = 3000.0, slow_rank: int | None = None, slow_factor: float = 2.0,
+                 gather_us: float = 300.0, scatter_us: float = 600.0, overlap: bool = False,
+                 clock_offsets_us: tuple[float, ...] = (), launch_us: float = 10.0) -> list[dict]:
+    """One trace dict per rank of an FSDP-like job, laid out together so the collectives agree.
+
+    Each step on each rank: forward, per layer an all-gather then a compute kernel that needs it;
+    backward, per layer a compute kernel and a reduce-scatter of its gradients; then the host's
+    ``aten::item`` with ``cudaStreamSynchronize`` waiting for the GPU (the gradients' norm read), then
+    the host's ``Optimizer.step#AdamW.step`` (OPTIMIZER_US of host time, SLOW_FACTOR times that on
+    SLOW_RANK, launching OPTIMIZER_KERNELS kernels evenly, each 0.9 x OPTIMIZER_US / OPTIMIZER_KERNELS on
+    every rank: the others' GPUs keep up, the slow rank's idles), so the next step's first all-gather
+    waits for the slowest host.
+    Every collective's kernel starts on its rank when launched and its stream is free, and ends on
+    every rank at the same moment: the last rank's start plus the transfer (GATHER_US, SCATTER_US),
+    so earlier ranks wait inside it. OVERLAP False: backward's reduce-scatters all run after the
+    last backward kernel (the compute stream waits for each); True: each runs on its own stream
+    beside the next layer's backward kernel (as DDP/FSDP hooks do), only the last one exposed.
+    CLOCK_OFFSETS_US: added to every time of that rank (its host clock differs). Calls carry
+    ``record_param_comms`` args (a group of RANKS named "0")."""
+    host = [1000.0] * ranks          # each rank's host time
+    compute = [0.0] * ranks          # when its compute stream is free
+    comm = [0.0] * ranks             # when its NCCL stream is free
+    corr = [1] * ranks
+    events: list[list[dict]] = [[{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
+                                  "args": {"name": "python"}}] for _ in range(ranks)]
+    group = {"Group size": ranks, "Process Group Name": "0", "Process Group Ranks": str(list(range(ranks)))}
+
+    def launch(r: int, name: str, stream: int, start_gpu: float, dur: float) -> tuple[float, int]:
+        """A launch call on rank R's host now; its kernel on STREAM at START_GPU or after the launch."""
+        t = host[r]
+        c = corr[r]
+        corr[r] += 1
+        events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7,
+                          "ts": t + 1, "dur": launch_us, "args": {"correlation": c}})
+        start = max(t + launch_us + 2, start_gpu)
+        if dur >= 0:
+            events[r].append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": start,
+                              "dur": dur, "args": {"device": 0, "stream": stream, "correlation": c}})
+        host[r] = t + launch_us + 3
+        return start, c
+
+    def op(r: int, name: str, start: float, args: dict | None = None) -> None:
+        events[r].append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 7, "ts": start,
+                          "dur": host[r] - start, **({"args": args} if args else {})})
+
+    def collective(name: str, kernel: str, transfer: float, after_compute: bool) -> None:
+        """One call on every rank: launched now on each host; ends together on every rank."""
+        starts = []
+        for r in range(ranks):
+            t0 = host[r]
+            ready = max(comm[r], compute[r]) if after_compute else comm[r]
+            starts.append(max(t0 + launch_us + 2, ready))
+        end = max(starts) + transfer
+        for r in range(ranks):
+            t0 = host[r]
+            c = corr[r]
+            corr[r] += 1
+            events[r] += [
+                {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 7, "ts": t0,
+                 "dur": launch_us + 4, "args": {"Collective name": name, "In msg nelems": 1 << 20,
+                                                "Out msg nelems": 1 << 20, "dtype": "Float", **group}},
+                {"ph": "X", "cat": "user_annotation", "name": f"nccl:{name}", "pid": 1, "tid": 7,
+                 "ts": t0 + 0.5, "dur": launch_us + 3},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7,
+                 "ts": t0 + 1, "dur": launch_us, "args": {"correlation": c}},
+                {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 9, "ts": starts[r],
+                 "dur": end - starts[r], "args": {"device": 0, "stream": 9, "correlation": c}}]
+            comm[r] = end
+            host[r] = t0 + launch_us + 5
+
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    scatter = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    for s in range(steps):
+        step_start = list(host)
+        for layer in range(layers):         # forward: gather the layer's parameters, then compute
+            collective("_allgather_base", gather, gather_us, after_compute=False)
+            for r in range(ranks):
+                t0 = host[r]
+                start, _ = launch(r, f"void fwd_gemm_{layer}<float>()", 7, max(compute[r], comm[r]), kernel_us)
+                compute[r] = start + kernel_us
+                op(r, "aten::mm", t0)
+        for layer in range(layers):         # backward: compute a layer's gradients, reduce-scatter them
+            for r in range(ranks):
+                t0 = host[r]
+                start, _ = launch(r, f"void bwd_gemm_{layer}<float>()", 7,
+                                  compute[r] if overlap else max(compute[r], comm[r]), kernel_us)
+                compute[r] = start + kernel_us
+                op(r, "aten::mm", t0)
+            if overlap:
+                collective("_reduce_scatter_base", scatter, scatter_us, after_compute=True)
+        if not overlap:
+            for layer in range(layers):
+                collective("_reduce_scatter_base", scatter, scatter_us, after_compute=True)
+        for r in range(ranks):               # a sync (the gradients' norm read), then the optimizer step
+            t1 = host[r]
+            wait_end = max(t1 + 5, compute[r], comm[r])
+            events[r] += [{"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 7, "ts": t1,
+                           "dur": wait_end + 1 - t1},
+                          {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
+                           "tid": 7, "ts": t1 + 0.5, "dur": wait_end - t1 - 0.5}]
+            host[r] = t0 = wait_end + 2
+            pace = optimizer_us * (slow_factor if r == slow_rank else 1.0) / OPTIMIZER_KERNELS
+            for _ in range(OPTIMIZER_KERNELS):      # one kernel per parameter, as a for-loop optimizer
+                host[r] += pace - launch_us - 3
+                start, _ = launch(r, "void multi_tensor_apply_kernel<AdamFunctor<float>>()", 7, compute[r],
+                                  0.9 * optimizer_us / OPTIMIZER_KERNELS)
+                compute[r] = start + 0.9 * optimizer_us / OPTIMIZER_KERNELS
+            op(r, "Optimizer.step#AdamW.step", t0)
+            events[r].append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{5 + s}", "pid": 1,
+                              "tid": 7, "ts": step_start[r], "dur": host[r] - step_start[r]})
+            host[r] += 5
+    traces = []
+    for r in range(ranks):
+        shift = clock_offsets_us[r] if r < len(clock_offsets_us) else 0.0
+        for e in events[r]:
+            if "ts" in e:
+                e["ts"] += shift
+        traces.append({"schemaVersion": 1, "traceEvents": events[r], "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                       "distributedInfo": {"backend": "nccl", "rank": r, "world_size": ranks},
+                       "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000,
+                                             "computeMajor": 9, "computeMinor": 0, "numSms": 132}]})
+    return traces
