@@ -22,7 +22,8 @@ often, keep the whole step (and in custom loops, the loop itself) inside ``tf.fu
 and replace dynamic loss scaling by a fixed scale when its checks show up between steps.
 
 GPU idle time behind framework ops computing on the host is op_placement's, and step time
-the device's trace does not cover is never counted as idle.
+the device's trace does not cover is never counted as idle: when the GPU ran the model but its
+trace is empty, the check does not apply.
 
 Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
 other-host time removed from the host's timeline: device work released after it moves
@@ -230,6 +231,12 @@ def check(analysis: Analysis) -> Finding:
     primary = breakdown.primary
     if primary is None or not analysis.steps_count:
         return needs_steps(CHECK_ID, "Host overhead", "host gaps")
+    if analysis.trust.placement.where == "gpu_trace_lost":
+        # The GPU ran the model but its trace is empty: the CPU breakdown stands in for the
+        # steps, and its "idle" time says nothing of when the GPU waited.
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU idle time not measurable",
+                       "The GPU ran the model but its trace is empty (see the profile quality finding), so "
+                       "when it sat idle while the host ran Python, callbacks or other work cannot be measured.")
     percent = primary.percent("other_host")
     other_ms = analysis.ms_per_step(primary.total("other_host"))
     saving = analysis.what_if.saving_ms(CHECK_ID)

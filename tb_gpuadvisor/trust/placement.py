@@ -20,7 +20,7 @@ from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.classify import op_key
-from tb_gpuadvisor.model.kernels import name_mask, op_type
+from tb_gpuadvisor.model.kernels import name_mask, named_events, op_type
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, HostEventKind, SessionModel, Steps,
 )
@@ -47,17 +47,27 @@ def step_threads(activity: HostActivity) -> np.ndarray:
 
 
 def executor_work_mask(activity: HostActivity) -> np.ndarray:
-    """Executor activity on the runtime's own step threads (``ExecutorState::Process`` on
-    tf_Compute, ``ThunkExecutor::Execute`` on XLA's CPU threads): the graph running on the CPU.
+    """The graph running on the CPU: every event on the runtime's own step threads (``tf_Compute``
+    and Eigen's pools run ``ExecutorState::Process``, and under ``jit_compile`` XLA's executable
+    and its HLO ops, which no op vocabulary names), allocator records aside.
 
     The threads that call into the runtime (they carry the step markers and function calls)
-    only wait on it, so their executor events are dispatch, not compute.
+    only wait on it, so their executor events are dispatch, not compute; but on a host whose
+    tracer recorded no compute op at all, the graph calls themselves (``FunctionRun``, the
+    dispatch of ``__inference_...``) count: the function runs for all of them, and whether the CPU
+    sat idle inside one cannot be seen.
     """
+    if not activity.threads:
+        return np.zeros(len(activity), bool)
     calls = activity.mask(HostEventKind.STEP_MARKER, HostEventKind.FUNCTION)
     callers = np.zeros(len(activity.threads), bool)
     callers[np.unique(activity.thread[calls])] = True
-    return ((activity.kind == HostEventKind.EXECUTOR) & step_threads(activity)
-            & ~callers[activity.thread] if activity.threads else np.zeros(len(activity), bool))
+    work = ~activity.mask(HostEventKind.MEMORY, HostEventKind.STEP_MARKER, HostEventKind.FUNCTION,
+                          HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE)
+    mask = work & step_threads(activity) & ~callers[activity.thread]
+    if not compute_op_mask(activity).any():
+        mask = mask | named_events(activity, "graph_call", tensorflow.GRAPH_CALL.search)
+    return mask
 
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
@@ -91,13 +101,22 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
                 and op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)
-    mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
-    if not grouped_steps(steps):
-        return mask
-    # Only the few ops picked so far are judged by group (inside a step, so its group is known).
+    return of_the_step(activity, compute_op_mask(activity) & (activity.step >= 0) & table[activity.name], steps)
+
+
+def of_the_step(activity: HostActivity, mask: np.ndarray, steps: Steps, grouped_ops: bool = False) -> np.ndarray:
+    """MASK (op events inside steps, a fresh array) less the ops tf.data's functions ran on the
+    runtime's threads: when the capture groups events by step, those carry no group or another
+    step's. GROUPED_OPS: also when only the ops are grouped (steps inferred from function runs
+    carry no group id, but the runtime still gave the step's ops theirs)."""
     rows = np.flatnonzero(mask)
-    group, own = activity.group_id[rows], steps.group_id[activity.step[rows]]
-    mask[rows[(group < 0) | ((own >= 0) & (group != own))]] = False
+    group = activity.group_id[rows]
+    if grouped_steps(steps):
+        # Only the few ops picked so far are judged by group (inside a step, so its group is known).
+        own = steps.group_id[activity.step[rows]]
+        mask[rows[(group < 0) | ((own >= 0) & (group != own))]] = False
+    elif grouped_ops and np.any(group >= 0):
+        mask[rows[group < 0]] = False
     return mask
 
 
