@@ -24,7 +24,7 @@ from tb_gpuadvisor.model.kernels import name_mask, named_events, op_type
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, HostEventKind, SessionModel, Steps,
 )
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import jax, tensorflow
 
 # Host op time (as a share of the step) above which the model, not a stray op, ran on the host.
 MODEL_ON_HOST_SHARE = 0.5
@@ -51,11 +51,13 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
     and Eigen's pools run ``ExecutorState::Process``, and under ``jit_compile`` XLA's executable
     and its HLO ops, which no op vocabulary names), allocator records aside.
 
-    The threads that call into the runtime (they carry the step markers and function calls)
-    only wait on it, so their executor events are dispatch, not compute; but on a host whose
-    tracer recorded no compute op at all, the graph calls themselves (``FunctionRun``, the
+    The threads that call into TensorFlow's runtime (they carry the step markers and function
+    calls) only wait on it, so their executor events are dispatch, not compute; but on a host
+    whose tracer recorded no compute op at all, the graph calls themselves (``FunctionRun``, the
     dispatch of ``__inference_...``) count: the function runs for all of them, and whether the CPU
-    sat idle inside one cannot be seen.
+    sat idle inside one cannot be seen. JAX's program calls (``PjitFunction(f)``) always count: the
+    calling thread itself prepares and dispatches each program onto the same CPU, which for an
+    op-by-op loop is most of the step's work.
     """
     if not activity.threads:
         return np.zeros(len(activity), bool)
@@ -67,7 +69,7 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
     mask = work & step_threads(activity) & ~callers[activity.thread]
     if not compute_op_mask(activity).any():
         mask = mask | named_events(activity, "graph_call", tensorflow.GRAPH_CALL.search)
-    return mask
+    return mask | named_events(activity, "jax_call", jax.FUNCTION.match)
 
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
