@@ -48,7 +48,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.timeline import PS_PER_MS, HostActivity, HostEventKind
-from tb_gpuadvisor.vocab import pytorch, tensorflow
+from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "host_overhead"
 CRITICAL, WARNING = 15.0, 3.0
@@ -216,6 +216,26 @@ def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
     return [] if compiled else [fixes.TF_FUNCTION]
 
 
+# An un-jitted JAX step calls a program per jax.numpy op (PjitFunction(matmul), (tanh), ...); a
+# jitted one calls its step and perhaps device_put's "stage": this many distinct programs or more
+# in the steps is a step run op by op.
+OP_BY_OP_PROGRAMS = 4
+
+
+def op_by_op_programs(analysis: Analysis) -> list[str]:
+    """The distinct JAX programs the steps call when they are that many (the step runs op by op,
+    and jax.jit is the first fix), else none."""
+    if analysis.model.framework != jax.FRAMEWORK:
+        return []
+    for host in analysis.model.hosts:
+        act = host.activity
+        calls = named_events(act, "jax_call", jax.FUNCTION.match) & (act.step >= 0)
+        names, counts = np.unique(act.name[calls], return_counts=True)
+        if names.size >= OP_BY_OP_PROGRAMS:
+            return [act.names[int(i)] for i in names[np.argsort(-counts, kind="stable")]]
+    return []
+
+
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     names = [n for host in analysis.model.hosts for n in host.activity.names]
     names += [o for dev in analysis.model.devices for o in dev.ops]
@@ -259,6 +279,10 @@ def check(analysis: Analysis) -> Finding:
     summary += stall_sentence(stalls, analysis.steps_count)
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
+    programs = op_by_op_programs(analysis)
+    if programs:
+        summary += (f" The step runs op by op: it calls {len(programs)} programs ({', '.join(programs[:3])}, ...), "
+                    "each traced and dispatched from Python; compiled with jax.jit it is one.")
     summary += analysis.gain_note(severity, saving)
     if severity is Severity.OK:
         title = f"Little host overhead ({percent:.1f}% of step time)"
@@ -285,6 +309,8 @@ def check(analysis: Analysis) -> Finding:
     fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
+    if programs:
+        fix_list = [fixes.TF_FUNCTION, *(f for f in fix_list if f is not fixes.TF_FUNCTION)]
     if stalls:
         fix_list.insert(0, fixes.TORCH_NO_HOST_SYNC)
     if allocator:
