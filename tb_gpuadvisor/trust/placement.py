@@ -52,12 +52,12 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
     and its HLO ops, which no op vocabulary names), allocator records aside.
 
     The threads that call into TensorFlow's runtime (they carry the step markers and function
-    calls) only wait on it, so their executor events are dispatch, not compute; but on a host
-    whose tracer recorded no compute op at all, the graph calls themselves (``FunctionRun``, the
-    dispatch of ``__inference_...``) count: the function runs for all of them, and whether the CPU
-    sat idle inside one cannot be seen. JAX's program calls (``PjitFunction(f)``) always count: the
-    calling thread itself prepares and dispatches each program onto the same CPU, which for an
-    op-by-op loop is most of the step's work.
+    calls) only wait on it, so their executor events are dispatch, not compute; but where the
+    tracer recorded no compute op on the runtime's threads, the graph calls themselves
+    (``FunctionRun``, the dispatch of ``__inference_...``) count: the function runs for all of
+    them, and whether the CPU sat idle inside one cannot be seen. JAX's program calls
+    (``PjitFunction(f)``) always count: the calling thread itself prepares and dispatches each
+    program onto the same CPU, which for an op-by-op loop is most of the step's work.
     """
     if not activity.threads:
         return np.zeros(len(activity), bool)
@@ -66,8 +66,9 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
     callers[np.unique(activity.thread[calls])] = True
     work = ~activity.mask(HostEventKind.MEMORY, HostEventKind.STEP_MARKER, HostEventKind.FUNCTION,
                           HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE)
-    mask = work & step_threads(activity) & ~callers[activity.thread]
-    if not compute_op_mask(activity).any():
+    runtime = step_threads(activity) & ~callers[activity.thread]
+    mask = work & runtime
+    if not np.any(compute_op_mask(activity) & runtime):
         mask = mask | named_events(activity, "graph_call", tensorflow.GRAPH_CALL.search)
     return mask | named_events(activity, "jax_call", jax.FUNCTION.match)
 
