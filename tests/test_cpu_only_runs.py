@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -406,3 +407,26 @@ def test_jax_cpu_op_by_op_dispatch_is_the_step_running(jax_small_eager_loop) -> 
     assert "The step runs op by op: it calls 14 programs" in host["summary"]
     if host["fixes"]:
         assert "jax.jit" in host["fixes"][0]["text"]
+
+
+def test_small_model_on_the_cpu_beside_a_visible_gpu(keras3_cpu_small, tmp_path) -> None:
+    """Issue 36 item 4: the small Keras 3 CPU capture above with an empty /device:GPU:0 plane added
+    (TensorFlow saw a GPU, the model did not use it). Hand check: its ops are short on the CPU too
+    (3.5% of the step, 3% of op time in ops over 0.1 ms), and the host holds no launch call and no
+    '_Send input ... to GPU' / 'IteratorGetNext/_N:_Send': nothing drove a GPU. Main read it as a
+    GPU run whose trace CUPTI lost ("Empty GPU trace" first, host overhead critical), where the
+    first fix is the placement."""
+    from tb_gpuadvisor.xspace.schema import XPlane, XSpace
+
+    logdir = tmp_path / "logs"
+    shutil.copytree(keras3_cpu_small, logdir)
+    for path in logdir.rglob("*.xplane.pb"):
+        space = XSpace.FromString(path.read_bytes())
+        space.planes.append(XPlane(id=99, name="/device:GPU:0"))
+        path.write_bytes(space.SerializeToString())
+    session = _session(logdir)
+    assert session["trust"]["model_ran_on"] == "host_despite_gpu"
+    first = session["findings"][0]
+    assert (first["check"], first["severity"]) == ("op_placement", "critical")
+    assert "nothing on the host drove a GPU" in first["summary"]
+    assert _finding(session, "host_overhead")["severity"] not in ("critical", "warning")

@@ -261,6 +261,11 @@ def check(analysis: Analysis) -> Finding:
     other_ms = analysis.ms_per_step(primary.total("other_host"))
     saving = analysis.what_if.saving_ms(CHECK_ID)
     severity = analysis.gated(severity_by_threshold(percent, CRITICAL, WARNING), saving)
+    # The model ran on the CPU beside an unused GPU: placement is the fix (op_placement), and the
+    # host's share of a CPU run says little of the GPU run that fix makes.
+    placed_first = analysis.trust.placement.where == "host_despite_gpu" and severity in ACTIONABLE
+    if placed_first:
+        severity = Severity.INFO
     host = analysis.primary_host
     loss_scale = uses_dynamic_loss_scale(analysis)
     on_cpu = breakdown.device_kind == "cpu"
@@ -283,7 +288,11 @@ def check(analysis: Analysis) -> Finding:
     if programs:
         summary += (f" The step runs op by op: it calls {len(programs)} programs ({', '.join(programs[:3])}, ...), "
                     "each traced and dispatched from Python; compiled with jax.jit it is one.")
-    summary += analysis.gain_note(severity, saving)
+    if placed_first:
+        summary += (" The model ran on the CPU beside an unused GPU: place it on the GPU first (see the op "
+                    "placement finding); this share describes the CPU run.")
+    else:
+        summary += analysis.gain_note(severity, saving)
     if severity is Severity.OK:
         title = f"Little host overhead ({percent:.1f}% of step time)"
     elif on_cpu:

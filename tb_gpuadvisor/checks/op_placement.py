@@ -60,7 +60,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.trust.placement import host_op_mask, of_the_step, step_threads
+from tb_gpuadvisor.trust.placement import LONG_OP_SHARE, host_op_mask, of_the_step, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Fix, Replayed, Severity, needs_steps, register, severity_by_threshold,
@@ -189,10 +189,12 @@ def _model_on_host(analysis: Analysis) -> Finding:
                          detail=f"{op['calls_per_step']:.1f} calls per step on host compute threads",
                          host=analysis.primary_host_name, tool="tensorflow_stats")
                 for op in placement.ops]
+    how = (f"most of them for milliseconds each ({100 * placement.long_op_share:.0f}% of host op time is in ops "
+           "longer than 0.1 ms)" if placement.long_op_share >= LONG_OP_SHARE else
+           "and nothing on the host drove a GPU (no kernel launch, no function input sent to it)")
     summary = (f"The model ran on the CPU: {placement.host_op_percent:.1f}% of the step "
-               f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, most "
-               f"of them for milliseconds each ({100 * placement.long_op_share:.0f}% of host op time is in ops "
-               f"longer than 0.1 ms), while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
+               f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, {how}, "
+               f"while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
                "model on it: a CPU-only TensorFlow package, CUDA/cuDNN libraries that do not match the "
                "TensorFlow build, a hidden GPU (CUDA_VISIBLE_DEVICES) or a CPU device scope. Fix this first: "
                "every other number describes a CPU run.")

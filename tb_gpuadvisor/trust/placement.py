@@ -3,7 +3,8 @@
 Four situations look alike at first sight (a GPU plane with no kernels, or no GPU plane):
 - ``cpu_only``: the machine has no accelerator; the host is the device.
 - ``host_despite_gpu``: TensorFlow saw a GPU (the profiler wrote its plane) but the model's
-  ops executed on host compute threads, milliseconds each: a CPU-only TensorFlow build,
+  ops executed on host compute threads, milliseconds each, or for any time while nothing on the
+  host drove the GPU (no launch call, no function input sent to it): a CPU-only TensorFlow build,
   CUDA/cuDNN libraries that do not match it, or ops pinned to the CPU.
 - ``gpu_trace_lost``: the GPU ran the model but the profiler recorded no device events
   (CUPTI missing or not permitted): host op events are short dispatches and launch calls.
@@ -198,4 +199,15 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
                   for h in model.hosts) if len(steps) else False
         return Placement("cpu_only", percent, ms, long_share, ops, launches, ops_traced=percent > 0 or not ran)
     on_host = percent >= 100 * MODEL_ON_HOST_SHARE and long_share >= LONG_OP_SHARE
+    if not on_host and not launches and percent > 0 and not _sends_to_gpu(model):
+        # Nothing on the host drove a GPU: no launch call, and none of the copies TensorFlow makes
+        # of a GPU function's inputs (its own events, recorded without CUPTI), while the step's
+        # model ops ran on host threads: a small model's ops are short on the CPU too.
+        on_host = True
     return Placement("host_despite_gpu" if on_host else "gpu_trace_lost", percent, ms, long_share, ops, launches)
+
+
+def _sends_to_gpu(model: SessionModel) -> bool:
+    """Whether a host sent a function's inputs to a GPU (``IteratorGetNext/_1:_Send``, ``_Send input
+    0 from ...CPU:0 to ...GPU:0``): what TensorFlow does when the model's ops are placed on one."""
+    return any(tensorflow.INPUT_SEND.search(name) for host in model.hosts for name in host.activity.names)
