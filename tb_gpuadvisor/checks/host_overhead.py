@@ -5,8 +5,9 @@
 host was neither waiting on input nor launching work for it, i.e. running Python, Keras
 callbacks and metrics, ops outside ``tf.function``, host-side conditionals such as dynamic
 loss scaling checks, or nothing at all between steps. On CPU-only captures it is step
-time covered by neither framework ops, the executor running the graph, nor input waits,
-and it is said of the CPU (there is no device to idle). Measured on the primary device.
+time covered by neither framework ops, the runtime's threads running the graph (and the
+graph calls, when the tracer recorded no op), JAX's program calls, nor input waits, and it
+is said of the CPU (there is no device to idle). Measured on the primary device.
 The evidence lists the host activities that overlapped those gaps the most, the longest
 gaps with their time range, and the steps that lost the most time.
 
@@ -23,7 +24,9 @@ and replace dynamic loss scaling by a fixed scale when its checks show up betwee
 
 GPU idle time behind framework ops computing on the host is op_placement's, and step time
 the device's trace does not cover is never counted as idle: when the GPU ran the model but its
-trace is empty, the check does not apply.
+trace is empty, the check does not apply. When the model ran on the CPU beside an unused GPU,
+placement comes first (op_placement) and this finding is at most info. A JAX step that calls
+many programs runs op by op: jax.jit is then its first fix.
 
 Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
 other-host time removed from the host's timeline: device work released after it moves
