@@ -48,9 +48,10 @@ def step_threads(activity: HostActivity) -> np.ndarray:
 
 
 def executor_work_mask(activity: HostActivity) -> np.ndarray:
-    """The graph running on the CPU: every event on the runtime's own step threads (``tf_Compute``
-    and Eigen's pools run ``ExecutorState::Process``, and under ``jit_compile`` XLA's executable
-    and its HLO ops, which no op vocabulary names), allocator records aside.
+    """The graph running on the CPU: every event on the runtime's own step threads, those that
+    execute ops or the executor (``tf_Compute`` and Eigen's pools run ``ExecutorState::Process``,
+    and under ``jit_compile`` XLA's executable and its HLO ops, which no op vocabulary names),
+    allocator records aside.
 
     The threads that call into TensorFlow's runtime (they carry the step markers and function
     calls) only wait on it, so their executor events are dispatch, not compute; but where the
@@ -65,9 +66,12 @@ def executor_work_mask(activity: HostActivity) -> np.ndarray:
     calls = activity.mask(HostEventKind.STEP_MARKER, HostEventKind.FUNCTION)
     callers = np.zeros(len(activity.threads), bool)
     callers[np.unique(activity.thread[calls])] = True
+    # The runtime's threads are the ones it executes on (other threads, say a Python helper's, are not).
+    executes = np.zeros(len(activity.threads), bool)
+    executes[np.unique(activity.thread[activity.mask(HostEventKind.EXECUTOR, HostEventKind.FRAMEWORK_OP)])] = True
     work = ~activity.mask(HostEventKind.MEMORY, HostEventKind.STEP_MARKER, HostEventKind.FUNCTION,
                           HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE)
-    runtime = step_threads(activity) & ~callers[activity.thread]
+    runtime = step_threads(activity) & (executes & ~callers)[activity.thread]
     mask = work & runtime
     if not np.any(compute_op_mask(activity) & runtime):
         mask = mask | named_events(activity, "graph_call", tensorflow.GRAPH_CALL.search)
