@@ -40,6 +40,7 @@ from tb_gpuadvisor.checks.fixes import (
 )
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
 from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.trust.placement import LONG_OP_SHARE
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "profile_quality"
@@ -190,8 +191,10 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
     if placement.where == "host_despite_gpu":
         return [Issue(Severity.INFO, "The GPU trace is empty because the model ran on the CPU",
                       f"The model ran on the CPU: TensorFlow saw a GPU (the profiler wrote its plane) but the "
-                      f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, most of them for milliseconds "
-                      "each: the GPU trace is empty because the GPU did nothing (see the op placement finding), "
+                      f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, "
+                      + ("most of them for milliseconds each" if placement.long_op_share >= LONG_OP_SHARE
+                         else "and nothing on the host launched GPU work or sent it inputs")
+                      + ": the GPU trace is empty because the GPU did nothing (see the op placement finding), "
                       "not because the profiler failed.")]
     return []
 

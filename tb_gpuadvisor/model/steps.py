@@ -19,7 +19,7 @@ from tb_gpuadvisor.arrays import SortedKeys
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import DeviceActivity, HostActivity, HostEventKind, HostModel, Steps
-from tb_gpuadvisor.vocab import hlo, jax, pytorch, tensorflow
+from tb_gpuadvisor.vocab import hlo, jax, pytorch, tensorflow, xla
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -271,7 +271,60 @@ def find_steps(hosts: list[HostCapture], made_by: str) -> Steps:
     if steps is None:
         return Steps("none", _EMPTY, _EMPTY, _EMPTY, _EMPTY)
     _to_periods(steps, hosts)
+    if made_by == jax.FRAMEWORK:
+        _at_cpu_runs(steps, hosts)
     return steps
+
+
+def _cpu_runs(act: HostActivity) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the program runs on XLA's CPU client threads, in start order: each top-level
+    run event with the wait for its parallel tasks that follows it on its thread."""
+    ids = {n: i for i, n in enumerate(act.names) if n in (xla.CPU_RUN, xla.CPU_RUN_WAIT)}
+    client = np.array([bool(xla.CPU_CLIENT_THREAD.match(t)) for t in act.threads], bool)
+    if xla.CPU_RUN not in ids or not client.any():
+        return _EMPTY, _EMPTY
+    starts, ends = [], []
+    runs = np.flatnonzero((act.name == ids[xla.CPU_RUN]) & client[act.thread])
+    waits = (np.flatnonzero((act.name == ids[xla.CPU_RUN_WAIT]) & client[act.thread])
+             if xla.CPU_RUN_WAIT in ids else _EMPTY)
+    for thread in np.unique(act.thread[runs]):
+        start, end = _top_level(*(a[runs[act.thread[runs] == thread]] for a in (act.start_ps, act.end_ps)))
+        mine = waits[act.thread[waits] == thread]
+        owner = np.searchsorted(start, act.start_ps[mine], side="right") - 1
+        np.maximum.at(end, owner[owner >= 0], act.end_ps[mine][owner >= 0])
+        starts.append(start)
+        ends.append(end)
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(start, kind="stable")
+    return start[order], end[order]
+
+
+def _at_cpu_runs(steps: Steps, hosts: list[HostCapture]) -> None:
+    """JAX on the CPU dispatches each program and returns before it runs: a loop that does not wait
+    for its results runs ahead, and its step markers (or calls) time the dispatch, not the work.
+    Runs execute in the order they were dispatched, so the Nth dispatch is the Nth run. When most
+    steps' runs were still going when the next step began, the steps are the runs' periods: each
+    starts where its first run started, the last ends where its last run ended."""
+    if len(steps) < 2 or any(len(dev) for hc in hosts for dev in hc.devices):
+        return
+    for hc in hosts:
+        act = hc.activity
+        run_start, run_end = _cpu_runs(act)
+        ids = [i for i, n in enumerate(act.names) if xla.DISPATCH.search(n)]
+        dispatch = np.sort(act.start_ps[np.isin(act.name, ids)])
+        if not dispatch.size or dispatch.size != run_start.size:
+            continue
+        first = np.searchsorted(dispatch, steps.start_ps)
+        last = np.searchsorted(dispatch, steps.end_ps) - 1
+        if np.any(first > last):
+            return              # a step that dispatched nothing: the pairing says nothing of it
+        ran_on = run_end[last[:-1]] > steps.start_ps[1:]
+        if 2 * np.count_nonzero(ran_on) < ran_on.size:
+            return
+        starts = np.maximum.accumulate(run_start[first])
+        steps.start_ps = starts
+        steps.end_ps = np.append(starts[1:], max(int(run_end[last[-1]]), int(starts[-1]))).astype(np.int64)
+        return
 
 
 def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:

@@ -248,8 +248,8 @@ def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, lis
     if trust.placement.where == "gpu_trace_lost" and aspect in ("idle", "kernels", "replicas"):
         low.append("the GPU trace is empty although the model ran on the GPU: device time is unknown")
     if not trust.placement.ops_traced and aspect == "idle":
-        low.append("the host tracer recorded no op events: the CPU's compute is known only as the executor's "
-                   "activity, and when it sat idle cannot be measured")
+        low.append("the host tracer recorded no op events: the CPU's compute is known only as the runtime's "
+                   "activity and its graph calls, and when it sat idle inside a call cannot be measured")
     if trust.missing_work and aspect in ("idle", "kernels"):
         low.append(trust.missing_work + ": device idle time and kernel shares may be unrecorded work")
     partial = trust.partial_devices
