@@ -59,8 +59,10 @@ def _no_accelerator(session: dict) -> bool:
 def _steps_line(steps: dict) -> str:
     if not steps.get("count"):
         return "no steps found"
+    pace = {"device": "; the device set the pace (the host ran ahead: each step lasts as long as its device work)",
+            "host": "; the host set the pace (the device waited for it)"}.get(steps.get("paced_by", ""), "")
     return (f"{steps['count']} steps from {steps['source']} markers, "
-            f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f})")
+            f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f}){pace}")
 
 
 # Every C0/C1 control character but the newline: an ESC in a capture name would otherwise

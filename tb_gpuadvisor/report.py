@@ -29,6 +29,8 @@ def _steps_json(model: SessionModel, trust: Trust) -> dict:
     out: dict = {"count": steps.training_steps, "source": steps.source}
     if steps.marker_name:
         out["marker"] = steps.marker_name
+    if steps.paced_by:
+        out["paced_by"] = steps.paced_by
     if steps.per_marker > 1:
         out.update(steps_per_execution=steps.per_marker, markers=len(steps))
     if trust.excluded:

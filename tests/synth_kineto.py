@@ -22,7 +22,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
-                 memory: tuple[int, ...] = ()) -> dict:
+                 memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -33,14 +33,19 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     holding its args (float32, a group of 8 ranks named "0") around a ``nccl:<collective>``
     annotation around the launch; the kernel runs on its own stream with nothing alongside.
     MEMORY: the GPU allocator's ``[memory]`` events of each step, one per value of Total Allocated
-    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored."""
+    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored.
+    AHEAD: a step ends when its launches are made, not when the GPU ran them (no sync inside the
+    step, as with torch.compile or large batches): the host runs ahead and the GPU's queue grows.
+    QUEUED: that many more steps' launches follow the last marked one, with no ProfilerStep#N of
+    their own (the host was a step ahead when the profiler stopped)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
     base = EPOCH_US if old else 1000.0
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
     t, corr = base, 1
-    for s in range(steps):
+    gpu_free = t
+    for s in range(steps + queued):
         step_start = t
         step_events = []
         if input_us:
@@ -48,7 +53,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
-        gpu_free = t
+        gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
                                 "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
@@ -115,9 +120,10 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  "ts": t + 2, "dur": wait_end - t - 2},
                 {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
             t = wait_end + 4 + sync_us
-        t = max(t, gpu_free) + 5
-        events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
-                       "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
+        t = (t if ahead else max(t, gpu_free)) + 5
+        if s < steps:
+            events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
+                           "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
         events += step_events
     if old:
         for e in events:
