@@ -22,7 +22,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
-                 memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0) -> dict:
+                 memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
+                 silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
+                 final_sync_us: float = 0.0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -37,7 +39,14 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     AHEAD: a step ends when its launches are made, not when the GPU ran them (no sync inside the
     step, as with torch.compile or large batches): the host runs ahead and the GPU's queue grows.
     QUEUED: that many more steps' launches follow the last marked one, with no ProfilerStep#N of
-    their own (the host was a step ahead when the profiler stopped)."""
+    their own (the host was a step ahead when the profiler stopped).
+    CPU_INPUT_US: each step first makes its input on the CPU (``aten::randn``, that long; then
+    COPY_US gives the ``.to('cuda')``).  SILENT_US: each step's first kernel (``my_custom_kernel``)
+    is launched after that much host work the profiler did not record.  LAZY_LOADS: the first
+    step's first launches each load their kernel (a ``cuModuleLoadData`` driver call of 300 us
+    inside the launch).  COMPILE_US: the first step starts with torch.compile's compilation
+    (``_compile.compile_inner (dynamo_timed)``).  FINAL_SYNC_US: the last step ends in a
+    ``cudaDeviceSynchronize`` that returns that long after the last kernel."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -53,6 +62,16 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
+        if compile_us and s == 0:
+            step_events.append({"ph": "X", "cat": "python_function", "name": "_compile.compile_inner (dynamo_timed)",
+                                "pid": 1, "tid": 7, "ts": t, "dur": compile_us})
+            t += compile_us
+        if cpu_input_us:
+            step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::randn", "pid": 1, "tid": 7, "ts": t,
+                             "dur": cpu_input_us},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::normal_", "pid": 1, "tid": 7, "ts": t + 1,
+                             "dur": cpu_input_us - 2}]
+            t += cpu_input_us
         gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
@@ -64,16 +83,22 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             t += launch_us + 3
             corr += 1
         for k in range(kernels):
+            t += silent_us if k == 0 else 0.0
             op_start = t
+            load = 300.0 if s == 0 and k < lazy_loads else 0.0
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
-                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                                "ts": t + 1, "dur": launch_us + load, "args": {"correlation": corr}})
+            if load:
+                step_events.append({"ph": "X", "cat": "cuda_driver", "name": "cuModuleLoadData", "pid": 1,
+                                    "tid": 7, "ts": t + 1.5, "dur": load - 1})
             if device:
-                start = max(t + launch_us + 2, gpu_free)
-                step_events.append({"ph": "X", "cat": cat["kernel"], "name": f"void gemm_kernel_{k % 3}<float>()",
+                start = max(t + load + launch_us + 2, gpu_free)
+                kernel = "my_custom_kernel" if silent_us and k == 0 else f"void gemm_kernel_{k % 3}<float>()"
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
                                     "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
                 gpu_free = start + kernel_us
-            t += launch_us + 3
+            t += load + launch_us + 3
             step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
                                 "ts": op_start, "dur": t - op_start})
             corr += 1
@@ -120,6 +145,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  "ts": t + 2, "dur": wait_end - t - 2},
                 {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
             t = wait_end + 4 + sync_us
+        if final_sync_us and s == steps - 1:
+            wait = max(t + 5, gpu_free) + final_sync_us - t
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaDeviceSynchronize", "pid": 1,
+                                "tid": 7, "ts": t + 1, "dur": wait})
+            t += wait + 2
         t = (t if ahead else max(t, gpu_free)) + 5
         if s < steps:
             events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",

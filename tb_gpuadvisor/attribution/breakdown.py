@@ -326,8 +326,11 @@ class _Dispatch:
             not_launch = kind == HostEventKind.ALLOCATOR
             shared_set = _set(activity.start_ps, activity.end_ps, shared)
             ops = activity.rows_of(HostEventKind.FRAMEWORK_OP)
-            if by_rate:
-                not_launch = not_launch | kernels.named_events(activity, "sync", _SYNC_CALL.search)
+            # A sampled or filtered trace lost most launch calls: the gaps between those left say
+            # nothing of the launch rate, and its ops stand in for the launches they made.
+            if by_rate and host.partial_trace is None:
+                not_launch = (not_launch | (kind == HostEventKind.FIRST_USE)
+                              | kernels.named_events(activity, "sync", _SYNC_CALL.search))
                 shared_set = iv.union_of(shared_set, launch_rate_gaps(activity))
                 ops = ops[:0]
             found = host.activity.derived["dispatch"] = cls(

@@ -269,6 +269,11 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             "The device trace is partial: " + "; ".join(parts) + "." + used + effect, FULL_DEVICE_TRACE,
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
+    if trust.retake:
+        issues.append(Issue(
+            Severity.WARNING, "Warm-up capture: take it again after warm-up",
+            f"The capture is to be taken again: {trust.retake}. Launch and idle times measured on it are "
+            "set-up, not a trained step's (findings on them are low confidence).", STEP_WINDOW, leads=True))
     if trust.excluded:
         items = [Evidence(kind="step", name=f"step {e.number}", value=round((e.end_ps - e.start_ps) / PS_PER_MS, 3),
                           unit="ms", detail=e.reason, start_ms=round(e.start_ps / PS_PER_MS, 3),

@@ -20,6 +20,8 @@ from tb_gpuadvisor.model import classify, kernels
 from tb_gpuadvisor.model.timeline import (
     PS_PER_MS, DeviceActivity, DeviceEventKind, HostEventKind, HostModel, SessionModel, Steps,
 )
+from tb_gpuadvisor.trust.warmup import before_final_sync
+from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.vocab.gpu import HEAVY_KERNEL as _HEAVY_KERNEL
 from tb_gpuadvisor.vocab.tensorflow import EIGEN_ELEMENTWISE_KERNEL as _ELEMENTWISE
 from tb_gpuadvisor.vocab.tensorflow import GPU_PRIVATE_THREAD as _GPU_THREAD
@@ -144,6 +146,8 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
         replicas = _replica_events(host)
         threads = _launch_threads(host)
         until = _host_active_until(host, steps)
+        if until is not None and model.framework == pytorch.FRAMEWORK:
+            until = before_final_sync(model.hosts, until)
         for dev in host.devices:
             index = dev.device.index
             why = []
