@@ -105,3 +105,115 @@ def test_a100_tracediff_test_is_device_paced(corpus):
     assert steps.paced_by == "device"
     assert np.allclose(steps.duration_ps / PS_PER_MS, [157.408, 117.128, 114.802, 123.104, 116.692, 116.143],
                        atol=0.01)
+
+
+# --- the capture judged before the launches (issue 38, parts 3 and 6) -----------------------------
+
+def _first(session: dict) -> dict:
+    return session["findings"][0]
+
+
+def _serious(session: dict, check: str) -> bool:
+    """Whether CHECK is an actionable finding the capture supports."""
+    return any(f["check"] == check and f["severity"] in ("warning", "critical") and f["confidence"] != "low"
+               for f in session["findings"])
+
+
+def test_launch_calls_without_device_events_say_the_device_trace_is_missing_first(tmp_path):
+    """800 cudaLaunchKernel calls over 4 steps and not one kernel, copy or memset (CUPTI recorded
+    nothing): the device trace is missing; nothing may say the device idled."""
+    session = _session(_write(tmp_path, steps=4, kernels=200, kernel_us=40.0, device=False))
+    first = _first(session)
+    assert first["check"] == "profile_quality" and first["title"].startswith("Device trace missing")
+    assert first["metrics"]["leads"] is True and session["trust"]["model_ran_on"] == "gpu_trace_lost"
+    assert "800 GPU launch calls" in first["summary"]
+    assert any("ProfilerActivity.CUDA" in fix["code"] for fix in first["fixes"])
+    assert session["bottleneck"] is None
+    assert not any("idles the device" in f["title"] for f in session["findings"] if f["severity"] != "ok")
+    assert session["first_fix"]["check"] == "profile_quality"
+
+
+def test_cpu_only_pytorch_trace_says_first_that_the_model_ran_on_the_cpu(tmp_path):
+    """A PyTorch trace with no deviceProperties and no runtime call: aten ops only."""
+    trace = kineto_trace(steps=4, kernels=20, device=False)
+    trace.pop("deviceProperties")
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("name") != "cudaLaunchKernel"]
+    write_trace(tmp_path / "run" / "w.pt.trace.json", trace)
+    session = _session(tmp_path / "run")
+    first = _first(session)
+    assert first["check"] == "profile_quality" and first["title"].startswith("No GPU: the model ran on the CPU")
+    assert session["trust"]["model_ran_on"] == "cpu_only"
+    assert any("torch.cuda.is_available()" in fix["code"] for fix in first["fixes"])
+    assert not any("tensorflow" in fix["code"] for fix in first["fixes"])
+
+
+def test_copy_benchmark_leads_with_its_copies_not_op_placement(tmp_path):
+    """5 steps, each one 2 ms pageable host-to-device copy of 64 MiB (cudaMemcpyAsync) then
+    loss.item()'s cudaStreamSynchronize; no kernel launched at all."""
+    session = _session(_write(tmp_path, steps=5, kernels=0, copy_us=2000.0, copy_bytes=64 << 20, sync_us=10.0))
+    first = _first(session)
+    assert first["check"] == "memcpy" and first["severity"] == "critical" and first["confidence"] == "high"
+    assert "pageable" in first["summary"]
+    assert not _serious(session, "op_placement")
+    quality = next(f for f in session["findings"] if f["check"] == "profile_quality")
+    assert quality["severity"] == "ok" and "copy-only program" in quality["summary"]
+
+
+def test_a_warm_up_step_is_left_out_before_its_idle_is_attributed(tmp_path):
+    """The first of 4 steps launches its first 150 kernels through a 300 us cuModuleLoadData each
+    (45 ms of lazy loading in a ~47 ms step): it is left out as warm-up, the other 3 are judged."""
+    trust = assess(load_session(find_sessions(str(_write(tmp_path, steps=4, kernels=200, kernel_us=15.0,
+                                                               launch_us=8.0, lazy_loads=150)))[0]))
+    assert [e.number for e in trust.excluded] == [5] and "lazy kernel loading" in trust.excluded[0].reason
+    assert len(trust.steps) == 3 and trust.retake is None
+
+
+@pytest.mark.parametrize("params, words", [
+    (dict(steps=1, lazy_loads=150), "lazy kernel loading"),
+    (dict(steps=2, compile_us=20000.0), "torch.compile"),
+])
+def test_a_capture_of_warm_up_is_one_to_retake_first(tmp_path, params, words):
+    """One step of 200 launches, 150 of them loading their kernel (45 of 47 ms), or two steps
+    whose first spends 20 ms in torch.compile (``_compile.compile_inner (dynamo_timed)``): what
+    is left is too little to judge, so the capture is to be taken again after warm-up."""
+    session = _session(_write(tmp_path, kernels=200, kernel_us=15.0, launch_us=8.0, **params))
+    first = _first(session)
+    assert first["check"] == "profile_quality" and "Warm-up capture" in first["title"]
+    assert words in session["trust"]["capture_to_retake"]
+    assert any("torch.profiler.schedule(wait=" in fix["code"] for fix in first["fixes"])
+    assert not _serious(session, "kernel_launch") and not _serious(session, "host_overhead")
+
+
+def test_a_final_sync_outlasting_the_last_kernel_is_set_up_not_a_stopped_trace(tmp_path):
+    """The last of 4 steps ends in a cudaDeviceSynchronize that returns 200 ms after the last
+    kernel: that step is left out as set-up, and the GPU's trace is not said to stop early."""
+    session = _session(_write(tmp_path, steps=4, kernels=200, kernel_us=15.0, launch_us=8.0,
+                              final_sync_us=200000.0))
+    excluded = session["trust"]["excluded_steps"]
+    assert [e["step"] for e in excluded] == [8] and "final synchronize" in excluded[0]["reason"]
+    assert not session["trust"]["partial_device_trace"]
+    assert session["steps"]["count"] == 3
+
+
+def test_many_short_kernels_behind_their_launches_are_launch_bound_at_the_measured_cost(tmp_path):
+    """200 kernels of 4 us per step, each launched by an 8 us cudaLaunchKernel 3 us after the
+    last: the GPU waits for the launches; the launch cost is this capture's median, 8 us."""
+    session = _session(_write(tmp_path, steps=4, kernels=200, kernel_us=4.0, launch_us=8.0))
+    first = _first(session)
+    assert first["check"] == "kernel_launch" and first["severity"] == "critical"
+    assert first["metrics"]["launch_cost_us"] == pytest.approx(8.0) and first["metrics"]["launch_cost_measured"]
+
+
+@pytest.mark.parametrize("params", [
+    dict(cpu_input_us=3000.0, copy_us=200.0),      # torch.randn on the CPU, then .to('cuda')
+    dict(silent_us=2000.0),                        # a custom kernel after 2 ms of unrecorded host work
+    dict(sync_us=3000.0),                          # loss.item() then 3 ms of Python logging
+])
+def test_idle_that_launches_did_not_cause_is_not_launch_bound(tmp_path, params):
+    """Each step's GPU idles 2-3 ms behind host work that is not launching: an aten::randn on the
+    CPU, 2 ms of silence before the first launch, or Python after a cudaStreamSynchronize. Only
+    the gaps between launch calls that follow each other closely are launch time."""
+    session = _session(_write(tmp_path, steps=4, kernels=200, kernel_us=15.0, launch_us=8.0, **params))
+    launch = next(f for f in session["findings"] if f["check"] == "kernel_launch")
+    assert launch["severity"] not in ("warning", "critical")
+    assert launch["metrics"]["launch_percent"] < 3.0

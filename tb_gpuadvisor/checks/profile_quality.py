@@ -33,13 +33,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from tb_gpuadvisor.checks.base import Compared, Evidence, Finding, Fix, NoReplay, Severity, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_PROFILER_DOC, TORCH_WARM_CAPTURE, Remedy,
 )
 from tb_gpuadvisor.checks.op_placement import CHECK_GPU_VISIBLE
-from tb_gpuadvisor.model.timeline import PS_PER_MS
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "profile_quality"
@@ -141,6 +143,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
         vendor = f" {'/'.join(vendors)}" if vendors else ""
         if not active:
             return "gpu_empty", f"a capture of {len(gpus)}{vendor} GPU(s) on {where} with no GPU kernels recorded"
+        if not any(bool(np.any(d.kind == DeviceEventKind.KERNEL)) for d in active):
+            return "gpu", (f"a GPU capture: {len(active)} of {len(gpus)}{vendor} GPU(s) ran copies and the host "
+                           f"launched no kernel (a copy-only program), on {where}")
         return "gpu", f"a GPU capture: {len(active)} of {len(gpus)}{vendor} GPU(s) ran kernels, on {where}"
     if tpus:
         return "tpu", (f"a TPU capture ({len(tpus)} TPU(s) on {where}); the GPU checks do not apply, "

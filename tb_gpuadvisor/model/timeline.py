@@ -406,11 +406,18 @@ class SessionModel:
 
     @cached_property
     def active_gpus(self) -> list[DeviceActivity]:
-        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded).
+        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded); where no
+        GPU of a PyTorch trace ran a kernel, the GPUs that ran copies (a copy benchmark: its
+        copies are the work).
 
         Asked by most checks; the devices do not change once the model is built.
         """
-        return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH   # the vocabulary imports this module
+
+        ran = [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        if ran or self.framework != PYTORCH:
+            return ran
+        return [dev for dev in self.gpus if bool(np.any(dev.mask(*COPY_KINDS)))]
 
     @property
     def primary_gpu(self) -> DeviceActivity | None:

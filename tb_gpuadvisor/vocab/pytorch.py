@@ -303,3 +303,13 @@ def is_compile(name: str) -> bool:
     """Whether a host event is torch.compile's tracing, compiling or autotuning."""
     return bool(_COMPILE.search(name))
 
+
+
+# Runtime and driver calls that launch a kernel (a graph launches many), as opposed to the copy
+# and memset calls that also enqueue device work: a host that made none ran a copy-only program.
+_KERNEL_LAUNCH = re.compile(r"^(cu|cuda|hip|hipExt|hipModule)Launch\w*Kernel\w*$|^(cuda|hip|cu)Graph(Exec)?Launch$")
+
+
+def launches_kernel(name: str) -> bool:
+    """Whether a runtime call launches a kernel or a graph of kernels (not a copy or memset)."""
+    return bool(_KERNEL_LAUNCH.match(name))
