@@ -24,7 +24,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
                  memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
-                 final_sync_us: float = 0.0) -> dict:
+                 final_sync_us: float = 0.0, sync_every: int = 0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -46,7 +46,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     step's first launches each load their kernel (a ``cuModuleLoadData`` driver call of 300 us
     inside the launch).  COMPILE_US: the first step starts with torch.compile's compilation
     (``_compile.compile_inner (dynamo_timed)``).  FINAL_SYNC_US: the last step ends in a
-    ``cudaDeviceSynchronize`` that returns that long after the last kernel."""
+    ``cudaDeviceSynchronize`` that returns that long after the last kernel.  SYNC_EVERY: after every
+    that many kernels the host reads a value back (``aten::item`` around a ``cudaStreamSynchronize``
+    that waits for the GPU to finish), then goes on launching."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -99,6 +101,13 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
                 gpu_free = start + kernel_us
             t += load + launch_us + 3
+            if sync_every and device and (k + 1) % sync_every == 0:
+                wait_end = max(t + 2, gpu_free)
+                step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::item", "pid": 1, "tid": 7, "ts": t,
+                                 "dur": wait_end + 1 - t},
+                                {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1,
+                                 "tid": 7, "ts": t + 0.5, "dur": wait_end - t}]
+                t = wait_end + 2
             step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
                                 "ts": op_start, "dur": t - op_start})
             corr += 1

@@ -409,6 +409,17 @@ class _DeviceSets:
     waits: Intervals = iv.EMPTY
     host_ops: Intervals = iv.EMPTY
     launch: Intervals = iv.EMPTY
+    syncs: Intervals | None = None        # PyTorch's sync ops: idle that begins in one is not launch time
+
+
+def _gaps_from(idle: Intervals, calls: Intervals) -> Intervals:
+    """The gaps of IDLE (disjoint, sorted) that begin inside one of CALLS (disjoint, sorted)."""
+    starts, ends = idle
+    if not calls[0].size:
+        return iv.EMPTY
+    at = np.searchsorted(calls[0], starts, side="right") - 1
+    inside = (at >= 0) & (starts < calls[1][np.clip(at, 0, None)])
+    return starts[inside], ends[inside]
 
 
 def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -> DeviceBreakdown:
@@ -436,8 +447,9 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
             busy = iv.union_of(busy, part)
     # The rest of the steps is device idle time, cut by priority; what is left is other host work.
     rest = iv.cut(windows, busy)
+    launch = raw.launch if raw.syncs is None else iv.subtract(raw.launch, _gaps_from(rest, raw.syncs))
     for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
-                           ("launch", raw.launch)):
+                           ("launch", launch)):
         if key == "not_traced":
             part = iv.EMPTY if raw.covered is None else iv.cut(rest, _both(rest, raw.covered))
         else:
@@ -510,7 +522,11 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
         host_ops=host_ops,
-        launch=_launch_set(host, dev, by_rate)))
+        launch=_launch_set(host, dev, by_rate),
+        # After a sync the queue is empty and the device idles until the host launches again: the
+        # sync's cost (sync_stalls names it), not the launch rate's.
+        syncs=_set(activity.start_ps, activity.end_ps, kernels.named_events(activity, "sync_op", pytorch.is_sync_op))
+        if by_rate else None))
 
 
 def _launch_set(host: HostModel, dev: DeviceActivity, by_rate: bool) -> Intervals:
