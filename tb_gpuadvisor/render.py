@@ -56,6 +56,14 @@ def _no_accelerator(session: dict) -> bool:
     return (session.get("trust") or {}).get("model_ran_on") == "cpu_only"
 
 
+# Said of a capture whose host launched GPU work but which holds no device at all.
+TRACE_MISSING = "trace missing: the host launched GPU work, but no device event was recorded"
+
+
+def _trace_missing(session: dict) -> bool:
+    return (session.get("trust") or {}).get("model_ran_on") == "gpu_trace_lost" and not session.get("devices")
+
+
 def _steps_line(steps: dict) -> str:
     if not steps.get("count"):
         return "no steps found"
@@ -159,6 +167,8 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
         out.append(f"  device:  ... {len(devices) - len(shown)} more ({len(active)} of {len(devices)} active)")
     if _no_accelerator(session):
         out.append(f"  device:  {NO_ACCELERATOR}")
+    if _trace_missing(session):
+        out.append(f"  device:  {TRACE_MISSING}")
     for err in session["errors"]:
         where = err.get("host") or err.get("check") or "session"
         out.append(f"  ERROR [{where}]: {err['message']}")
@@ -218,6 +228,8 @@ def render_markdown(report: dict) -> str:
             out.append(f"- **Device:** {md_escape(_device_line(dev))}")
         if _no_accelerator(session):
             out.append(f"- **Device:** {NO_ACCELERATOR}")
+        if _trace_missing(session):
+            out.append(f"- **Device:** {TRACE_MISSING}")
         for err in session["errors"]:
             out.append(f"- ⛔ **Error** ({md_escape(err.get('host') or err.get('check') or 'session')}): "
                        f"{md_escape(err['message'])}")
