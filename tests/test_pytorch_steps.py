@@ -271,3 +271,17 @@ def test_idle_after_a_sync_is_the_sync_named_by_its_op_not_launch_bound(tmp_path
     assert launch["severity"] not in ("warning", "critical")
     host = next(f for f in session["findings"] if f["check"] == "host_overhead")
     assert "aten::item" in host["summary"]
+
+
+@pytest.mark.parametrize("params", [
+    dict(ahead=True, queued=1),                    # steps.paced_by
+    dict(device=False),                            # trust.model_ran_on gpu_trace_lost, metrics.leads
+    dict(steps=1, lazy_loads=150),                 # trust.capture_to_retake
+    dict(kernels=0, copy_us=2000.0, sync_us=10.0),  # a copy-only program
+])
+def test_the_new_report_fields_follow_the_schema(tmp_path, params):
+    from schema_check import validate
+    from tb_gpuadvisor.schema import report_schema
+
+    run = _write(tmp_path, **{"steps": 4, "kernels": 200, "kernel_us": 15.0, "launch_us": 8.0, **params})
+    assert validate(build_report(find_sessions(str(run))), report_schema()) == []

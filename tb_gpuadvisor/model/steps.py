@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.model import classify, intervals
 from tb_gpuadvisor.model.build import HostCapture
 from tb_gpuadvisor.model.timeline import DeviceActivity, HostActivity, HostEventKind, HostModel, Steps
@@ -306,7 +306,7 @@ def _paced(steps: Steps, hosts: list[HostCapture], marker_end: int) -> Steps:
             step = np.full(len(dev), -1, np.int64)
             step[launched] = act_step[row[launched]]
             mine = step >= 0
-            np.maximum.at(work_end, step[mine], dev.end_ps[mine])
+            reduce_by_key(np.maximum, work_end, step[mine], dev.end_ps[mine])
             busy.append((dev.start_ps, dev.end_ps))
     if not busy or (work_end < 0).all():
         return steps            # nothing launched on a device: the host's periods are the steps
