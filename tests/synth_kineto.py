@@ -24,7 +24,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
                  memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
-                 final_sync_us: float = 0.0, sync_every: int = 0) -> dict:
+                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -39,7 +39,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     AHEAD: a step ends when its launches are made, not when the GPU ran them (no sync inside the
     step, as with torch.compile or large batches): the host runs ahead and the GPU's queue grows.
     QUEUED: that many more steps' launches follow the last marked one, with no ProfilerStep#N of
-    their own (the host was a step ahead when the profiler stopped).
+    their own (the host was a step ahead when the profiler stopped); LEAD: that many steps' launches
+    come before the first marked one, with no marker (recorded before the first ProfilerStep#N).
     CPU_INPUT_US: each step first makes its input on the CPU (``aten::randn``, that long; then
     COPY_US gives the ``.to('cuda')``).  SILENT_US: each step's first kernel (``my_custom_kernel``)
     is launched after that much host work the profiler did not record.  LAZY_LOADS: the first
@@ -56,7 +57,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
     t, corr = base, 1
     gpu_free = t
-    for s in range(steps + queued):
+    for s in range(-lead, steps + queued):
         step_start = t
         step_events = []
         if input_us:
@@ -160,7 +161,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "tid": 7, "ts": t + 1, "dur": wait})
             t += wait + 2
         t = (t if ahead else max(t, gpu_free)) + 5
-        if s < steps:
+        if 0 <= s < steps:
             events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
                            "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
         events += step_events

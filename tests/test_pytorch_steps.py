@@ -74,6 +74,17 @@ def test_last_window_does_not_swallow_a_queued_step(tmp_path):
     assert np.allclose(trust.steps.duration_ps / PS_PER_MS, 8.0, atol=0.02)
 
 
+def test_first_step_starts_when_the_work_queued_before_it_ends(tmp_path):
+    """One unmarked step's 20 kernels are launched before ProfilerStep#5 (the host runs ahead):
+    the GPU runs them 0-8 ms, so #5's own work runs 8-16 ms and its window starts at 8 ms, not
+    at its host start (0.27 ms), which would make it 16 ms long."""
+    run = _write(tmp_path, steps=4, kernels=20, kernel_us=400.0, ahead=True, lead=1)
+    steps = load_session(find_sessions(str(run))[0]).steps
+    assert steps.paced_by == "device" and steps.number.tolist() == [5, 6, 7, 8]
+    assert np.allclose(steps.duration_ps / PS_PER_MS, 8.0, atol=0.02)
+    assert (steps.start_ps[0] - steps.host_start_ps[0]) / PS_PER_MS == pytest.approx(7.75, abs=0.05)
+
+
 @pytest.mark.parametrize("sync_us, paced_by", [(0.0, "device"), (4000.0, "host")])
 def test_a_sync_per_step_is_paced_by_whichever_side_the_other_waits_for(tmp_path, sync_us, paced_by):
     """Each step ends in loss.item(): with nothing after it the GPU is busy 8.0 of each 8.03 ms

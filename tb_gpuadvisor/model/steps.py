@@ -286,31 +286,37 @@ def _paced(steps: Steps, hosts: list[HostCapture], marker_end: int) -> Steps:
     """PyTorch's step markers time the host's enqueue: with no sync inside the step the host
     runs ahead and the device runs the step's kernels later. A step ends no earlier than the
     device work its runtime calls launched (joined by correlation id), so step k's window runs
-    from the later of its host start and the end of step k-1's device work to the start of
-    step k+1's window; the last one to the end of its own device work (never past it: work
+    from the later of its host start and the end of step k-1's device work (for the first step:
+    of the work launched before it) to the start of step k+1's window; the last one to the end
+    of its own device work (never past it: work
     launched after its marker is a queued step's, not its own). Host events keep their host
     period (``Steps.host_start_ps``). PACED_BY says which side set the length."""
     n = len(steps)
     host_start = steps.start_ps.copy()
     host_end = np.append(host_start[1:], max(marker_end, int(host_start[-1]))).astype(np.int64)
     on_host = Steps(steps.source, steps.number, host_start, host_end, steps.group_id)
-    work_end = np.full(n, np.iinfo(np.int64).min, np.int64)
+    # work_end[k + 1]: the end of step k's device work; work_end[0]: of work launched before the
+    # first step (the profiler's warm-up steps, still queued when the first recorded one starts).
+    work_end = np.full(n + 1, np.iinfo(np.int64).min, np.int64)
     busy: list[tuple[np.ndarray, np.ndarray]] = []
     for hc in hosts:
-        act_step = on_host.locate(hc.activity.start_ps)
+        act = hc.activity
+        act_step = on_host.locate(act.start_ps) + 1
+        act_step[(act_step == 0) & (act.start_ps >= host_start[0])] = -1      # after the last step
         for dev in hc.devices:
             if not len(dev):
                 continue
-            row = launch_rows(hc.activity, dev)
+            row = launch_rows(act, dev)
             launched = row >= 0
             step = np.full(len(dev), -1, np.int64)
             step[launched] = act_step[row[launched]]
             mine = step >= 0
             reduce_by_key(np.maximum, work_end, step[mine], dev.end_ps[mine])
-            busy.append((dev.start_ps, dev.end_ps))
-    if not busy or (work_end < 0).all():
+            own = step >= 1
+            busy.append((dev.start_ps[own], dev.end_ps[own]))
+    if not busy or (work_end[1:] < 0).all():
         return steps            # nothing launched on a device: the host's periods are the steps
-    starts = np.maximum.accumulate(np.append(host_start[:1], np.maximum(host_start[1:], work_end[:-1])))
+    starts = np.maximum.accumulate(np.maximum(host_start, work_end[:-1]))
     # Without a launch joined to the last step's work, its period's end (``_to_periods``) stands.
     last = max(int(work_end[-1]), marker_end) if work_end[-1] >= 0 else int(steps.end_ps[-1])
     last = max(last, int(starts[-1]))
@@ -321,7 +327,9 @@ def _paced(steps: Steps, hosts: list[HostCapture], marker_end: int) -> Steps:
 
 
 def _busy_share(busy: list[tuple[np.ndarray, np.ndarray]], starts: np.ndarray, ends: np.ndarray) -> float:
-    """The median step's share of its window in which its busiest device ran something."""
+    """The median step's share of its window in which its busiest device ran the steps' own work
+    (work queued before the first step, launched by calls the trace does not hold, is not the
+    step's: a device still running it waits for nothing of the step's host)."""
     share = np.zeros(starts.size)
     for start, end in busy:
         done = intervals.per_bin_total(intervals.union(start, end), starts, ends)
