@@ -24,7 +24,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
                  memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
-                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0) -> dict:
+                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -49,7 +49,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     (``_compile.compile_inner (dynamo_timed)``).  FINAL_SYNC_US: the last step ends in a
     ``cudaDeviceSynchronize`` that returns that long after the last kernel.  SYNC_EVERY: after every
     that many kernels the host reads a value back (``aten::item`` around a ``cudaStreamSynchronize``
-    that waits for the GPU to finish), then goes on launching."""
+    that waits for the GPU to finish), then goes on launching.  AUTOTUNE: the first step starts
+    with one ``aten::cudnn_convolution`` call that times that many algorithms (cudnn.benchmark):
+    as many 1 ms ``implicit_convolve_sgemm`` kernels, then a ``cudaEventSynchronize`` for them."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -69,6 +71,23 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             step_events.append({"ph": "X", "cat": "python_function", "name": "_compile.compile_inner (dynamo_timed)",
                                 "pid": 1, "tid": 7, "ts": t, "dur": compile_us})
             t += compile_us
+        if autotune and s == 0:
+            op_start = t
+            for _ in range(autotune):
+                step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
+                                    "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                start = max(t + launch_us + 2, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": "implicit_convolve_sgemm", "pid": 0,
+                                    "tid": 7, "ts": start, "dur": 1000.0,
+                                    "args": {"device": 0, "stream": 7, "correlation": corr}})
+                gpu_free = start + 1000.0
+                t += launch_us + 3
+                corr += 1
+            step_events += [{"ph": "X", "cat": cat["runtime"], "name": "cudaEventSynchronize", "pid": 1, "tid": 7,
+                             "ts": t, "dur": gpu_free - t},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::cudnn_convolution", "pid": 1, "tid": 7,
+                             "ts": op_start, "dur": gpu_free + 1 - op_start}]
+            t = gpu_free + 2
         if cpu_input_us:
             step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::randn", "pid": 1, "tid": 7, "ts": t,
                              "dur": cpu_input_us},

@@ -327,7 +327,8 @@ def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(t
     assert set(by_run) == {"slow", "fixed"}
     slow, fixed = by_run["slow"], by_run["fixed"]
     assert slow["hosts"] == ["slow"] and slow["framework"] == "pytorch"
-    assert slow["steps"]["source"] == pytorch.STEP_SOURCE and slow["steps"]["count"] == 6
+    # 6 steps recorded; one made 2.5x slower by the shared machine's load is left out as an outlier.
+    assert slow["steps"]["source"] == pytorch.STEP_SOURCE and slow["trust"]["candidate_steps"] == 6
     # A CPU-only PyTorch run says first that the model ran on the CPU (issue 38); the input wait is
     # the first finding about the program.
     lead = slow["findings"][0]

@@ -182,11 +182,13 @@ def test_a_warm_up_step_is_left_out_before_its_idle_is_attributed(tmp_path):
 @pytest.mark.parametrize("params, words", [
     (dict(steps=1, lazy_loads=150), "lazy kernel loading"),
     (dict(steps=2, compile_us=20000.0), "torch.compile"),
+    (dict(steps=2, autotune=40), "cuDNN autotuning"),
 ])
 def test_a_capture_of_warm_up_is_one_to_retake_first(tmp_path, params, words):
     """One step of 200 launches, 150 of them loading their kernel (45 of 47 ms), or two steps
-    whose first spends 20 ms in torch.compile (``_compile.compile_inner (dynamo_timed)``): what
-    is left is too little to judge, so the capture is to be taken again after warm-up."""
+    whose first spends 20 ms in torch.compile (``_compile.compile_inner (dynamo_timed)``) or 40 ms
+    in one aten::cudnn_convolution launching 40 candidate kernels (cudnn.benchmark): what is left
+    is too little to judge, so the capture is to be taken again after warm-up."""
     session = _session(_write(tmp_path, kernels=200, kernel_us=15.0, launch_us=8.0, **params))
     first = _first(session)
     assert first["check"] == "profile_quality" and "Warm-up capture" in first["title"]

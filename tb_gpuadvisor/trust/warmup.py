@@ -4,7 +4,8 @@ A PyTorch capture that starts with the first iterations holds work a warmed-up s
 pays: kernels loaded on their first launch (CUDA lazy module loading: ``cuModuleLoad*``,
 ``cudaGetFuncBySymbol``, ...), library set-up queries, a kernel's first launch lasting a
 millisecond or more (``HostEventKind.FIRST_USE``), torch.compile's tracing, compiling and autotuning
-(``vocab.pytorch.is_compile``), and a final synchronize that waits long after the last traced
+(``vocab.pytorch.is_compile``), cuDNN's algorithm search (cudnn.benchmark: a convolution call
+launching dozens of kernels), and a final synchronize that waits long after the last traced
 kernel ended (the profiler's stop, or work it did not trace). While it runs the GPU idles, and
 the host is inside launch calls or ops: counted as idle it would read as launch or host
 overhead. A step whose window is mostly set-up is a warm-up iteration and is left out; a
@@ -22,7 +23,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.model.steps import launch_rows
-from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, HostEventKind, HostModel, Steps
+from tb_gpuadvisor.model.timeline import PS_PER_MS, DeviceEventKind, HostActivity, HostEventKind, HostModel, Steps
 from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.vocab.gpu import LAUNCH_CALL, SYNC_CALL
 
@@ -37,6 +38,7 @@ CLEAN_STEPS = 3
 FINAL_SYNC_PS = 10 * PS_PER_MS
 KINDS = ("first-use set-up (lazy kernel loading, library queries, slow first launches)",
          "torch.compile tracing, compilation and autotuning",
+         "cuDNN autotuning (convolutions timing every algorithm)",
          "a final synchronize outlasting the last kernel")
 
 
@@ -109,13 +111,33 @@ def _first_use(host: HostModel) -> np.ndarray:
     return mask
 
 
+def _autotuning(act: HostActivity) -> Intervals:
+    """Convolution op calls that launched ``AUTOTUNE_KERNELS_PER_CALL`` kernels or more on their
+    thread: cuDNN benchmark mode timing every algorithm on a shape's first call."""
+    ops = np.flatnonzero(named_events(act, "convolution_op", pytorch.is_convolution_op))
+    launches = np.flatnonzero(act.kind == HostEventKind.LAUNCH)
+    if not ops.size or not launches.size:
+        return iv.EMPTY
+    # Launches ordered by (thread, start): the ones inside an op are one run of that order.
+    threads = np.unique(act.thread[ops])
+    rank = np.searchsorted(threads, act.thread[launches])
+    launches = launches[(rank < threads.size) & (threads[np.clip(rank, 0, threads.size - 1)] == act.thread[launches])]
+    span = int(act.end_ps.max()) + 1
+    keys = np.sort(np.searchsorted(threads, act.thread[launches]).astype(np.int64) * span + act.start_ps[launches])
+    base = np.searchsorted(threads, act.thread[ops]).astype(np.int64) * span
+    count = np.searchsorted(keys, base + act.end_ps[ops]) - np.searchsorted(keys, base + act.start_ps[ops])
+    tuning = ops[count >= pytorch.AUTOTUNE_KERNELS_PER_CALL]
+    return iv.union(act.start_ps[tuning], act.end_ps[tuning])
+
+
 def measure(hosts: list[HostModel], steps: Steps) -> SetUp:
     """Each step's set-up time, by kind, inside its window."""
-    kinds: list[list[Intervals]] = [[], [], [final_syncs(hosts)]]
+    kinds: list[list[Intervals]] = [[], [], [], [final_syncs(hosts)]]
     for host in hosts:
         act = host.activity
         kinds[0].append(iv.union(act.start_ps, act.end_ps, _first_use(host)))
         kinds[1].append(iv.union(act.start_ps, act.end_ps, named_events(act, "torch_compile", pytorch.is_compile)))
+        kinds[2].append(_autotuning(act))
     merged = [iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
               for sets in kinds]
     by_kind = np.vstack([iv.per_bin_total(m, steps.start_ps, steps.end_ps) for m in merged])

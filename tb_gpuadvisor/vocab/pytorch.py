@@ -313,3 +313,15 @@ _KERNEL_LAUNCH = re.compile(r"^(cu|cuda|hip|hipExt|hipModule)Launch\w*Kernel\w*$
 def launches_kernel(name: str) -> bool:
     """Whether a runtime call launches a kernel or a graph of kernels (not a copy or memset)."""
     return bool(_KERNEL_LAUNCH.match(name))
+
+
+# The convolution ops whose first call per shape, with torch.backends.cudnn.benchmark = True,
+# times every cuDNN (MIOpen) algorithm: dozens of kernels launched inside one op call.
+_CONVOLUTION_OP = re.compile(r"^aten::(cudnn_convolution|miopen_convolution|_convolution|convolution|"
+                             r"convolution_backward|cudnn_convolution_backward\w*|miopen_convolution_backward\w*)$")
+# A convolution launches a handful of kernels; this many in one call is an algorithm search.
+AUTOTUNE_KERNELS_PER_CALL = 20
+
+
+def is_convolution_op(name: str) -> bool:
+    return bool(_CONVOLUTION_OP.match(name))
