@@ -12,7 +12,8 @@ taken in priority order:
   trust): missing data is never idle time;
 - device idle, by what the host was doing: ``input`` (waiting on tf.data) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
-  ``launch`` (launching kernels or dispatching ops for this device) >
+  ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
+  launch calls and the short gaps between them, never a sync's aftermath) >
   ``other_host`` (Python, callbacks, eager bookkeeping, or nothing at all).
 
 XProf's GPU step breakdown only counts device events, so a GPU starved by its
