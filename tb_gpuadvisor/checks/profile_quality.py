@@ -10,7 +10,10 @@ replicas whose same steps were traced at different times; steps left out of ever
 (no device data, or far slower than the median: compilation, warm-up, checkpoints); the
 profiler's own trace export cut off the end of the step; markers that each cover several
 training steps (``steps_per_execution``); for a one-step capture, whether that step looks
-typical (autotuning kernels, compilation); more than 10 steps; dropped events.
+typical (autotuning kernels, compilation); more than 10 steps; dropped events. In a PyTorch
+trace three of these come before every other finding (metrics ``leads``): launch calls with no
+device event at all (the device trace is missing, not the device idle), a run on the CPU, and a
+capture whose steps are mostly one-time set-up (``trust.warmup``: take it again after warm-up).
 
 ## Why it matters
 Every other finding divides by step time and reads device activity. Missing device data
