@@ -23,7 +23,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
-                 memory: tuple[int, ...] = ()) -> dict:
+                 memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
+                 silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
+                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -34,14 +36,31 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     holding its args (float32, a group of 8 ranks named "0") around a ``nccl:<collective>``
     annotation around the launch; the kernel runs on its own stream with nothing alongside.
     MEMORY: the GPU allocator's ``[memory]`` events of each step, one per value of Total Allocated
-    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored."""
+    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored.
+    AHEAD: a step ends when its launches are made, not when the GPU ran them (no sync inside the
+    step, as with torch.compile or large batches): the host runs ahead and the GPU's queue grows.
+    QUEUED: that many more steps' launches follow the last marked one, with no ProfilerStep#N of
+    their own (the host was a step ahead when the profiler stopped); LEAD: that many steps' launches
+    come before the first marked one, with no marker (recorded before the first ProfilerStep#N).
+    CPU_INPUT_US: each step first makes its input on the CPU (``aten::randn``, that long; then
+    COPY_US gives the ``.to('cuda')``).  SILENT_US: each step's first kernel (``my_custom_kernel``)
+    is launched after that much host work the profiler did not record.  LAZY_LOADS: the first
+    step's first launches each load their kernel (a ``cuModuleLoadData`` driver call of 300 us
+    inside the launch).  COMPILE_US: the first step starts with torch.compile's compilation
+    (``_compile.compile_inner (dynamo_timed)``).  FINAL_SYNC_US: the last step ends in a
+    ``cudaDeviceSynchronize`` that returns that long after the last kernel.  SYNC_EVERY: after every
+    that many kernels the host reads a value back (``aten::item`` around a ``cudaStreamSynchronize``
+    that waits for the GPU to finish), then goes on launching.  AUTOTUNE: the first step starts
+    with one ``aten::cudnn_convolution`` call that times that many algorithms (cudnn.benchmark):
+    as many 1 ms ``implicit_convolve_sgemm`` kernels, then a ``cudaEventSynchronize`` for them."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
     base = EPOCH_US if old else 1000.0
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
     t, corr = base, 1
-    for s in range(steps):
+    gpu_free = t
+    for s in range(-lead, steps + queued):
         step_start = t
         step_events = []
         if input_us:
@@ -49,7 +68,34 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
-        gpu_free = t
+        if compile_us and s == 0:
+            step_events.append({"ph": "X", "cat": "python_function", "name": "_compile.compile_inner (dynamo_timed)",
+                                "pid": 1, "tid": 7, "ts": t, "dur": compile_us})
+            t += compile_us
+        if autotune and s == 0:
+            op_start = t
+            for _ in range(autotune):
+                step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
+                                    "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                start = max(t + launch_us + 2, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": "implicit_convolve_sgemm", "pid": 0,
+                                    "tid": 7, "ts": start, "dur": 1000.0,
+                                    "args": {"device": 0, "stream": 7, "correlation": corr}})
+                gpu_free = start + 1000.0
+                t += launch_us + 3
+                corr += 1
+            step_events += [{"ph": "X", "cat": cat["runtime"], "name": "cudaEventSynchronize", "pid": 1, "tid": 7,
+                             "ts": t, "dur": gpu_free - t},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::cudnn_convolution", "pid": 1, "tid": 7,
+                             "ts": op_start, "dur": gpu_free + 1 - op_start}]
+            t = gpu_free + 2
+        if cpu_input_us:
+            step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::randn", "pid": 1, "tid": 7, "ts": t,
+                             "dur": cpu_input_us},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::normal_", "pid": 1, "tid": 7, "ts": t + 1,
+                             "dur": cpu_input_us - 2}]
+            t += cpu_input_us
+        gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
                                 "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
@@ -60,16 +106,29 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             t += launch_us + 3
             corr += 1
         for k in range(kernels):
+            t += silent_us if k == 0 else 0.0
             op_start = t
+            load = 300.0 if s == 0 and k < lazy_loads else 0.0
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
-                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                                "ts": t + 1, "dur": launch_us + load, "args": {"correlation": corr}})
+            if load:
+                step_events.append({"ph": "X", "cat": "cuda_driver", "name": "cuModuleLoadData", "pid": 1,
+                                    "tid": 7, "ts": t + 1.5, "dur": load - 1})
             if device:
-                start = max(t + launch_us + 2, gpu_free)
-                step_events.append({"ph": "X", "cat": cat["kernel"], "name": f"void gemm_kernel_{k % 3}<float>()",
+                start = max(t + load + launch_us + 2, gpu_free)
+                kernel = "my_custom_kernel" if silent_us and k == 0 else f"void gemm_kernel_{k % 3}<float>()"
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
                                     "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
                 gpu_free = start + kernel_us
-            t += launch_us + 3
+            t += load + launch_us + 3
+            if sync_every and device and (k + 1) % sync_every == 0:
+                wait_end = max(t + 2, gpu_free)
+                step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::item", "pid": 1, "tid": 7, "ts": t,
+                                 "dur": wait_end + 1 - t},
+                                {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1,
+                                 "tid": 7, "ts": t + 0.5, "dur": wait_end - t}]
+                t = wait_end + 2
             step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
                                 "ts": op_start, "dur": t - op_start})
             corr += 1
@@ -116,9 +175,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  "ts": t + 2, "dur": wait_end - t - 2},
                 {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
             t = wait_end + 4 + sync_us
-        t = max(t, gpu_free) + 5
-        events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
-                       "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
+        if final_sync_us and s == steps - 1:
+            wait = max(t + 5, gpu_free) + final_sync_us - t
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaDeviceSynchronize", "pid": 1,
+                                "tid": 7, "ts": t + 1, "dur": wait})
+            t += wait + 2
+        t = (t if ahead else max(t, gpu_free)) + 5
+        if 0 <= s < steps:
+            events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
+                           "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
         events += step_events
     if old:
         for e in events:

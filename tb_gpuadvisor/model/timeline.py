@@ -295,6 +295,14 @@ class Steps:
     marker_name: str = ""
     # Training steps one marker covers (Keras steps_per_execution, or a loop of N steps per call).
     per_marker: int = 1
+    # What set the steps' length when the markers are the host's enqueue (PyTorch's
+    # ProfilerStep#N): "device" (the host ran ahead and each step lasts as long as its device
+    # work), "host" (the device waited for the host), "" where not decided (TensorFlow, JAX).
+    paced_by: str = ""
+    # The host's own step periods, when they differ from the windows above (device-paced steps):
+    # host events belong to the step whose host period holds them, whenever its device work runs.
+    host_start_ps: np.ndarray | None = None
+    host_end_ps: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start_ps.size)
@@ -306,8 +314,17 @@ class Steps:
 
     def take(self, index: np.ndarray) -> "Steps":
         """The steps at INDEX (ints or a mask), as a new table with the same source and marker."""
+        host = {} if self.host_start_ps is None else {"host_start_ps": self.host_start_ps[index],
+                                                      "host_end_ps": self.host_end_ps[index]}
         return replace(self, number=self.number[index], start_ps=self.start_ps[index],
-                       end_ps=self.end_ps[index], group_id=self.group_id[index])
+                       end_ps=self.end_ps[index], group_id=self.group_id[index], **host)
+
+    def on_host(self) -> "Steps":
+        """The steps as the host ran them: its own periods where they differ from the windows."""
+        if self.host_start_ps is None:
+            return self
+        return replace(self, start_ps=self.host_start_ps, end_ps=self.host_end_ps,
+                       host_start_ps=None, host_end_ps=None)
 
     @property
     def duration_ps(self) -> np.ndarray:
@@ -389,11 +406,18 @@ class SessionModel:
 
     @cached_property
     def active_gpus(self) -> list[DeviceActivity]:
-        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded).
+        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded); where no
+        GPU of a PyTorch trace ran a kernel, the GPUs that ran copies (a copy benchmark: its
+        copies are the work).
 
         Asked by most checks; the devices do not change once the model is built.
         """
-        return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH   # the vocabulary imports this module
+
+        ran = [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        if ran or self.framework != PYTORCH:
+            return ran
+        return [dev for dev in self.gpus if bool(np.any(dev.mask(*COPY_KINDS)))]
 
     @property
     def primary_gpu(self) -> DeviceActivity | None:

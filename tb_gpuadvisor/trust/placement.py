@@ -34,6 +34,9 @@ MODEL_ON_HOST_SHARE = 0.5
 HOST_COMPUTE_OP_PS = 100 * PS_PER_US
 LONG_OP_SHARE = 0.5
 TOP = 5
+# GPU launch calls per step from which a capture without device events ran on a GPU whose trace
+# is missing (a training step launches hundreds; a CPU run none).
+LOST_TRACE_LAUNCHES = 10
 
 
 def step_threads(activity: HostActivity) -> np.ndarray:
@@ -198,6 +201,10 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
     if any(d.device.kind == "tpu" and len(d) for d in model.devices):
         return Placement("tpu")
     percent, ms, long_share, ops, launches = _host_ops(model, steps)
+    if not model.gpus and launches >= LOST_TRACE_LAUNCHES * max(steps.training_steps, 1):
+        # The host launched GPU work step after step, yet no device event was recorded (PyTorch's
+        # Kineto writes no device at all then): the device trace is missing, not the GPU.
+        return Placement("gpu_trace_lost", percent, ms, long_share, ops, launches)
     if not model.gpus:
         ran = any(bool(np.any(executor_work_mask(h.activity) & (steps.locate(h.activity.start_ps) >= 0)))
                   for h in model.hosts) if len(steps) else False

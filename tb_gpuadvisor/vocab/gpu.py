@@ -120,3 +120,11 @@ def matrix_units(vendors: set[str | None]) -> str:
     """What a capture's GPUs call their matrix-multiply units: Matrix Cores on AMD, Tensor Cores
     on NVIDIA (and whenever the vendors are mixed or unknown)."""
     return "Matrix Cores" if vendors and all((v or "").upper() == "AMD" for v in vendors) else "Tensor Cores"
+
+# Kernels on matrix units whose names carry no MMA shape: FlashAttention's (16-bit only), fused
+# attention "fmha" kernels in a 16-bit type (the fp32 "fmha_cutlassF_f32" one runs on CUDA cores),
+# and MIOpen/composable-kernel convolutions built on xdlops (MFMA): "igemm_fwd_gtcx3_nhwc_bf16",
+# "kernel_grouped_conv_fwd_xdl_cshuffle".  Read where kernels are linked to the ops that launched
+# them (PyTorch traces); the TensorFlow and JAX reports keep TENSOR_CORE_KERNEL alone.
+MATRIX_UNIT_KERNEL = re.compile(r"flash_fwd|flash_bwd|flash_attn|flash::|_xdl_|xdlops|gtcx", re.IGNORECASE)
+FUSED_ATTENTION_KERNEL = re.compile(r"fmha", re.IGNORECASE)

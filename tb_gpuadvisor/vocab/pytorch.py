@@ -43,7 +43,8 @@ _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_m
 
 # Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
-                      r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+                      r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
+                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
 
 # Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
 # caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
@@ -286,3 +287,41 @@ def user_frame(name: str) -> str | None:
     if not match or _LIBRARY_FRAME.search(match["file"]):
         return None
     return f"{match['file']}:{match['line']} in {match['function']}"
+
+
+# torch.compile's own work, as the profiler records it: every TorchDynamo/Inductor phase timed by
+# ``dynamo_timed`` appears as "<phase> (dynamo_timed)" ("_compile.compile_inner (dynamo_timed)",
+# "compile_fx_inner (dynamo_timed)", "OutputGraph.call_user_compiler (dynamo_timed)"), and with
+# stacks the Python frames of torch/_dynamo's frame conversion (run on a cache miss only), Inductor's
+# kernel compilation and its autotuner (max-autotune: "CachingAutotuner.benchmark_all_configs").
+# "Torch-Compiled Region" and "TorchDynamo Cache Lookup" are a compiled call's run, not its compile.
+_COMPILE = re.compile(r"\(dynamo_timed\)$|^torch/_dynamo/convert_frame\.py\(\d+\)|"
+                      r"^torch/_inductor/(async_compile|select_algorithm)\.py\(\d+\)|benchmark_all_configs")
+
+
+def is_compile(name: str) -> bool:
+    """Whether a host event is torch.compile's tracing, compiling or autotuning."""
+    return bool(_COMPILE.search(name))
+
+
+
+# Runtime and driver calls that launch a kernel (a graph launches many), as opposed to the copy
+# and memset calls that also enqueue device work: a host that made none ran a copy-only program.
+_KERNEL_LAUNCH = re.compile(r"^(cu|cuda|hip|hipExt|hipModule)Launch\w*Kernel\w*$|^(cuda|hip|cu)Graph(Exec)?Launch$")
+
+
+def launches_kernel(name: str) -> bool:
+    """Whether a runtime call launches a kernel or a graph of kernels (not a copy or memset)."""
+    return bool(_KERNEL_LAUNCH.match(name))
+
+
+# The convolution ops whose first call per shape, with torch.backends.cudnn.benchmark = True,
+# times every cuDNN (MIOpen) algorithm: dozens of kernels launched inside one op call.
+_CONVOLUTION_OP = re.compile(r"^aten::(cudnn_convolution|miopen_convolution|_convolution|convolution|"
+                             r"convolution_backward|cudnn_convolution_backward\w*|miopen_convolution_backward\w*)$")
+# A convolution launches a handful of kernels; this many in one call is an algorithm search.
+AUTOTUNE_KERNELS_PER_CALL = 20
+
+
+def is_convolution_op(name: str) -> bool:
+    return bool(_CONVOLUTION_OP.match(name))
