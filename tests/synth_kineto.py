@@ -22,7 +22,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
-                 memory: tuple[int, ...] = ()) -> dict:
+                 memory: tuple[int, ...] = (), kernel_names: tuple[str, ...] = (),
+                 op_chains: tuple[tuple[str, ...], ...] = (), device_properties: dict | None = None) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -33,7 +34,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     holding its args (float32, a group of 8 ranks named "0") around a ``nccl:<collective>``
     annotation around the launch; the kernel runs on its own stream with nothing alongside.
     MEMORY: the GPU allocator's ``[memory]`` events of each step, one per value of Total Allocated
-    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored."""
+    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored.
+    KERNEL_NAMES: the kernels' names, in turn (default ``void gemm_kernel_{k % 3}<float>()``);
+    OP_CHAINS: the cpu_ops around each kernel's launch, outermost first, in turn (default
+    ``("aten::mm",)``), each nested one starting 0.1 us after and ending 0.1 us before its parent;
+    DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -64,13 +69,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
             if device:
                 start = max(t + launch_us + 2, gpu_free)
-                step_events.append({"ph": "X", "cat": cat["kernel"], "name": f"void gemm_kernel_{k % 3}<float>()",
+                kernel = kernel_names[k % len(kernel_names)] if kernel_names else f"void gemm_kernel_{k % 3}<float>()"
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
                                     "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
                 gpu_free = start + kernel_us
             t += launch_us + 3
-            step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
-                                "ts": op_start, "dur": t - op_start})
+            chain = op_chains[k % len(op_chains)] if op_chains else ("aten::mm",)
+            step_events += [{"ph": "X", "cat": cat["op"], "name": op, "pid": 1, "tid": 7, "ts": op_start + 0.1 * depth,
+                             "dur": t - op_start - 0.2 * depth} for depth, op in enumerate(chain)]
             corr += 1
         for collective, kernel, elements, us in collectives:
             comm = {"Collective name": collective, "In msg nelems": elements, "Out msg nelems": elements,
@@ -128,7 +135,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
         trace["baseTimeNanoseconds"] = 1_700_000_000_000_000_000
         trace["deviceProperties"] = [{"id": 0, "name": "AMD Instinct MI300X" if hip else "NVIDIA A100-SXM4-40GB",
                                       "totalGlobalMem": 42_505_273_344, "computeMajor": 9 if hip else 8,
-                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108}]
+                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108,
+                                      **(device_properties or {})}]
     return trace
 
 

@@ -187,8 +187,13 @@ def measure(analysis: Analysis) -> Precision | Finding:
 
 def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
     """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
-    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties)."""
+    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties).  TF32 is
+    on where 32-bit Tensor Core kernels take at least the time of the fp32 CUDA-core GEMMs (cuBLAS
+    still picks an sgemm for some shapes with TF32 allowed): then those GEMMs do not say it is off."""
     fp64, cuda_core = (compute & mask for mask in kernels.torch_precision_masks(dev))
+    cls = kernels.classify(dev)
+    if dev.dur_ps[compute & cls.tensor_core & ~cls.low_precision].sum() >= dev.dur_ps[cuda_core].sum():
+        cuda_core = np.zeros_like(cuda_core)
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
     return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),

@@ -141,6 +141,9 @@ def classify(dev: DeviceActivity) -> KernelClasses:
 def _classify(dev: DeviceActivity) -> KernelClasses:
     names_tc = name_mask(dev.names, is_tensor_core_kernel)
     names_low = name_mask(dev.names, is_low_precision_kernel)
+    if dev.launch_op.size:
+        names_tc |= name_mask(dev.names, gpu.MATRIX_UNIT_KERNEL.search)
+        names_tc |= name_mask(dev.names, gpu.FUSED_ATTENTION_KERNEL.search) & names_low
     names_coll = name_mask(dev.names, is_collective_kernel)
     names_ar = name_mask(dev.names, is_allreduce_kernel)
     ops_eligible = name_mask(dev.ops, is_tensor_core_eligible_op)

@@ -167,3 +167,11 @@ LIBRARY_MATRIX_KERNEL = re.compile(r"(?<!fb)gemm(?!v)|xmma|nvjet|implicit_convol
 # so they are not the op's eligible work.
 MATRIX_MATH_KERNEL = re.compile(LIBRARY_MATRIX_KERNEL.pattern + r"|cutlass|conv[123]d|convolution|matmul"
                                 r"|flash|fmha|attention|\brnn|rnn_|lstm|gru", re.IGNORECASE)
+
+# Kernels on matrix units whose names carry no MMA shape: FlashAttention's (16-bit only), fused
+# attention "fmha" kernels in a 16-bit type (the fp32 "fmha_cutlassF_f32" one runs on CUDA cores),
+# and MIOpen/composable-kernel convolutions built on xdlops (MFMA): "igemm_fwd_gtcx3_nhwc_bf16",
+# "kernel_grouped_conv_fwd_xdl_cshuffle".  Read where kernels are linked to the ops that launched
+# them (PyTorch traces); the TensorFlow and JAX reports keep TENSOR_CORE_KERNEL alone.
+MATRIX_UNIT_KERNEL = re.compile(r"flash_fwd|flash_bwd|flash_attn|flash::|_xdl_|xdlops|gtcx", re.IGNORECASE)
+FUSED_ATTENTION_KERNEL = re.compile(r"fmha", re.IGNORECASE)
