@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from synth_kineto import kineto_trace, write_trace
 
@@ -16,10 +15,6 @@ from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.multihost import build_report
 from tb_gpuadvisor.vocab import gpu, pytorch
-
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
-if not CORPUS.is_dir():
-    CORPUS = Path("/work/shared/corpus")
 
 CONV = ("aten::conv2d", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution")
 CONV_BACKWARD = ("autograd::engine::evaluate_function: ConvolutionBackward0", "ConvolutionBackward0",
@@ -157,15 +152,12 @@ def test_kernel_name_vocabulary():
     assert not gpu.LIBRARY_MATRIX_KERNEL.search("void fbgemm_gpu::permute_2D_data_kernel<false, int>()")
 
 
-def _corpus_session(relative: str) -> dict:
-    path = CORPUS / relative
-    if not path.is_dir():
-        pytest.skip(f"corpus capture {relative} not present")
-    [session] = build_report(find_sessions(str(path)))["sessions"]
+def _corpus_session(corpus: Path, relative: str) -> dict:
+    [session] = build_report(find_sessions(str(corpus / relative)))["sessions"]
     return session
 
 
-def test_resnet50_fp32_on_a_volta():
+def test_resnet50_fp32_on_a_volta(corpus):
     """pytorch-resnet50-dataloader/num_workers_0: no deviceProperties; its kernels are volta_sgemm/
     volta_scudnn/implicit_convolve_sgemm and cuDNN's fp32 dgrad/wgrad engines: ResNet-50 training in
     FP32 on a V100-class GPU.  Hand check (a script over the raw JSON, not the product): for each
@@ -176,7 +168,7 @@ def test_resnet50_fp32_on_a_volta():
     (or, without a launch, started) between the first ProfilerStep#N's start and the last one's end:
     413.7 + 21.0 ms over 6 steps = 72.45 ms per step (the product 72.71: kernels of the last step
     that run past its end count with it).  Before the launch link: 0.00 ms and "GPU has no Tensor Cores"."""
-    session = _corpus_session("pytorch-resnet50-dataloader/num_workers_0")
+    session = _corpus_session(corpus, "pytorch-resnet50-dataloader/num_workers_0")
     assert session["devices"][0]["compute_capability"] == "7.0"
     found = {f["check"]: f for f in session["findings"]}
     precision = found["precision"]
@@ -189,14 +181,14 @@ def test_resnet50_fp32_on_a_volta():
             "aten::cudnn_convolution_backward_weight"} <= ops
 
 
-def test_tracediff_v100_sgemms_of_a_compiled_region():
+def test_tracediff_v100_sgemms_of_a_compiled_region(corpus):
     """pytorch-a100-tracediff/test is rank 3 on a V100 (deviceProperties 7.0) whose GEMMs are
     volta_sgemm launched from torch.compile's CompiledFunction/CompiledFunctionBackward (no aten op
     around them) and a few from aten::mm/addmm.  Hand check over the raw JSON as in the ResNet-50
     test: kernels whose name holds "gemm" (not fbgemm, not gemv) launched between the first
     ProfilerStep#N's start and the last one's end: 196.8 + 2.4 ms over 6 steps = 33.20 ms per step,
     all fp32 on CUDA cores.  Before: 0.00 ms and "No Tensor-Core-eligible work"."""
-    session = _corpus_session("pytorch-a100-tracediff/test")
+    session = _corpus_session(corpus, "pytorch-a100-tracediff/test")
     found = {f["check"]: f for f in session["findings"]}
     assert found["precision"]["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(33.20, rel=0.03)
     assert found["precision"]["title"].startswith("fp32 matmuls and convolutions miss the Tensor Cores")
@@ -204,13 +196,26 @@ def test_tracediff_v100_sgemms_of_a_compiled_region():
 
 
 @pytest.mark.parametrize("relative", ["pytorch-mi300x-ddp-resnet18", "pytorch-h100-qwen", "pytorch-h100-owlv2"])
-def test_16bit_runs_are_not_told_to_use_autocast(relative):
+def test_16bit_runs_are_not_told_to_use_autocast(corpus, relative):
     """The MI300X ResNet-18 runs bf16 MIOpen xdlops convolutions (igemm_*_gtcx3_nhwc_bf16: matrix
     cores) under autocast; qwen runs bf16 sm90 xmma GEMMs and FlashAttention (flash_fwd_kernel on
     bfloat16: Tensor Cores); owlv2 bf16 CUTLASS/xmma GEMMs.  Neither check offers mixed precision,
     and every eligible kernel is on the matrix units (counted by hand: no 32-bit GEMM or convolution
-    kernel in these traces apart from qwen's one 4 us cutlass_80_simt_sgemm from aten::bmm)."""
-    found = {f["check"]: f for f in _corpus_session(relative)["findings"]}
+    kernel in these traces apart from qwen's one 3.5 us cutlass_80_simt_sgemm from aten::bmm)."""
+    found = {f["check"]: f for f in _corpus_session(corpus, relative)["findings"]}
     assert found["precision"]["severity"] == "ok"
     assert found["tensor_core"]["severity"] == "ok"
     assert found["tensor_core"]["metrics"]["tensor_core_percent"] > 99.9
+
+
+def test_an_sgemm_beside_tf32_gemms_does_not_say_tf32_is_off(tmp_path):
+    """cuBLAS still runs an ampere_sgemm for some shapes with TF32 allowed (pytorch-hta-2ranks: 4.1 ms
+    of ampere_sgemm beside CUTLASS s1688 TF32 GEMMs from the same aten::mm/bmm ops).  One sgemm of
+    four GEMMs: not "TF32 is off", but 0.8 ms per step of fp32 GEMMs that bfloat16 autocast would
+    put on Tensor Cores."""
+    pairs = (("ampere_sgemm_128x64_nn", ("aten::mm",)),
+             *[("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>()", ("aten::bmm",))] * 3)
+    precision = _findings(tmp_path, _trace(pairs), "mixed")["precision"]
+    assert not precision["title"].startswith("TF32 is off")
+    assert precision["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(0.8, abs=0.01)
+    assert any("torch.bfloat16" in fix["code"] for fix in precision["fixes"])

@@ -382,19 +382,20 @@ def _launching_ops(tid: np.ndarray, start: np.ndarray, dur: np.ndarray, kind: np
     ops = ops[np.isin(tid[ops], np.unique(tid[launches]))]
     found = np.full(launches.size, -1, np.int64)
     if ops.size and launches.size:
-        math = np.fromiter((pytorch.tensor_core_op_kind(n) is not None for n in name_list), bool, len(name_list))
+        math = np.zeros(len(name_list), bool)
+        used = np.unique(name[ops])
+        math[used] = [pytorch.tensor_core_op_kind(name_list[i]) is not None for i in used.tolist()]
+        is_math, depth = math[name[ops]], _depths(tid[ops], start[ops], dur[ops])
         end = start + dur
-        for group, innermost in ((ops[math[name[ops]]], True), (ops, False)):
-            if not group.size:
-                continue
-            depth = _depths(tid[group], start[group], dur[group])
-            for level in range(int(depth.max()), -1, -1) if innermost else (0,):
-                asked = np.flatnonzero(found < 0)
-                at = group[depth == level]
-                hit = last_at_or_before(tid[at], start[at], tid[launches[asked]], start[launches[asked]])
-                inside = hit >= 0
-                inside[inside] = end[at[hit[inside]]] >= end[launches[asked[inside]]]
-                found[asked[inside]] = at[hit[inside]]
+        # The math ops from the deepest level up, then the outermost level of every op.
+        levels = [(level, is_math) for level in np.unique(depth[is_math])[::-1].tolist()] + [(0, True)]
+        for level, among in levels:
+            asked = np.flatnonzero(found < 0)
+            at = ops[(depth == level) & among]
+            hit = last_at_or_before(tid[at], start[at], tid[launches[asked]], start[launches[asked]])
+            inside = hit >= 0
+            inside[inside] = end[at[hit[inside]]] >= end[launches[asked[inside]]]
+            found[asked[inside]] = at[hit[inside]]
     keep = found >= 0
     return SortedKeys(launch_corr[launches[keep]], name[found[keep]].astype(np.int32))
 

@@ -187,12 +187,14 @@ def measure(analysis: Analysis) -> Precision | Finding:
 
 def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
     """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
-    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties).  TF32 is
-    on where 32-bit Tensor Core kernels take at least the time of the fp32 CUDA-core GEMMs (cuBLAS
-    still picks an sgemm for some shapes with TF32 allowed): then those GEMMs do not say it is off."""
+    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties).  Matmul TF32
+    is on where 32-bit Tensor Core GEMMs (not convolutions: cuDNN's TF32 is on by default) take at
+    least the time of the fp32 CUDA-core GEMMs (cuBLAS still picks an sgemm for some shapes with
+    TF32 allowed): then those GEMMs do not say it is off."""
     fp64, cuda_core = (compute & mask for mask in kernels.torch_precision_masks(dev))
     cls = kernels.classify(dev)
-    if dev.dur_ps[compute & cls.tensor_core & ~cls.low_precision].sum() >= dev.dur_ps[cuda_core].sum():
+    tf32_gemm = compute & cls.tensor_core & ~cls.low_precision & kernels.named_events(dev, "matmul", pytorch.is_matmul_kernel)
+    if cuda_core.any() and dev.dur_ps[tf32_gemm].sum() >= dev.dur_ps[cuda_core].sum():
         cuda_core = np.zeros_like(cuda_core)
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]

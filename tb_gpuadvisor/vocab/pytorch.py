@@ -329,3 +329,16 @@ def autocast_dtype(vendor: str | None, cc_major: int | None) -> str:
     if (vendor or "").upper() == "AMD":
         return "bfloat16" if cc_major is not None and cc_major >= 9 else "float16"
     return "bfloat16" if cc_major is not None and cc_major >= BF16_MAJOR else "float16"
+
+
+# cuDNN runs float32 convolutions as TF32 by default (torch.backends.cudnn.allow_tf32), while
+# matmuls need torch.backends.cuda.matmul.allow_tf32 (off by default since PyTorch 1.12): only a
+# GEMM kernel that is not a convolution's ("sm80_xmma_gemm_..._tf32", "cutlass_80_tensorop_s1688gemm",
+# not "sm80_xmma_fprop_implicit_gemm_tf32...") tells whether matmuls may use TF32.
+_GEMM_KERNEL = re.compile(r"gemm|nvjet", re.IGNORECASE)
+_CONVOLUTION_KERNEL = re.compile(r"fprop|dgrad|wgrad|conv|cudnn", re.IGNORECASE)
+
+
+def is_matmul_kernel(name: str) -> bool:
+    """Whether a kernel is a matmul's GEMM (not a convolution run as an implicit GEMM)."""
+    return bool(_GEMM_KERNEL.search(name)) and not _CONVOLUTION_KERNEL.search(name)
