@@ -97,7 +97,7 @@ TORCH_AUTOCAST_FP16 = fixes.Fix(
     text="Run the forward pass and loss under autocast in float16 and scale the loss with a GradScaler: "
          "this GPU's Tensor Cores (Volta/Turing) take float16 only, and float16 gradients need loss "
          "scaling not to underflow.",
-    code="scaler = torch.cuda.amp.GradScaler()\n"
+    code="scaler = torch.amp.GradScaler(\"cuda\")  # before PyTorch 2.3: torch.cuda.amp.GradScaler()\n"
          "with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
          "    loss = loss_fn(model(x), y)\n"
          "scaler.scale(loss).backward()\n"
@@ -205,7 +205,7 @@ def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray
 def mixed_precision_remedy(gpus: list[tuple[str | None, int | None]]) -> Remedy:
     """The mixed-precision remedy for GPUS ((vendor, compute capability major) each): its PyTorch
     form autocasts to float16 with a GradScaler when every GPU takes only float16, else bfloat16."""
-    fp16 = gpus and all(pytorch.autocast_dtype(vendor, major) == "float16" for vendor, major in gpus)
+    fp16 = bool(gpus) and all(pytorch.autocast_dtype(vendor, major) == "float16" for vendor, major in gpus)
     return MIXED_PRECISION_FP16 if fp16 else MIXED_PRECISION
 
 
