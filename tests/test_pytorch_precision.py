@@ -88,6 +88,9 @@ def test_volta_fp32_is_told_autocast_float16_with_a_grad_scaler(tmp_path):
     code = "\n".join(fix["code"] for fix in precision["fixes"])
     assert "GradScaler" in code and "torch.float16" in code and "bfloat16" not in code and "allow_tf32" not in code
     assert "compute capability 7.0" in precision["summary"] and "float16 with a GradScaler" in precision["summary"]
+    assert {e["detail"].split(",")[0] for e in precision["evidence"]} == {
+        "32-bit kernel of aten::cudnn_convolution", "32-bit kernel of aten::convolution_backward",
+        "32-bit kernel of aten::addmm", "32-bit kernel of CompiledFunction"}
     assert tensor_core["metrics"]["eligible_not_using_percent"] == 100
     assert {e["name"] for e in tensor_core["evidence"] if e["kind"] == "op"} == {
         "aten::cudnn_convolution", "aten::convolution_backward", "aten::addmm", "CompiledFunction"}

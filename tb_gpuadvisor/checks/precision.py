@@ -143,6 +143,7 @@ class GpuPrecision:
     vendor: str | None = None
     eligible_low_ps: int = 0    # 16-bit kernels of Tensor-Core-eligible ops (autocast at work)
     torch: bool = False         # a PyTorch trace's GPU
+    offender_ops: dict[str, str] = field(default_factory=dict)  # offender kernel -> the op that launched most of it
 
     def scaled(self, k: float) -> "GpuPrecision":
         """Every total times K."""
@@ -185,6 +186,19 @@ def measure(analysis: Analysis) -> Precision | Finding:
     return Precision(rows, windows)
 
 
+def _offender_ops(dev: DeviceActivity, rows: np.ndarray, offenders: list[tuple[str, int, int]]) -> dict[str, str]:
+    """For each offender kernel, the op (``launch_op``) that launched most of its time among ROWS."""
+    op_of, op_names = kernels.op_column(dev)
+    by_name = {name: i for i, name in enumerate(dev.names)}
+    out = {}
+    for name, _, _ in offenders:
+        mine = rows & (dev.name == by_name[name]) & (op_of >= 0)
+        if mine.any():
+            time_by_op = np.bincount(op_of[mine], weights=dev.dur_ps[mine], minlength=len(op_names))
+            out[name] = op_names[int(np.argmax(time_by_op))]
+    return out
+
+
 def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
     """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
     vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties).  Matmul TF32
@@ -198,8 +212,9 @@ def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray
         cuda_core = np.zeros_like(cuda_core)
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
+    eligible32 = compute & cls.eligible & ~cls.low_precision
     return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),
-                   wrong_kernels=top, torch=True)
+                   wrong_kernels=top, torch=True, offender_ops=_offender_ops(dev, eligible32, row.offenders))
 
 
 def mixed_precision_remedy(gpus: list[tuple[str | None, int | None]]) -> Remedy:
@@ -247,7 +262,7 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
                                            f"{g.total_ps / PS_PER_MS / steps:.2f} ms compute per step",
                         device=g.device, host=g.host) for g in gpus]
     offenders = [Evidence("kernel", name, round(dur / PS_PER_MS / steps, 3), "ms/step",
-                          detail=f"32-bit kernel of a Tensor-Core-eligible op, {count} launch(es)",
+                          detail=f"32-bit kernel of {_op_words(g.offender_ops.get(name))}, {count} launch(es)",
                           device=g.device, host=g.host, tool="kernel_stats")
                  for g in gpus for name, dur, count in g.offenders]
     if total_ps == 0:
@@ -290,6 +305,11 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
         f"{capable[0].speedup:.0f}x speed-up of that work), and a replay of "
         f"the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
         metrics, round(savings, 3), evidence, FIXES)
+
+
+def _op_words(op: str | None) -> str:
+    """How an offender's op is named: the op that launched it (PyTorch), else its class."""
+    return op or "a Tensor-Core-eligible op"
 
 
 def _torch_judge(gpus: list[GpuPrecision], percent: float, metrics: dict, savings: float, busy_savings: float,
