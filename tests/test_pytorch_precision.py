@@ -222,3 +222,12 @@ def test_an_sgemm_beside_tf32_gemms_does_not_say_tf32_is_off(tmp_path):
     assert not precision["title"].startswith("TF32 is off")
     assert precision["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(0.8, abs=0.01)
     assert any("torch.bfloat16" in fix["code"] for fix in precision["fixes"])
+
+
+def test_library_gemms_count_without_any_op_recorded(tmp_path):
+    """A trace whose runtime calls have no cpu_op around them (record_shapes off and ops filtered,
+    or a compiled graph): the cuBLAS/cuDNN kernels' names still make 4 of the 7 kernels eligible
+    (volta_scudnn, implicit_convolve_sgemm, two volta_sgemm): 3.2 ms per step, as with the ops."""
+    pairs = tuple((name, ()) for name, _ in FP32_VOLTA)
+    found = _findings(tmp_path, _trace(pairs, V100), "no_ops")
+    assert found["precision"]["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(3.2, abs=0.01)

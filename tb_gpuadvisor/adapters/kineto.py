@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, renumber_small_ints
+from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, narrow_ids, renumber_small_ints
 from tb_gpuadvisor.adapters.kineto_json import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
 from tb_gpuadvisor.model.build import MAX_PS, HostCapture
 from tb_gpuadvisor.model.timeline import (
@@ -346,7 +346,7 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         collective = np.full(sel.size, -1, np.int32)
         at = np.flatnonzero(kind == DeviceEventKind.COLLECTIVE)
         collective[at], calls, nbytes[at] = scopes.calls(sel[at])
-        launch_op, launch_ops = _subset_or_none(op_of.get(correlation[sel]), name_list)
+        launch_op, launch_ops = _launched_by(op_of.get(correlation[sel]), name_list)
         out.append(DeviceActivity(
             device=_device_of(max(index, 0), host, props, vendor, names), start_ps=start[sel], dur_ps=dur[sel],
             kind=kind, stream=stream_idx,
@@ -359,13 +359,14 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
     return out
 
 
-def _subset_or_none(index: np.ndarray, strings: list[str]) -> tuple[np.ndarray, list[str]]:
-    """``_subset`` of INDEX where -1 (none) stays -1; an empty column when no value is present."""
+def _launched_by(index: np.ndarray, strings: list[str]) -> tuple[np.ndarray, list[str]]:
+    """``_subset`` of INDEX where -1 (no op) stays -1: a column for every event even when none has
+    an op (it says the events' ops are found through their launches), one read-only -1 then."""
     present = index >= 0
-    if not present.any():
-        return np.empty(0, np.int32), []
-    used, inverse = renumber_small_ints(index[present])
     out = np.full(index.size, -1, np.int32)
+    if not present.any():
+        return narrow_ids(out), []
+    used, inverse = renumber_small_ints(index[present])
     out[present] = inverse
     return out, [strings[i] for i in used.tolist()]
 

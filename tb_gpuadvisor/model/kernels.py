@@ -160,7 +160,7 @@ def _classify(dev: DeviceActivity) -> KernelClasses:
     layout = kernel & (layout_names[dev.name]
                        | (has_op & (layout_ops[op_idx] if layout_ops.size else False)))
     layout |= kernel & _transposes_next_to_conv(dev, kernel, has_op, op_idx)
-    eligible = eligible_op | _launched_eligible(dev, names_tc & ~names_low) if dev.launch_op.size else eligible_op
+    eligible = (eligible_op | _launched_eligible(dev, names_tc & ~names_low)) if dev.launch_op.size else eligible_op
     return KernelClasses(
         kernel=kernel,
         collective=collective,

@@ -177,7 +177,7 @@ class DeviceActivity(_EventColumns):
       launch_op          int32, index into ``launch_ops``: the framework op whose host call launched
                          the event, where the device event itself names none (PyTorch: the aten op
                          around the runtime call of the same correlation id), -1 when none; empty
-                         when the capture links no event that way.
+                         when the device table names the ops itself (TensorFlow, XLA).
     The id and index columns (op to source) are read-only: a column without any value (a stat
     the capture never records) is one -1 shared by every row.
     """
