@@ -178,10 +178,12 @@ def _launched_eligible(dev: DeviceActivity, names_tf32: np.ndarray) -> np.ndarra
     vocab.pytorch), or a library GEMM/convolution kernel whatever launched it (a compiled region
     calls cuBLAS with no aten op around it).  A 32-bit kernel already on Tensor Cores (TF32,
     NAMES_TF32 per name) is left out: the fixes that put 32-bit work on Tensor Cores are applied."""
+    library = (name_mask(dev.names, gpu.LIBRARY_MATRIX_KERNEL.search) & ~names_tf32)[dev.name]
+    if not dev.launch_ops:
+        return library
     linked = dev.launch_op >= 0
     math_op = name_mask(dev.launch_ops, pytorch.tensor_core_op_kind)[np.where(linked, dev.launch_op, 0)]
     names = (name_mask(dev.names, gpu.MATRIX_MATH_KERNEL.search) & ~names_tf32)[dev.name]
-    library = (name_mask(dev.names, gpu.LIBRARY_MATRIX_KERNEL.search) & ~names_tf32)[dev.name]
     return (linked & math_op & names) | library
 
 
