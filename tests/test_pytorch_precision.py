@@ -231,3 +231,22 @@ def test_library_gemms_count_without_any_op_recorded(tmp_path):
     pairs = tuple((name, ()) for name, _ in FP32_VOLTA)
     found = _findings(tmp_path, _trace(pairs, V100), "no_ops")
     assert found["precision"]["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(3.2, abs=0.01)
+
+
+def test_mi300x_fp32_tensile_gemms_are_told_bfloat16_autocast(tmp_path):
+    """On an MI300X (deviceProperties 9.4, HIP launches), rocBLAS/Tensile fp32 GEMMs without an MFMA
+    shape ("Cijk_..._S_MT64x64x16_SN_...") from aten::addmm/bmm are 32-bit work off the Matrix Cores:
+    2 of 4 kernels, 0.8 ms per step; the fix is bfloat16 autocast (no GradScaler, no TF32 on AMD).
+    A bf16 MFMA GEMM ("_BBS_..._MI16x16x16x1") is on them: a quarter of compute is 16-bit, but the
+    eligible work is mostly fp32, so autocast is not on (before: "25% of GPU compute runs in 16-bit", ok)."""
+    pairs = (("Cijk_Ailk_Bljk_S_MT64x64x16_SN_1LDSB0_GRVW4", LINEAR), ("Cijk_Alik_Bljk_S_MT64x64x16_SN_1LDSB0_GRVW4", ("aten::bmm",)),
+             ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>()", ("aten::add_",)),
+             ("Cijk_Ailk_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_1LDSB1", ("aten::mm",)))
+    found = _findings(tmp_path, _trace(pairs, repeat=1, hip=True), "mi300")
+    precision, tensor_core = found["precision"], found["tensor_core"]
+    assert found["_devices"][0]["vendor"] == "AMD"
+    assert precision["metrics"]["fp32_eligible_ms_per_step"] == pytest.approx(0.8, abs=0.01)
+    code = "\n".join(fix["code"] for fix in precision["fixes"])
+    assert "torch.bfloat16" in code and "GradScaler" not in code and "allow_tf32" not in code
+    assert tensor_core["title"].endswith("misses Matrix Cores")
+    assert tensor_core["metrics"]["tensor_core_percent"] == pytest.approx(100 / 3, abs=0.5)

@@ -315,11 +315,13 @@ def _op_words(op: str | None) -> str:
 def _torch_judge(gpus: list[GpuPrecision], percent: float, metrics: dict, savings: float, busy_savings: float,
                  evidence: list[Evidence], scale: StepScale) -> Finding | None:
     """A PyTorch trace's verdict in PyTorch's words (autocast, GradScaler, TF32), or None to
-    leave it to the common one (16-bit compute dominates, or no GPU has Tensor Cores)."""
+    leave it to the common one (no GPU has Tensor Cores, or 16-bit compute is WARNING_BELOW% or more
+    and the eligible work is not mostly 32-bit: 16-bit embeddings or elementwise kernels beside
+    fp32 GEMMs do not mean that autocast is on)."""
     capable = [g for g in gpus if g.tensor_cores]
-    if percent >= WARNING_BELOW or not capable:
-        return None
     low_ps, fp32_ps = sum(g.eligible_low_ps for g in gpus), sum(g.eligible32_ps for g in gpus)
+    if not capable or (percent >= WARNING_BELOW and fp32_ps <= low_ps):
+        return None
     if low_ps and low_ps >= fp32_ps:
         return Finding(CHECK_ID, Severity.OK, "Autocast is in effect",
                        f"Matrix multiplications and convolutions spend {100 * low_ps / (low_ps + fp32_ps):.0f}% "
