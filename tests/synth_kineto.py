@@ -25,7 +25,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
                  memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
-                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0) -> dict:
+                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0,
+                 kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
+                 device_properties: dict | None = None) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -52,7 +54,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     that many kernels the host reads a value back (``aten::item`` around a ``cudaStreamSynchronize``
     that waits for the GPU to finish), then goes on launching.  AUTOTUNE: the first step starts
     with one ``aten::cudnn_convolution`` call that times that many algorithms (cudnn.benchmark):
-    as many 1 ms ``implicit_convolve_sgemm`` kernels, then a ``cudaEventSynchronize`` for them."""
+    as many 1 ms ``implicit_convolve_sgemm`` kernels, then a ``cudaEventSynchronize`` for them.
+    KERNEL_NAMES: the kernels' names, in turn (default ``void gemm_kernel_{k % 3}<float>()``);
+    OP_CHAINS: the cpu_ops around each kernel's launch, outermost first, in turn (default
+    ``("aten::mm",)``), each nested one starting 0.1 us after and ending 0.1 us before its parent;
+    DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -116,7 +122,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                     "tid": 7, "ts": t + 1.5, "dur": load - 1})
             if device:
                 start = max(t + load + launch_us + 2, gpu_free)
-                kernel = "my_custom_kernel" if silent_us and k == 0 else f"void gemm_kernel_{k % 3}<float>()"
+                kernel = ("my_custom_kernel" if silent_us and k == 0 else
+                          kernel_names[k % len(kernel_names)] if kernel_names else f"void gemm_kernel_{k % 3}<float>()")
                 step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
                                     "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
@@ -129,8 +136,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1,
                                  "tid": 7, "ts": t + 0.5, "dur": wait_end - t}]
                 t = wait_end + 2
-            step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
-                                "ts": op_start, "dur": t - op_start})
+            chain = op_chains[k % len(op_chains)] if op_chains else ("aten::mm",)
+            step_events += [{"ph": "X", "cat": cat["op"], "name": op, "pid": 1, "tid": 7, "ts": op_start + 0.1 * depth,
+                             "dur": t - op_start - 0.2 * depth} for depth, op in enumerate(chain)]
             corr += 1
         for collective, kernel, elements, us in collectives:
             comm = {"Collective name": collective, "In msg nelems": elements, "Out msg nelems": elements,
@@ -194,7 +202,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
         trace["baseTimeNanoseconds"] = 1_700_000_000_000_000_000
         trace["deviceProperties"] = [{"id": 0, "name": "AMD Instinct MI300X" if hip else "NVIDIA A100-SXM4-40GB",
                                       "totalGlobalMem": 42_505_273_344, "computeMajor": 9 if hip else 8,
-                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108}]
+                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108,
+                                      **(device_properties or {})}]
     return trace
 
 
@@ -285,13 +294,13 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
             collective("_allgather_base", gather, gather_us, after_compute=False)
             for r in range(ranks):
                 t0 = host[r]
-                start, _ = launch(r, f"void fwd_gemm_{layer}<float>()", 7, max(compute[r], comm[r]), kernel_us)
+                start, _ = launch(r, f"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_fwd{layer}", 7, max(compute[r], comm[r]), kernel_us)
                 compute[r] = start + kernel_us
                 op(r, "aten::mm", t0)
         for layer in range(layers):         # backward: compute a layer's gradients, reduce-scatter them
             for r in range(ranks):
                 t0 = host[r]
-                start, _ = launch(r, f"void bwd_gemm_{layer}<float>()", 7,
+                start, _ = launch(r, f"sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x128x64_bwd{layer}", 7,
                                   compute[r] if overlap else max(compute[r], comm[r]), kernel_us)
                 compute[r] = start + kernel_us
                 op(r, "aten::mm", t0)

@@ -174,6 +174,10 @@ class DeviceActivity(_EventColumns):
       collective         int32, index into ``collectives`` (the call's kind and group) for a
                          collective whose trace names it (PyTorch), -1 otherwise; empty when none
                          does.  Its ``nbytes`` are the call's message bytes when recorded.
+      launch_op          int32, index into ``launch_ops``: the framework op whose host call launched
+                         the event, where the device event itself names none (PyTorch: the aten op
+                         around the runtime call of the same correlation id), -1 when none; empty
+                         when the device table names the ops itself (TensorFlow, XLA).
     The id and index columns (op to source) are read-only: a column without any value (a stat
     the capture never records) is one -1 shared by every row.
     """
@@ -202,6 +206,8 @@ class DeviceActivity(_EventColumns):
     sources: list[str] = field(default_factory=list)
     collective: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     collectives: list[CollectiveCall] = field(default_factory=list)
+    launch_op: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    launch_ops: list[str] = field(default_factory=list)
     # Values analyses derive from these columns, kept with the table they describe; never from
     # ``step``, which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
