@@ -43,8 +43,11 @@ STEP_NOISE_FLOOR_PERCENT = 10.0
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
 # Where the primary device's step went (breakdown.per_device, ms per step), for "what grew".
-# Collectives are their whole time (the collectives check's), overlapped with compute or not.
+# Collectives are their whole time (the collectives check's), overlapped with compute or not; where
+# the trace names its calls (PyTorch), also the part with no compute alongside, which an overlap
+# fix (DDP buckets, FSDP prefetch) moves while the whole stays.
 DEVICE_PARTS = (("compute_ms", "kernel compute"), ("collectives", "collectives (NCCL/RCCL)"),
+                ("exposed_collectives", "collectives with no compute alongside"),
                 ("copy_ms", "copies"), ("idle_ms", "GPU idle"))
 
 
@@ -118,7 +121,8 @@ def _device_time(session: dict) -> dict[str, float]:
     if device is None:
         return {}
     collectives = next((f for f in session.get("findings", []) if f["check"] == "collectives"), None)
-    parts = dict(device, collectives=_time_ms("collectives", collectives) if collectives else device.get("collective_ms"))
+    parts = dict(device, collectives=_time_ms("collectives", collectives) if collectives else device.get("collective_ms"),
+                 exposed_collectives=(collectives or {}).get("metrics", {}).get("exposed_collective_ms_per_step"))
     return {label: float(parts[key]) for key, label in DEVICE_PARTS if _number(parts.get(key))}
 
 

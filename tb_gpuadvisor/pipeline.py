@@ -15,7 +15,7 @@ from tb_gpuadvisor.checks import replay_scenarios
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input.session import read_session
-from tb_gpuadvisor.model import build_session
+from tb_gpuadvisor.model.session import build_session
 from tb_gpuadvisor.report import Described, describe, finish
 from tb_gpuadvisor.stages import Deferred, stage
 from tb_gpuadvisor.timeline import SessionModel

@@ -57,11 +57,21 @@ def _no_accelerator(session: dict) -> bool:
     return (session.get("trust") or {}).get("model_ran_on") == "cpu_only"
 
 
+# Said of a capture whose host launched GPU work but which holds no device at all.
+TRACE_MISSING = "trace missing: the host launched GPU work, but no device event was recorded"
+
+
+def _trace_missing(session: dict) -> bool:
+    return (session.get("trust") or {}).get("model_ran_on") == "gpu_trace_lost" and not session.get("devices")
+
+
 def _steps_line(steps: dict) -> str:
     if not steps.get("count"):
         return "no steps found"
+    pace = {"device": "; the device set the pace (the host ran ahead: each step lasts as long as its device work)",
+            "host": "; the host set the pace (the device waited for it)"}.get(steps.get("paced_by", ""), "")
     return (f"{steps['count']} steps from {steps['source']} markers, "
-            f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f})")
+            f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f}){pace}")
 
 
 # Every C0/C1 control character but the newline: an ESC in a capture name would otherwise
@@ -158,6 +168,8 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
         out.append(f"  device:  ... {len(devices) - len(shown)} more ({len(active)} of {len(devices)} active)")
     if _no_accelerator(session):
         out.append(f"  device:  {NO_ACCELERATOR}")
+    if _trace_missing(session):
+        out.append(f"  device:  {TRACE_MISSING}")
     for err in session["errors"]:
         where = err.get("host") or err.get("check") or "session"
         out.append(f"  ERROR [{where}]: {err['message']}")
@@ -217,6 +229,8 @@ def render_markdown(report: dict) -> str:
             out.append(f"- **Device:** {md_escape(_device_line(dev))}")
         if _no_accelerator(session):
             out.append(f"- **Device:** {NO_ACCELERATOR}")
+        if _trace_missing(session):
+            out.append(f"- **Device:** {TRACE_MISSING}")
         for err in session["errors"]:
             out.append(f"- ⛔ **Error** ({md_escape(err.get('host') or err.get('check') or 'session')}): "
                        f"{md_escape(err['message'])}")

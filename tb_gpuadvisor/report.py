@@ -31,6 +31,8 @@ def _steps_json(model: SessionModel, trust: Trust) -> dict:
     out: dict = {"count": steps.training_steps, "source": steps.source}
     if steps.marker_name:
         out["marker"] = steps.marker_name
+    if steps.paced_by:
+        out["paced_by"] = steps.paced_by
     if steps.per_marker > 1:
         out.update(steps_per_execution=steps.per_marker, markers=len(steps))
     if trust.excluded:
@@ -61,7 +63,9 @@ def rank_findings(findings: list[Finding], bound: str | None = None) -> list[Fin
 
     def key(f: Finding) -> tuple:
         actionable = f.severity in ACTIONABLE
-        return (not actionable, f.confidence == "low", -f.estimated_savings_ms_per_step if actionable else 0.0,
+        # A finding that says the capture cannot be advised on as it stands (metrics "leads": the
+        # device trace is missing, the model ran on the CPU, a warm-up window) comes first.
+        return (not (actionable and f.metrics.get("leads") is True), not actionable, f.confidence == "low", -f.estimated_savings_ms_per_step if actionable else 0.0,
                 -f.severity.weight, f.check not in describes_bound, f.check)
     return sorted(findings, key=key)
 
@@ -69,8 +73,8 @@ def rank_findings(findings: list[Finding], bound: str | None = None) -> list[Fin
 def bottleneck(analysis: Analysis) -> dict | None:
     """What bounded the trusted steps, as a share of steps (from the attribution)."""
     shares = analysis.breakdown.critical_path["shares"]
-    if not shares:
-        return None
+    if not shares or (analysis.trust.placement.where == "gpu_trace_lost" and not analysis.model.gpus):
+        return None             # the host's breakdown stands in for a GPU whose trace is missing
     kind, share = max(shares.items(), key=lambda kv: kv[1])
     return {"bound_by": kind, "share_of_steps": share,
             "checks": explaining(kind)}

@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from tb_gpuadvisor.arrays import narrow_ids
-from tb_gpuadvisor.kinds import DeviceEventKind
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
 
 PS_PER_MS = 1_000_000_000
 PS_PER_US = 1_000_000
@@ -145,6 +145,10 @@ class DeviceActivity(_EventColumns):
       collective         int32, index into ``collectives`` (the call's kind and group) for a
                          collective whose trace names it (PyTorch), -1 otherwise; empty when none
                          does.  Its ``nbytes`` are the call's message bytes when recorded.
+      launch_op          int32, index into ``launch_ops``: the framework op whose host call launched
+                         the event, where the device event itself names none (PyTorch: the aten op
+                         around the runtime call of the same correlation id), -1 when none; empty
+                         when the device table names the ops itself (TensorFlow, XLA).
     The id and index columns (op to source) are read-only: a column without any value (a stat
     the capture never records) is one -1 shared by every row.
     """
@@ -173,6 +177,8 @@ class DeviceActivity(_EventColumns):
     sources: list[str] = field(default_factory=list)
     collective: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     collectives: list[CollectiveCall] = field(default_factory=list)
+    launch_op: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    launch_ops: list[str] = field(default_factory=list)
     # What the table's own methods derive from its columns (end_ps, rows_of); never from ``step``,
     # which trust's view of the session replaces (SessionModel.with_steps) while sharing this.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -268,6 +274,14 @@ class Steps:
     marker_name: str = ""
     # Training steps one marker covers (Keras steps_per_execution, or a loop of N steps per call).
     per_marker: int = 1
+    # What set the steps' length when the markers are the host's enqueue (PyTorch's
+    # ProfilerStep#N): "device" (the host ran ahead and each step lasts as long as its device
+    # work), "host" (the device waited for the host), "" where not decided (TensorFlow, JAX).
+    paced_by: str = ""
+    # The host's own step periods, when they differ from the windows above (device-paced steps):
+    # host events belong to the step whose host period holds them, whenever its device work runs.
+    host_start_ps: np.ndarray | None = None
+    host_end_ps: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start_ps.size)
@@ -279,8 +293,17 @@ class Steps:
 
     def take(self, index: np.ndarray) -> "Steps":
         """The steps at INDEX (ints or a mask), as a new table with the same source and marker."""
+        host = {} if self.host_start_ps is None else {"host_start_ps": self.host_start_ps[index],
+                                                      "host_end_ps": self.host_end_ps[index]}
         return replace(self, number=self.number[index], start_ps=self.start_ps[index],
-                       end_ps=self.end_ps[index], group_id=self.group_id[index])
+                       end_ps=self.end_ps[index], group_id=self.group_id[index], **host)
+
+    def on_host(self) -> "Steps":
+        """The steps as the host ran them: its own periods where they differ from the windows."""
+        if self.host_start_ps is None:
+            return self
+        return replace(self, start_ps=self.host_start_ps, end_ps=self.host_end_ps,
+                       host_start_ps=None, host_end_ps=None)
 
     @property
     def duration_ps(self) -> np.ndarray:
@@ -362,11 +385,18 @@ class SessionModel:
 
     @cached_property
     def active_gpus(self) -> list[DeviceActivity]:
-        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded).
+        """GPUs that ran at least one kernel (idle planes and copy-only planes excluded); where no
+        GPU of a PyTorch trace ran a kernel, the GPUs that ran copies (a copy benchmark: its
+        copies are the work).
 
         Asked by most checks; the devices do not change once the model is built.
         """
-        return [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH   # the vocabulary imports this module
+
+        ran = [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
+        if ran or self.framework != PYTORCH:
+            return ran
+        return [dev for dev in self.gpus if bool(np.any(dev.mask(*COPY_KINDS)))]
 
     @property
     def primary_gpu(self) -> DeviceActivity | None:

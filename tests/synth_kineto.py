@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 EPOCH_US = 1_700_000_000_000_000
+OPTIMIZER_KERNELS = 20
 
 
 def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
@@ -22,7 +23,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  first_step: int = 5, copy_us: float = 0.0,
                  copy_name: str = "Memcpy HtoD (Pageable -> Device)", copy_bytes: int = 1 << 20,
                  sync_us: float = 0.0, collectives: tuple[tuple[str, str, int, float], ...] = (),
-                 memory: tuple[int, ...] = ()) -> dict:
+                 memory: tuple[int, ...] = (), ahead: bool = False, queued: int = 0, cpu_input_us: float = 0.0,
+                 silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
+                 final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0,
+                 kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
+                 device_properties: dict | None = None) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -33,14 +38,35 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     holding its args (float32, a group of 8 ranks named "0") around a ``nccl:<collective>``
     annotation around the launch; the kernel runs on its own stream with nothing alongside.
     MEMORY: the GPU allocator's ``[memory]`` events of each step, one per value of Total Allocated
-    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored."""
+    (bytes, reserved = the running maximum), plus a host (CPU) one that must be ignored.
+    AHEAD: a step ends when its launches are made, not when the GPU ran them (no sync inside the
+    step, as with torch.compile or large batches): the host runs ahead and the GPU's queue grows.
+    QUEUED: that many more steps' launches follow the last marked one, with no ProfilerStep#N of
+    their own (the host was a step ahead when the profiler stopped); LEAD: that many steps' launches
+    come before the first marked one, with no marker (recorded before the first ProfilerStep#N).
+    CPU_INPUT_US: each step first makes its input on the CPU (``aten::randn``, that long; then
+    COPY_US gives the ``.to('cuda')``).  SILENT_US: each step's first kernel (``my_custom_kernel``)
+    is launched after that much host work the profiler did not record.  LAZY_LOADS: the first
+    step's first launches each load their kernel (a ``cuModuleLoadData`` driver call of 300 us
+    inside the launch).  COMPILE_US: the first step starts with torch.compile's compilation
+    (``_compile.compile_inner (dynamo_timed)``).  FINAL_SYNC_US: the last step ends in a
+    ``cudaDeviceSynchronize`` that returns that long after the last kernel.  SYNC_EVERY: after every
+    that many kernels the host reads a value back (``aten::item`` around a ``cudaStreamSynchronize``
+    that waits for the GPU to finish), then goes on launching.  AUTOTUNE: the first step starts
+    with one ``aten::cudnn_convolution`` call that times that many algorithms (cudnn.benchmark):
+    as many 1 ms ``implicit_convolve_sgemm`` kernels, then a ``cudaEventSynchronize`` for them.
+    KERNEL_NAMES: the kernels' names, in turn (default ``void gemm_kernel_{k % 3}<float>()``);
+    OP_CHAINS: the cpu_ops around each kernel's launch, outermost first, in turn (default
+    ``("aten::mm",)``), each nested one starting 0.1 us after and ending 0.1 us before its parent;
+    DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
     base = EPOCH_US if old else 1000.0
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
     t, corr = base, 1
-    for s in range(steps):
+    gpu_free = t
+    for s in range(-lead, steps + queued):
         step_start = t
         step_events = []
         if input_us:
@@ -48,7 +74,34 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                                 "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                                 "pid": 1, "tid": 7, "ts": t, "dur": input_us})
             t += input_us
-        gpu_free = t
+        if compile_us and s == 0:
+            step_events.append({"ph": "X", "cat": "python_function", "name": "_compile.compile_inner (dynamo_timed)",
+                                "pid": 1, "tid": 7, "ts": t, "dur": compile_us})
+            t += compile_us
+        if autotune and s == 0:
+            op_start = t
+            for _ in range(autotune):
+                step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
+                                    "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                start = max(t + launch_us + 2, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": "implicit_convolve_sgemm", "pid": 0,
+                                    "tid": 7, "ts": start, "dur": 1000.0,
+                                    "args": {"device": 0, "stream": 7, "correlation": corr}})
+                gpu_free = start + 1000.0
+                t += launch_us + 3
+                corr += 1
+            step_events += [{"ph": "X", "cat": cat["runtime"], "name": "cudaEventSynchronize", "pid": 1, "tid": 7,
+                             "ts": t, "dur": gpu_free - t},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::cudnn_convolution", "pid": 1, "tid": 7,
+                             "ts": op_start, "dur": gpu_free + 1 - op_start}]
+            t = gpu_free + 2
+        if cpu_input_us:
+            step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::randn", "pid": 1, "tid": 7, "ts": t,
+                             "dur": cpu_input_us},
+                            {"ph": "X", "cat": cat["op"], "name": "aten::normal_", "pid": 1, "tid": 7, "ts": t + 1,
+                             "dur": cpu_input_us - 2}]
+            t += cpu_input_us
+        gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
                                 "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
@@ -59,18 +112,33 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             t += launch_us + 3
             corr += 1
         for k in range(kernels):
+            t += silent_us if k == 0 else 0.0
             op_start = t
+            load = 300.0 if s == 0 and k < lazy_loads else 0.0
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": launch, "pid": 1, "tid": 7,
-                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                                "ts": t + 1, "dur": launch_us + load, "args": {"correlation": corr}})
+            if load:
+                step_events.append({"ph": "X", "cat": "cuda_driver", "name": "cuModuleLoadData", "pid": 1,
+                                    "tid": 7, "ts": t + 1.5, "dur": load - 1})
             if device:
-                start = max(t + launch_us + 2, gpu_free)
-                step_events.append({"ph": "X", "cat": cat["kernel"], "name": f"void gemm_kernel_{k % 3}<float>()",
+                start = max(t + load + launch_us + 2, gpu_free)
+                kernel = ("my_custom_kernel" if silent_us and k == 0 else
+                          kernel_names[k % len(kernel_names)] if kernel_names else f"void gemm_kernel_{k % 3}<float>()")
+                step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
                                     "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
                 gpu_free = start + kernel_us
-            t += launch_us + 3
-            step_events.append({"ph": "X", "cat": cat["op"], "name": "aten::mm", "pid": 1, "tid": 7,
-                                "ts": op_start, "dur": t - op_start})
+            t += load + launch_us + 3
+            if sync_every and device and (k + 1) % sync_every == 0:
+                wait_end = max(t + 2, gpu_free)
+                step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::item", "pid": 1, "tid": 7, "ts": t,
+                                 "dur": wait_end + 1 - t},
+                                {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1,
+                                 "tid": 7, "ts": t + 0.5, "dur": wait_end - t}]
+                t = wait_end + 2
+            chain = op_chains[k % len(op_chains)] if op_chains else ("aten::mm",)
+            step_events += [{"ph": "X", "cat": cat["op"], "name": op, "pid": 1, "tid": 7, "ts": op_start + 0.1 * depth,
+                             "dur": t - op_start - 0.2 * depth} for depth, op in enumerate(chain)]
             corr += 1
         for collective, kernel, elements, us in collectives:
             comm = {"Collective name": collective, "In msg nelems": elements, "Out msg nelems": elements,
@@ -115,9 +183,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  "ts": t + 2, "dur": wait_end - t - 2},
                 {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
             t = wait_end + 4 + sync_us
-        t = max(t, gpu_free) + 5
-        events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
-                       "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
+        if final_sync_us and s == steps - 1:
+            wait = max(t + 5, gpu_free) + final_sync_us - t
+            step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaDeviceSynchronize", "pid": 1,
+                                "tid": 7, "ts": t + 1, "dur": wait})
+            t += wait + 2
+        t = (t if ahead else max(t, gpu_free)) + 5
+        if 0 <= s < steps:
+            events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
+                           "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
         events += step_events
     if old:
         for e in events:
@@ -128,7 +202,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
         trace["baseTimeNanoseconds"] = 1_700_000_000_000_000_000
         trace["deviceProperties"] = [{"id": 0, "name": "AMD Instinct MI300X" if hip else "NVIDIA A100-SXM4-40GB",
                                       "totalGlobalMem": 42_505_273_344, "computeMajor": 9 if hip else 8,
-                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108}]
+                                      "computeMinor": 4 if hip else 0, "numSms": 304 if hip else 108,
+                                      **(device_properties or {})}]
     return trace
 
 
@@ -138,3 +213,128 @@ def write_trace(path: Path, trace: dict) -> Path:
     data = json.dumps(trace).encode()
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
+
+
+def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: float = 500.0,
+                 optimizer_us: float = 3000.0, slow_rank: int | None = None, slow_factor: float = 2.0,
+                 gather_us: float = 300.0, scatter_us: float = 600.0, overlap: bool = False,
+                 clock_offsets_us: tuple[float, ...] = (), launch_us: float = 10.0) -> list[dict]:
+    """One trace dict per rank of an FSDP-like job, laid out together so the collectives agree.
+
+    Each step on each rank: forward, per layer an all-gather then a compute kernel that needs it;
+    backward, per layer a compute kernel and a reduce-scatter of its gradients; then the host's
+    ``aten::item`` with ``cudaStreamSynchronize`` waiting for the GPU (the gradients' norm read), then
+    the host's ``Optimizer.step#AdamW.step`` (OPTIMIZER_US of host time, SLOW_FACTOR times that on
+    SLOW_RANK, launching OPTIMIZER_KERNELS kernels evenly, each 0.9 x OPTIMIZER_US / OPTIMIZER_KERNELS on
+    every rank: the others' GPUs keep up, the slow rank's idles), so the next step's first all-gather
+    waits for the slowest host.
+    Every collective's kernel starts on its rank when launched and its stream is free, and ends on
+    every rank at the same moment: the last rank's start plus the transfer (GATHER_US, SCATTER_US),
+    so earlier ranks wait inside it. OVERLAP False: backward's reduce-scatters all run after the
+    last backward kernel (the compute stream waits for each); True: each runs on its own stream
+    beside the next layer's backward kernel (as DDP/FSDP hooks do), only the last one exposed.
+    CLOCK_OFFSETS_US: added to every time of that rank (its host clock differs). Calls carry
+    ``record_param_comms`` args (a group of RANKS named "0")."""
+    host = [1000.0] * ranks          # each rank's host time
+    compute = [0.0] * ranks          # when its compute stream is free
+    comm = [0.0] * ranks             # when its NCCL stream is free
+    corr = [1] * ranks
+    events: list[list[dict]] = [[{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7,
+                                  "args": {"name": "python"}}] for _ in range(ranks)]
+    group = {"Group size": ranks, "Process Group Name": "0", "Process Group Ranks": str(list(range(ranks)))}
+
+    def launch(r: int, name: str, stream: int, start_gpu: float, dur: float) -> tuple[float, int]:
+        """A launch call on rank R's host now; its kernel on STREAM at START_GPU or after the launch."""
+        t = host[r]
+        c = corr[r]
+        corr[r] += 1
+        events[r].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7,
+                          "ts": t + 1, "dur": launch_us, "args": {"correlation": c}})
+        start = max(t + launch_us + 2, start_gpu)
+        if dur >= 0:
+            events[r].append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": start,
+                              "dur": dur, "args": {"device": 0, "stream": stream, "correlation": c}})
+        host[r] = t + launch_us + 3
+        return start, c
+
+    def op(r: int, name: str, start: float, args: dict | None = None) -> None:
+        events[r].append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 7, "ts": start,
+                          "dur": host[r] - start, **({"args": args} if args else {})})
+
+    def collective(name: str, kernel: str, transfer: float, after_compute: bool) -> None:
+        """One call on every rank: launched now on each host; ends together on every rank."""
+        starts = []
+        for r in range(ranks):
+            t0 = host[r]
+            ready = max(comm[r], compute[r]) if after_compute else comm[r]
+            starts.append(max(t0 + launch_us + 2, ready))
+        end = max(starts) + transfer
+        for r in range(ranks):
+            t0 = host[r]
+            c = corr[r]
+            corr[r] += 1
+            events[r] += [
+                {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 7, "ts": t0,
+                 "dur": launch_us + 4, "args": {"Collective name": name, "In msg nelems": 1 << 20,
+                                                "Out msg nelems": 1 << 20, "dtype": "Float", **group}},
+                {"ph": "X", "cat": "user_annotation", "name": f"nccl:{name}", "pid": 1, "tid": 7,
+                 "ts": t0 + 0.5, "dur": launch_us + 3},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 7,
+                 "ts": t0 + 1, "dur": launch_us, "args": {"correlation": c}},
+                {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 9, "ts": starts[r],
+                 "dur": end - starts[r], "args": {"device": 0, "stream": 9, "correlation": c}}]
+            comm[r] = end
+            host[r] = t0 + launch_us + 5
+
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    scatter = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    for s in range(steps):
+        step_start = list(host)
+        for layer in range(layers):         # forward: gather the layer's parameters, then compute
+            collective("_allgather_base", gather, gather_us, after_compute=False)
+            for r in range(ranks):
+                t0 = host[r]
+                start, _ = launch(r, f"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_fwd{layer}", 7, max(compute[r], comm[r]), kernel_us)
+                compute[r] = start + kernel_us
+                op(r, "aten::mm", t0)
+        for layer in range(layers):         # backward: compute a layer's gradients, reduce-scatter them
+            for r in range(ranks):
+                t0 = host[r]
+                start, _ = launch(r, f"sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x128x64_bwd{layer}", 7,
+                                  compute[r] if overlap else max(compute[r], comm[r]), kernel_us)
+                compute[r] = start + kernel_us
+                op(r, "aten::mm", t0)
+            if overlap:
+                collective("_reduce_scatter_base", scatter, scatter_us, after_compute=True)
+        if not overlap:
+            for layer in range(layers):
+                collective("_reduce_scatter_base", scatter, scatter_us, after_compute=True)
+        for r in range(ranks):               # a sync (the gradients' norm read), then the optimizer step
+            t1 = host[r]
+            wait_end = max(t1 + 5, compute[r], comm[r])
+            events[r] += [{"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 7, "ts": t1,
+                           "dur": wait_end + 1 - t1},
+                          {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
+                           "tid": 7, "ts": t1 + 0.5, "dur": wait_end - t1 - 0.5}]
+            host[r] = t0 = wait_end + 2
+            pace = optimizer_us * (slow_factor if r == slow_rank else 1.0) / OPTIMIZER_KERNELS
+            for _ in range(OPTIMIZER_KERNELS):      # one kernel per parameter, as a for-loop optimizer
+                host[r] += pace - launch_us - 3
+                start, _ = launch(r, "void multi_tensor_apply_kernel<AdamFunctor<float>>()", 7, compute[r],
+                                  0.9 * optimizer_us / OPTIMIZER_KERNELS)
+                compute[r] = start + 0.9 * optimizer_us / OPTIMIZER_KERNELS
+            op(r, "Optimizer.step#AdamW.step", t0)
+            events[r].append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{5 + s}", "pid": 1,
+                              "tid": 7, "ts": step_start[r], "dur": host[r] - step_start[r]})
+            host[r] += 5
+    traces = []
+    for r in range(ranks):
+        shift = clock_offsets_us[r] if r < len(clock_offsets_us) else 0.0
+        for e in events[r]:
+            if "ts" in e:
+                e["ts"] += shift
+        traces.append({"schemaVersion": 1, "traceEvents": events[r], "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                       "distributedInfo": {"backend": "nccl", "rank": r, "world_size": ranks},
+                       "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000,
+                                             "computeMajor": 9, "computeMinor": 0, "numSms": 132}]})
+    return traces

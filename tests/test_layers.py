@@ -44,7 +44,7 @@ def _layer(module: str) -> int:
 def imports() -> dict[str, set[str]]:
     """Each product module and the product modules it imports (``from pkg import mod`` names mod)."""
     found: dict[str, set[str]] = {}
-    modules = {_module(p) for p in PACKAGE.rglob("*.py")}
+    modules = {_module(p) for p in PACKAGE.rglob("*.py")} | {_module(p) for p in PACKAGE.rglob("*.c")}
     for path in PACKAGE.rglob("*.py"):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):

@@ -12,7 +12,8 @@ taken in priority order:
   trust): missing data is never idle time;
 - device idle, by what the host was doing: ``input`` (waiting on tf.data) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
-  ``launch`` (launching kernels or dispatching ops for this device) >
+  ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
+  launch calls and the short gaps between them, never a sync's aftermath) >
   ``other_host`` (Python, callbacks, eager bookkeeping, or nothing at all).
 
 XProf's GPU step breakdown only counts device events, so a GPU starved by its
@@ -44,10 +45,11 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import BLOCK, Intervals
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.timeline import (
-    PS_PER_MS, Device, DeviceActivity, HostActivity, HostModel, SessionModel, Steps,
+    PS_PER_MS, PS_PER_US, Device, DeviceActivity, HostActivity, HostModel, SessionModel, Steps,
 )
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import pytorch, tensorflow
+from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC_CALL
 from tb_gpuadvisor.vocab.tensorflow import EAGER_SINGLE_OP as _EAGER_OP
 from tb_gpuadvisor.vocab.tensorflow import INPUT_SEND as _INPUT_SEND
 from tb_gpuadvisor.stages import Memo
@@ -307,8 +309,13 @@ class _Dispatch:
     _common: dict = field(default_factory=dict)     # frozenset of op names -> Intervals
 
     @classmethod
-    def of(cls, host: HostModel) -> "_Dispatch":
-        """The host's index, built once and kept with its events (it does not depend on steps)."""
+    def of(cls, host: HostModel, by_rate: bool = False) -> "_Dispatch":
+        """The host's index, built once and kept with its events (it does not depend on steps).
+
+        BY_RATE (PyTorch): an op's dispatch is the host's time between two launch calls that
+        follow each other closely (``launch_rate_gaps``), not the whole of every op: an aten op
+        that computes on the CPU, or milliseconds of Python before a kernel, are not launch cost.
+        Synchronize calls are never launch cost either (the host waits for the device there)."""
         found = _MEMO.of(host.activity).get("dispatch")
         if found is None:
             activity = host.activity
@@ -320,10 +327,18 @@ class _Dispatch:
             # device cost ten times more).
             own = [launches[to == position] for position in range(len(host.devices))]
             shared = ((kind == HostEventKind.LAUNCH) & (target == -1)) | (kind == HostEventKind.EXECUTOR)
+            not_launch = kind == HostEventKind.ALLOCATOR
+            shared_set = _set(activity.start_ps, activity.end_ps, shared)
+            ops = activity.rows_of(HostEventKind.FRAMEWORK_OP)
+            # A sampled or filtered trace lost most launch calls: the gaps between those left say
+            # nothing of the launch rate, and its ops stand in for the launches they made.
+            if by_rate and host.partial_trace is None:
+                not_launch = (not_launch | (kind == HostEventKind.FIRST_USE)
+                              | kernels.named_events(activity, "sync", _SYNC_CALL.search))
+                shared_set = iv.union_of(shared_set, launch_rate_gaps(activity))
+                ops = ops[:0]
             found = _MEMO.of(host.activity)["dispatch"] = cls(
-                own, _set(activity.start_ps, activity.end_ps, kind == HostEventKind.ALLOCATOR),
-                _set(activity.start_ps, activity.end_ps, shared),
-                activity.rows_of(HostEventKind.FRAMEWORK_OP))
+                own, _set(activity.start_ps, activity.end_ps, not_launch), shared_set, ops)
         return found
 
     def common(self, activity: HostActivity, device_ops: frozenset[str]) -> Intervals:
@@ -341,6 +356,26 @@ class _Dispatch:
         """When the host (ACTIVITY) launched or dispatched work for DEV (at POSITION in its devices)."""
         rows = self.own[position]
         return iv.union_of(self.common(activity, _op_keys(dev)), _set(activity.start_ps[rows], activity.end_ps[rows]))
+
+
+# Eager PyTorch dispatches the next launch 20-340 us after the last one returns (the corpus's
+# eager captures, 10th to 99th percentile: Python, the dispatcher, ops that launch nothing).
+# A longer gap is host work of another kind (CPU compute, input, first-use set-up, a custom
+# op's preparation): the GPU idling in it does not wait for the launch rate.
+DISPATCH_GAP_PS = 500 * PS_PER_US
+
+
+def launch_rate_gaps(activity: HostActivity) -> Intervals:
+    """The host's time between consecutive launch calls of one thread, where the next one
+    followed within ``DISPATCH_GAP_PS``: dispatching launches back to back."""
+    rows = activity.rows_of(HostEventKind.LAUNCH)
+    if rows.size < 2:
+        return iv.EMPTY
+    rows = rows[np.lexsort((activity.start_ps[rows], activity.thread[rows]))]
+    after, before = rows[1:], rows[:-1]
+    lo, hi = activity.end_ps[before], activity.start_ps[after]
+    close = (activity.thread[after] == activity.thread[before]) & (hi > lo) & (hi - lo <= DISPATCH_GAP_PS)
+    return iv.union(lo[close], hi[close])
 
 
 def launch_targets(host: HostModel) -> np.ndarray:
@@ -378,6 +413,17 @@ class _DeviceSets:
     waits: Intervals = iv.EMPTY
     host_ops: Intervals = iv.EMPTY
     launch: Intervals = iv.EMPTY
+    syncs: Intervals | None = None        # PyTorch's sync ops: idle that begins in one is not launch time
+
+
+def _gaps_from(idle: Intervals, calls: Intervals) -> Intervals:
+    """The gaps of IDLE (disjoint, sorted) that begin inside one of CALLS (disjoint, sorted)."""
+    starts, ends = idle
+    if not calls[0].size:
+        return iv.EMPTY
+    at = np.searchsorted(calls[0], starts, side="right") - 1
+    inside = (at >= 0) & (starts < calls[1][np.clip(at, 0, None)])
+    return starts[inside], ends[inside]
 
 
 def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -> DeviceBreakdown:
@@ -405,8 +451,9 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
             busy = iv.union_of(busy, part)
     # The rest of the steps is device idle time, cut by priority; what is left is other host work.
     rest = iv.cut(windows, busy)
+    launch = raw.launch if raw.syncs is None else iv.subtract(raw.launch, _gaps_from(rest, raw.syncs))
     for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
-                           ("launch", raw.launch)):
+                           ("launch", launch)):
         if key == "not_traced":
             part = iv.EMPTY if raw.covered is None else iv.cut(rest, _both(rest, raw.covered))
         else:
@@ -463,7 +510,7 @@ def _input_waits(host: HostModel) -> Intervals:
 
 
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
-                   covered: Intervals | None, host_ops: Intervals) -> DeviceBreakdown:
+                   covered: Intervals | None, host_ops: Intervals, by_rate: bool) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
     # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
@@ -479,13 +526,17 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
         covered=covered, waits=_input_waits(host),
         host_ops=host_ops,
-        launch=_launch_set(host, dev)))
+        launch=_launch_set(host, dev, by_rate),
+        # After a sync the queue is empty and the device idles until the host launches again: the
+        # sync's cost (sync_stalls names it), not the launch rate's.
+        syncs=_set(activity.start_ps, activity.end_ps, kernels.named_events(activity, "sync_op", pytorch.is_sync_op))
+        if by_rate else None))
 
 
-def _launch_set(host: HostModel, dev: DeviceActivity) -> Intervals:
+def _launch_set(host: HostModel, dev: DeviceActivity, by_rate: bool) -> Intervals:
     """When the host launched or dispatched work for DEV, less the time it sat in allocator calls
     (cudaFree/hipFree inside an op block until the device drains: that idle is not launch cost)."""
-    dispatch = _Dispatch.of(host)
+    dispatch = _Dispatch.of(host, by_rate)
     position = next(i for i, d in enumerate(host.devices) if d is dev)
     launch = dispatch.launch_set(host.activity, dev, position)
     return iv.subtract(launch, dispatch.allocator) if dispatch.allocator[0].size else launch
@@ -546,12 +597,12 @@ def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivit
 
 
 def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, steps: Steps,
-             trust: "Trust | None", host_ops: dict[int, Intervals]) -> DeviceBreakdown:
+             trust: "Trust | None", host_ops: dict[int, Intervals], by_rate: bool) -> DeviceBreakdown:
     dev, host = pair
     if dev is None:
         return _cpu_breakdown(host, windows, steps)
     covered = trust.covered_by(dev.device.name) if trust is not None else None
-    return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)])
+    return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)], by_rate)
 
 
 def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
@@ -563,13 +614,14 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     # Per-host parts, before the device threads share them (every GPU of a host reads the same
     # host-op time, input waits and launch index).
     hosts = {id(h): h for dev, h in pairs if dev is not None}
+    by_rate = model.framework == pytorch.FRAMEWORK
 
     def host_ops_set(host: HostModel) -> Intervals:
         return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
 
     def host_parts(host: HostModel) -> None:
         _input_waits(host)
-        dispatch = _Dispatch.of(host)
+        dispatch = _Dispatch.of(host, by_rate)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
             dispatch.common(host.activity, _op_keys(dev))
 
@@ -581,10 +633,10 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
             for done in [pool.submit(host_parts, host) for host in hosts.values()]:
                 done.result()
             host_ops = {key: future.result() for key, future in ops.items()}
-            devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, host_ops), pairs))
+            devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, host_ops, by_rate), pairs))
     else:
         host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
-        devices = [_measure(pair, windows, steps, trust, host_ops) for pair in pairs]
+        devices = [_measure(pair, windows, steps, trust, host_ops, by_rate) for pair in pairs]
     _split_collective_wait(devices)
     for dev in devices[1:]:     # compute ranges are read on the primary only (see DeviceBreakdown)
         del dev.sets["compute"]

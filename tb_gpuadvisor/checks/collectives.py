@@ -21,11 +21,25 @@ Raise the per-replica batch size to amortise communication, remove AllReduce cal
 the gradient reduction (metrics reduced every step, manual ``all_reduce`` in the loop), and
 let the cross-device ops pack gradients into few buckets.
 
-Savings model: only the transfer counts. Time a replica spends inside a collective waiting
-for the slowest one (its collective time beyond the shortest replica's in that step) is the
-straggler's, reported and saved by multi_gpu_imbalance. The saving is the transfer time
-above params x 4 B / bandwidth when the parameter count is known; otherwise the exposed
-transfer time above 5% of the step.
+Where the trace names each call (PyTorch: ``record_param_comms``, ``nccl:*`` annotations),
+``exposed_collective_ms_per_step`` is the collective time with no compute kernel alongside on
+any stream, and the ranks of a many-host session are matched call by call (checks/_ranks.py):
+its waiting part (``collective_wait_ms_per_step``, a rank arriving early and waiting for the
+last) is multi_gpu_imbalance's, the rest is transfer. The fix is to overlap the calls with
+compute: DDP buckets (``bucket_cap_mb``, ``gradient_as_bucket_view``) for all-reduces, with a
+registered comm hook compressing what they move, FSDP ``forward_prefetch``/``backward_prefetch``
+and ``limit_all_gathers`` for all-gathers and reduce-scatters, ``async_op=True`` for all-to-all.
+Its saving (``overlap_saving_ms_per_step``), per step and GPU from the timeline: the exposed
+transfer beyond what has to stay exposed (per kind with several calls in the step, the most
+exposed call: the first gather before any compute, the last gradient reduction after the last
+gradient; a kind's only call can be split into buckets that overlap), bounded by the compute not
+yet alongside a collective.
+
+Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica
+spends inside a collective waiting for the slowest one (its collective time beyond the shortest
+replica's in that step) is the straggler's, reported and saved by multi_gpu_imbalance. The
+saving is the transfer time above params x 4 B / bandwidth when the parameter count is known;
+otherwise the exposed transfer time above 5% of the step.
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ import numpy as np
 
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
-from tb_gpuadvisor.checks import fixes
+from tb_gpuadvisor.checks import _ranks, fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Finding, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
@@ -58,6 +72,13 @@ ALL_REDUCE = "all-reduce"
 BUS_FACTOR = {ALL_REDUCE: lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
               "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n}
 # The torch remedy for a kind of collective that is exposed, in the order the evidence ranks them.
+# DDP's all-reduces also move half the bytes when a comm hook compresses the gradients to bf16.
+TORCH_COMM_HOOK = Fix(
+    "Halve what each DDP all-reduce moves: register a communication hook that sends the gradient buckets "
+    "in bf16 (fp16 before Ampere) and restores them after the reduction.",
+    "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+    "model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)",
+    "https://pytorch.org/docs/stable/ddp_comm_hooks.html")
 TORCH_REMEDY = {ALL_REDUCE: fixes.TORCH_DDP_BUCKETS, "all-to-all": fixes.TORCH_OVERLAP_ALL_TO_ALL,
                 "send/recv": fixes.TORCH_OVERLAP_ALL_TO_ALL, "all-gather": fixes.TORCH_FSDP_PREFETCH,
                 "reduce-scatter": fixes.TORCH_FSDP_PREFETCH}
@@ -118,6 +139,8 @@ class GpuCollectives:
     top: list[tuple[str, int, int]]                   # (kernel, ps, calls) of the longest-running kinds
     longest: tuple[str, int, int, int] | None        # (kernel, ps, start_ps, end_ps) of the longest call
     kinds: list[KindCollectives] = field(default_factory=list)   # most exposed first; empty unless named
+    overlap: np.ndarray | None = None     # 3 x step windows where calls are named: exposed, what stays exposed
+                                          # (per kind the most exposed call), compute not alongside a collective
 
 
 @dataclass
@@ -130,6 +153,7 @@ class Collectives:
     transfer_ms: float        # per step, mean over replicas
     waiting_ms: float
     param_bytes: int | None
+    calls: list[_ranks.RankCalls | None] | None = None   # per row, its group calls (named: PyTorch)
 
 
 def parameter_bytes(model: SessionModel) -> int | None:
@@ -164,6 +188,7 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
     compute_busy = intervals.union(dev.start_ps[compute], dev.end_ps[compute])
     exposed = intervals.subtract(coll_busy, compute_busy)
     kinds = _by_kind(dev, coll, compute_busy) if dev.collective.size else []
+    overlap = _overlap_room(dev, model, coll, coll_busy, compute_busy, exposed) if kinds else None
     if kinds:       # the trace names each call's kind: an all-reduce is one whatever its kernel is called
         ids = [i for i, call in enumerate(dev.collectives) if call.kind == ALL_REDUCE]
         allreduce = coll & np.isin(dev.collective, ids)
@@ -175,7 +200,30 @@ def measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuCollectives:
         longest = (dev.names[dev.name[i]], int(dev.dur_ps[i]), int(dev.start_ps[i]), int(dev.end_ps[i]))
     return GpuCollectives(kernels.device_label(model, dev), dev.device.name, dev.device.host, intervals.total(coll_busy),
                           intervals.total(exposed), int(allreduce.sum()), int(coll.sum()),
-                          int(dev.dur_ps[allreduce].sum()), top, longest, kinds)
+                          int(dev.dur_ps[allreduce].sum()), top, longest, kinds, overlap)
+
+
+def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, coll_busy: intervals.Intervals,
+                  compute_busy: intervals.Intervals, exposed: intervals.Intervals) -> np.ndarray | None:
+    """Per step window: collective time not alongside compute; the part of it that stays so when the
+    calls overlap compute (per kind with several calls in the step, its most exposed call: the first
+    gather needs its parameters before any compute, the last gradient reduction follows the last
+    gradient; a kind's only call can be split into buckets or per-layer units that overlap); and
+    compute not yet alongside any collective (what the calls can hide behind)."""
+    lo, hi, _ = kernels.step_windows(model)
+    if not len(model.steps) or dev.step.size != len(dev):
+        return None
+    rows = np.flatnonzero(coll & (dev.collective >= 0))
+    order = rows[np.argsort(dev.start_ps[rows], kind="stable")]
+    per_call = intervals.per_bin_total(exposed, dev.start_ps[order], dev.end_ps[order])
+    kinds = sorted({call.kind for call in dev.collectives})
+    kind_of = np.array([kinds.index(call.kind) for call in dev.collectives])[dev.collective[order]]
+    at = (kind_of, dev.step[order].astype(np.int64))
+    most, count = np.zeros((len(kinds), lo.size), np.int64), np.zeros((len(kinds), lo.size), np.int64)
+    np.maximum.at(most, at, per_call)
+    np.add.at(count, at, 1)
+    return np.vstack([intervals.per_bin_total(exposed, lo, hi), np.where(count >= 2, most, 0).sum(axis=0),
+                      intervals.per_bin_total(intervals.subtract(compute_busy, coll_busy), lo, hi)])
 
 
 def _by_kind(dev: DeviceActivity, coll: np.ndarray, compute_busy: np.ndarray) -> list[KindCollectives]:
@@ -214,7 +262,8 @@ def measure(analysis: Analysis) -> Collectives | Finding:
         return needs_gpu(CHECK_ID, "collectives")
     lo, hi, windows = kernels.step_windows(model)
     return Collectives([measure_gpu(dev, model) for dev in active], windows,
-                       float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model))
+                       float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model),
+                       [_ranks.measure(dev, model) for dev in active])
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Collectives | None:
@@ -223,15 +272,17 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
     measured = measured_parts(parts, Collectives)
     if not measured:
         return None
-    shifted = [row if row.longest is None else replace(row, longest=(
-                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))))
+    shifted = [replace(row, longest=row.longest if row.longest is None else (
+                   *row.longest[:2], *map(int, alignment.on_session_clock(h, np.array(row.longest[2:])))),
+                   overlap=None if row.overlap is None else alignment.take(h, row.overlap))
                for h, c in measured for row in c.rows]
     ones = [c for _, c in measured]
     transfer_ms, waiting_ms = alignment.collective_parts_ms(steps) or (
         sum(c.transfer_ms * len(c.rows) for c in ones) / len(shifted),
         sum(c.waiting_ms * len(c.rows) for c in ones) / len(shifted))
     return Collectives(shifted, ones[0].windows, ones[0].step_ps, transfer_ms, waiting_ms,
-                       next((c.param_bytes for c in ones if c.param_bytes), None))
+                       next((c.param_bytes for c in ones if c.param_bytes), None),
+                       _ranks.join_calls(alignment, [(h, c.calls, c.windows) for h, c in measured]))
 
 
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__,
@@ -284,6 +335,15 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                        "parameters x 4 bytes / bandwidth.")
     kinds = _kinds_per_step(rows, steps)
     remedies = FIXES
+    room = _overlap_saving(measured)
+    if room is not None:
+        transfer_ms, waiting_ms = room.transfer_ms, room.waiting_ms
+        metrics["collective_transfer_ms_per_step"] = round(transfer_ms, 3)
+        metrics["collective_wait_ms_per_step"] = round(waiting_ms, 3)
+        metrics["exposed_collective_ms_per_step"] = round(room.exposed_ms, 3)
+        metrics["exposed_transfer_ms_per_step"] = round(room.exposed_transfer_ms, 3)
+        metrics["overlap_saving_ms_per_step"] = round(room.saving_ms, 3)
+        savings = room.saving_ms
     if kinds:
         metrics.update((f"{_slug(k['kind'])}_{key}", value) for k in kinds for key, value in k.items()
                        if key not in ("kind", "group"))
@@ -293,7 +353,9 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
             expectation += (" The trace does not record the calls' message sizes, so their bandwidth "
                             "cannot be measured.")
         remedies = []
-        for fix in [TORCH_REMEDY[k["kind"]] for k in kinds if k["kind"] in TORCH_REMEDY] + [fixes.TORCH_LARGER_BATCH]:
+        hooks = [TORCH_COMM_HOOK] if any(k["kind"] == ALL_REDUCE for k in kinds) else []
+        kind_fixes = [TORCH_REMEDY[k["kind"]] for k in kinds if k["kind"] in TORCH_REMEDY]
+        for fix in kind_fixes + hooks + [fixes.TORCH_LARGER_BATCH]:
             if fix not in remedies:
                 remedies.append(fix)
     else:
@@ -302,13 +364,91 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
     severity = scale.gated(Severity.WARNING if percent >= WARNING_AT else Severity.OK, savings)
     summary = (f"Collectives keep each GPU busy {percent:.1f}% of the step ({exposed_percent:.1f}% not "
                f"hidden behind compute), with {calls_text} call(s) per step per GPU. {expectation}")
-    if waiting_ms > 0.1 * (transfer_ms + waiting_ms):
+    if room is not None:
+        summary += room.sentence(step_ms)
+    if waiting_ms > 0.1 * (transfer_ms + waiting_ms) and not (room is not None and room.ranks_matched):
         summary += (f" Of the collective time, {waiting_ms:.2f} ms per step (mean per GPU) is replicas waiting "
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
              else f"Collectives take {percent:.1f}% of each step")
+    # Where the calls are named, the overlap fix goes with a saving too small for a warning.
+    shown = severity is Severity.WARNING or (severity is Severity.INFO and room is not None and room.saving_ms > 0)
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
-                   remedies if severity is Severity.WARNING else [])
+                   remedies if shown else [])
+
+
+@dataclass
+class OverlapRoom:
+    """Per step, mean over GPUs: collective time not alongside compute, the part of it that is
+    waiting for the last rank, and what overlapping the calls with compute would save."""
+
+    exposed_ms: float
+    exposed_transfer_ms: float
+    transfer_ms: float        # exposed collective time that is not waiting (as the breakdown counts it)
+    waiting_ms: float
+    saving_ms: float
+    ranks: int                # GPUs measured
+    ranks_matched: bool       # waiting measured by matching the ranks' calls (else not separable here)
+
+    def sentence(self, step_ms: float) -> str:
+        if self.ranks_matched:
+            wait = (f", of which {self.exposed_ms - self.exposed_transfer_ms:.2f} ms is waiting for the last rank "
+                    "(multi_gpu_imbalance's)")
+        elif self.ranks == 1:
+            wait = " (with one rank in the capture, waiting for other ranks cannot be told apart from transfer)"
+        else:
+            wait = (" (the ranks' calls do not end together call by call, so they are not the same collectives "
+                    "and waiting cannot be told apart from transfer)")
+        return (f" Per step {self.exposed_ms:.2f} ms of collective time runs with no compute alongside{wait}. "
+                f"Issued so they overlap compute (only the first gather or the last gradient reduction of "
+                f"each kind has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
+                f"ms instead of {step_ms:.2f} ms: the saving is bounded by the compute not yet alongside a "
+                "collective.")
+
+
+def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
+    """What overlapping the named calls with compute saves, per step and GPU (mean over GPUs): the
+    exposed time beyond what must stay exposed (per kind its most exposed call) and beyond the
+    waiting for the last rank (the straggler's, not communication's), capped by the compute
+    available to hide it; None where the trace does not name its calls (TensorFlow, JAX)."""
+    rows = [row for row in measured.rows if row.overlap is not None]
+    if not rows or len(rows) != len(measured.rows):
+        return None
+    table = np.stack([row.overlap for row in rows]).astype(np.float64)     # rows x 3 x steps
+    exposed, stays, free = table[:, 0], table[:, 1], table[:, 2]
+    steps = exposed.shape[1]
+    if not steps:
+        return None
+    found = _ranks.split(measured.calls, steps) if measured.calls and all(measured.calls) else None
+    if found is not None and found.wait.shape == exposed.shape:
+        wait = np.minimum(found.wait, exposed)
+        stays = _stays_exposed(found)
+        transfer_ms = float(found.transfer.sum()) / len(rows) / steps / PS_PER_MS
+        waiting_ms = float(found.wait.sum()) / len(rows) / steps / PS_PER_MS
+    else:
+        found, wait = None, np.zeros_like(exposed)
+        transfer_ms, waiting_ms = measured.transfer_ms, measured.waiting_ms
+    saving = np.clip(np.minimum(exposed - wait - stays, free), 0.0, None)
+    per = len(rows) * steps * PS_PER_MS
+    return OverlapRoom(float(exposed.sum()) / per, float((exposed - wait).sum()) / per, transfer_ms, waiting_ms,
+                       float(saving.sum()) / per, len(rows), found is not None)
+
+
+def _stays_exposed(found: _ranks.Split) -> np.ndarray:
+    """Ranks x steps: per kind of call with several calls in the step, the most exposed call's exposed
+    transfer (its exposed time beyond the waiting for the last rank), the part no reordering hides."""
+    transfer = np.clip(found.call_exposed - found.call_wait, 0, None)
+    keys = sorted(set(found.call_key))
+    kind_of = np.array([keys.index(k) for k in found.call_key], np.int64)
+    out = np.zeros((transfer.shape[0], found.steps), np.float64)
+    for kind in range(len(keys)):
+        most = np.zeros((transfer.shape[0], found.steps), np.int64)
+        cols = np.flatnonzero(kind_of == kind)
+        several = np.bincount(found.call_step[cols], minlength=found.steps) >= 2
+        for rank in range(transfer.shape[0]):
+            np.maximum.at(most[rank], found.call_step[cols], transfer[rank, cols])
+        out += np.where(several, most, 0)
+    return out
 
 
 def _slug(kind: str) -> str:

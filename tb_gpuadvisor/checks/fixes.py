@@ -11,9 +11,10 @@ says something true in both frameworks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tb_gpuadvisor.checks.finding import Fix
+from tb_gpuadvisor.vocab import pytorch
 
 
 @dataclass(eq=False)
@@ -503,6 +504,28 @@ MIXED_PRECISION = Remedy(
     "# keep the model output (softmax / loss input) in float32 for numeric stability\n"
     'outputs = keras.layers.Activation("softmax", dtype="float32")(logits)',
     MIXED_PRECISION_GUIDE, jax=JAX_BF16, pytorch=TORCH_AUTOCAST)
+
+TORCH_AUTOCAST_FP16 = Fix(
+    text="Run the forward pass and loss under autocast in float16 and scale the loss with a GradScaler: "
+         "this GPU's Tensor Cores (Volta/Turing) take float16 only, and float16 gradients need loss "
+         "scaling not to underflow.",
+    code="scaler = torch.amp.GradScaler(\"cuda\")  # before PyTorch 2.3: torch.cuda.amp.GradScaler()\n"
+         "with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
+         "    loss = loss_fn(model(x), y)\n"
+         "scaler.scale(loss).backward()\n"
+         "scaler.step(optimizer)\n"
+         "scaler.update()",
+    doc=TORCH_AMP_DOC)
+# The same remedy where every GPU is a Volta or Turing: only its PyTorch form differs.
+MIXED_PRECISION_FP16 = replace(MIXED_PRECISION, pytorch=TORCH_AUTOCAST_FP16)
+
+
+def mixed_precision_remedy(gpus: list[tuple[str | None, int | None]]) -> Remedy:
+    """The mixed-precision remedy for GPUS ((vendor, compute capability major) each): its PyTorch
+    form autocasts to float16 with a GradScaler when every GPU takes only float16, else bfloat16."""
+    fp16 = bool(gpus) and all(pytorch.autocast_dtype(vendor, major) == "float16" for vendor, major in gpus)
+    return MIXED_PRECISION_FP16 if fp16 else MIXED_PRECISION
+
 
 CHECK_GPU_VISIBLE = Remedy(
     text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "

@@ -5,8 +5,9 @@
 host was neither waiting on input nor launching work for it, i.e. running Python, Keras
 callbacks and metrics, ops outside ``tf.function``, host-side conditionals such as dynamic
 loss scaling checks, or nothing at all between steps. On CPU-only captures it is step
-time covered by neither framework ops, the executor running the graph, nor input waits,
-and it is said of the CPU (there is no device to idle). Measured on the primary device.
+time covered by neither framework ops, the runtime's threads running the graph (and the
+graph calls, when the tracer recorded no op), JAX's program calls, nor input waits, and it
+is said of the CPU (there is no device to idle). Measured on the primary device.
 The evidence lists the host activities that overlapped those gaps the most, the longest
 gaps with their time range, and the steps that lost the most time.
 
@@ -22,7 +23,10 @@ often, keep the whole step (and in custom loops, the loop itself) inside ``tf.fu
 and replace dynamic loss scaling by a fixed scale when its checks show up between steps.
 
 GPU idle time behind framework ops computing on the host is op_placement's, and step time
-the device's trace does not cover is never counted as idle.
+the device's trace does not cover is never counted as idle: when the GPU ran the model but its
+trace is empty, the check does not apply. When the model ran on the CPU beside an unused GPU,
+placement comes first (op_placement) and this finding is at most info. A JAX step that calls
+many programs runs op by op: jax.jit is then its first fix.
 
 Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
 other-host time removed from the host's timeline: device work released after it moves
@@ -47,9 +51,10 @@ from tb_gpuadvisor.checks.base import (
 from tb_gpuadvisor.checks.finding import ACTIONABLE, Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
+from tb_gpuadvisor.model.kernels import named_events
 from tb_gpuadvisor.timeline import PS_PER_MS, HostActivity
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import pytorch, tensorflow
+from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "host_overhead"
 CRITICAL, WARNING = 15.0, 3.0
@@ -191,6 +196,26 @@ def culprits(activity: HostActivity, gaps: Intervals, steps: int, top: int = TOP
     return out
 
 
+# An un-jitted JAX step calls a program per jax.numpy op (PjitFunction(matmul), (tanh), ...); a
+# jitted one calls its step and perhaps device_put's "stage": this many distinct programs or more
+# in the steps is a step run op by op.
+OP_BY_OP_PROGRAMS = 4
+
+
+def op_by_op_programs(analysis: Analysis) -> list[str]:
+    """The distinct JAX programs the steps call when they are that many (the step runs op by op,
+    and jax.jit is the first fix), else none."""
+    if analysis.model.framework != jax.FRAMEWORK:
+        return []
+    for host in analysis.model.hosts:
+        act = host.activity
+        calls = named_events(act, "jax_call", jax.FUNCTION.match) & (act.step >= 0)
+        names, counts = np.unique(act.name[calls], return_counts=True)
+        if names.size >= OP_BY_OP_PROGRAMS:
+            return [act.names[int(i)] for i in names[np.argsort(-counts, kind="stable")]]
+    return []
+
+
 def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
     names = [n for host in analysis.model.hosts for n in host.activity.names]
     names += [o for dev in analysis.model.devices for o in dev.ops]
@@ -206,10 +231,21 @@ def check(analysis: Analysis) -> Finding:
     primary = breakdown.primary
     if primary is None or not analysis.steps_count:
         return needs_steps(CHECK_ID, "Host overhead", "host gaps")
+    if analysis.trust.placement.where == "gpu_trace_lost":
+        # The GPU ran the model but its trace is empty: the CPU breakdown stands in for the
+        # steps, and its "idle" time says nothing of when the GPU waited.
+        return Finding(CHECK_ID, Severity.NOT_APPLICABLE, "GPU idle time not measurable",
+                       "The GPU ran the model but its trace is empty (see the profile quality finding), so "
+                       "when it sat idle while the host ran Python, callbacks or other work cannot be measured.")
     percent = primary.percent("other_host")
     other_ms = analysis.ms_per_step(primary.total("other_host"))
     saving = analysis.what_if.saving_ms(CHECK_ID)
     severity = analysis.gated(severity_by_threshold(percent, CRITICAL, WARNING), saving)
+    # The model ran on the CPU beside an unused GPU: placement is the fix (op_placement), and the
+    # host's share of a CPU run says little of the GPU run that fix makes.
+    placed_first = analysis.trust.placement.where == "host_despite_gpu" and severity in ACTIONABLE
+    if placed_first:
+        severity = Severity.INFO
     host = analysis.primary_host
     loss_scale = uses_dynamic_loss_scale(analysis)
     on_cpu = breakdown.device_kind == "cpu"
@@ -228,7 +264,15 @@ def check(analysis: Analysis) -> Finding:
     summary += stall_sentence(stalls, analysis.steps_count)
     if loss_scale:
         summary += " The step uses dynamic loss scaling, whose checks run every step."
-    summary += analysis.gain_note(severity, saving)
+    programs = op_by_op_programs(analysis)
+    if programs:
+        summary += (f" The step runs op by op: it calls {len(programs)} programs ({', '.join(programs[:3])}, ...), "
+                    "each traced and dispatched from Python; compiled with jax.jit it is one.")
+    if placed_first:
+        summary += (" The model ran on the CPU beside an unused GPU: place it on the GPU first (see the op "
+                    "placement finding); this share describes the CPU run.")
+    else:
+        summary += analysis.gain_note(severity, saving)
     if severity is Severity.OK:
         title = f"Little host overhead ({percent:.1f}% of step time)"
     elif on_cpu:
@@ -254,6 +298,8 @@ def check(analysis: Analysis) -> Finding:
     fix_list = [fixes.STEPS_PER_EXECUTION, fixes.GPU_PRIVATE_THREADS, fewer, *graph_remedies(analysis)]
     if loss_scale:
         fix_list.insert(0, STATIC_LOSS_SCALE)
+    if programs:
+        fix_list = [fixes.TF_FUNCTION, *(f for f in fix_list if f is not fixes.TF_FUNCTION)]
     if stalls:
         fix_list.insert(0, fixes.TORCH_NO_HOST_SYNC)
     if allocator:

@@ -3,7 +3,11 @@
 ## What it measures
 ``launch_percent``: the share of step time during which the GPU was idle while the host
 was launching kernels or dispatching ops for it (CUDA launch calls linked to this GPU by
-correlation id, executor op dispatch), and not waiting on input. Also
+correlation id, executor op dispatch), and not waiting on input. In a PyTorch trace only the
+launch rate counts: the launch calls and the gaps between consecutive launches of a thread
+shorter than 0.5 ms (``breakdown.DISPATCH_GAP_PS``); an aten op computing on the CPU, Python
+before a custom kernel, first-use set-up, and the idle after a sync (``sync_stalls``) are not
+launch time, and warm-up steps are left out before (``trust.warmup``). Also
 ``median_kernel_us`` (median compute-kernel duration) and ``kernels_per_step``, and as
 evidence the ops with the most tiny kernels (shorter than 20 us, the top of the launch
 costs captures show) per step.

@@ -8,7 +8,12 @@ kernels left out because they wait for the slowest replica. ``imbalance_percent`
 that spends notably the least time in collectives (``late_device``) is the one the others
 wait for there; ``straggler_reason`` says why it arrives last: ``compute`` (it works longer)
 or ``host`` (its GPU idles longer outside collectives, waiting on its host). Ranks of a
-many-host job (one GPU per trace file) are compared in the merge. Also
+many-host job (one GPU per trace file) are compared in the merge. Where the trace names its
+collective calls (PyTorch), the ranks are matched call by call on the calls' end times (clock
+offsets between hosts measured and taken out, checks/_ranks.py): per call the rank with the
+shortest kernel arrived last and the others waited; the rank the others waited for longest is
+the straggler, and the framework op on its host that takes longer than on the other ranks
+(``straggler_host_op``, e.g. its ``Optimizer.step``) is the reason it is late. Also
 the overlap of the GPUs' busy time (``min_overlap_percent``: the least-overlapping pair,
 as a share of the less busy GPU's time) to spot GPUs that run one after another instead of
 together, and GPU planes of the capture that ran no kernels at all.
@@ -21,6 +26,8 @@ control dependencies between them and run serially. Critical at >= 20%, warning 
 fewer than two GPUs with kernels: not applicable.
 
 ## How to fix
+A rank late for its host (PyTorch): make that op as cheap as on the others (a fused or foreach
+optimizer), give each rank's process its own cores, and keep rank-only work out of the step.
 Give every replica the same work: let ``tf.distribute.MirroredStrategy`` split a global
 batch that is a multiple of the replica count, keep per-replica ops (metrics, summaries,
 checkpoints) off GPU:0, recheck the input pipeline for the larger global batch, and
@@ -30,7 +37,10 @@ Savings model: the straggler's work brought to the median replica's, replayed pe
 (attribution/replay.py): the replica that waited least inside its collectives arrived
 last; the step gains its extra work, but only until the next-latest replica becomes the
 last one (the second-smallest collective wait). The other replicas' waiting inside
-AllReduce is this cause's time, not the collectives finding's. When GPUs run serially
+AllReduce is this cause's time, not the collectives finding's. A rank late for its host
+gains per step the larger: its late op brought to the other ranks' median lets it arrive that
+much earlier, up to the least any other rank waits for it (replayed with the balance in the
+merge of a many-host session). When GPUs run serially
 (pairwise overlap < 30%), the larger of that and the time their combined busy span
 exceeds the busiest GPU's busy time (what running them side by side would save).
 """
@@ -43,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.checks import _ranks
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks.fixes import (
     DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, TORCH_DDP_DOC, Remedy,
@@ -54,6 +65,7 @@ from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
+from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "multi_gpu_imbalance"
 CRITICAL_AT, WARNING_AT = 20.0, 10.0
@@ -123,6 +135,29 @@ FIXES = [
             TORCH_DDP_DOC)),
 ]
 
+def _torch_only(fix: Fix) -> Remedy:
+    """A remedy that exists only in PyTorch (these are only given on traces that name their calls)."""
+    return Remedy(fix.text, fix.code, fix.doc, pytorch=fix, tensorflow=False)
+
+
+# What a rank late for its host changes.
+HOST_OPTIMIZER_FIX = _torch_only(Fix(
+    "Make the late rank's optimizer step as cheap as the others': the fused (or foreach) implementation "
+    "updates every parameter in a few kernels instead of a loop of small ones per parameter, so the host "
+    "spends far less time in it; then check why that rank's host is slower (other processes or "
+    "DataLoader workers on its cores).",
+    "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)   # or foreach=True",
+    "https://pytorch.org/docs/stable/optim.html#algorithms"))
+HOST_CORES_FIX = _torch_only(Fix(
+    "Give every rank's process the same host resources: bind it to its own cores (and NUMA node), keep "
+    "rank-only work (logging, evaluation, checkpoints) out of the step, and look for other load on the late "
+    "rank's host; every collective waits for its slowest host.",
+    "import os\n"
+    "cores = os.cpu_count() // local_world_size          # the host's cores split evenly between its ranks\n"
+    "os.sched_setaffinity(0, range(local_rank * cores, (local_rank + 1) * cores))\n"
+    "torch.set_num_threads(cores)",
+    TORCH_DDP_DOC))
+
 
 def busy_intervals(dev: DeviceActivity, model: SessionModel) -> intervals.Intervals:
     """Union of one GPU's kernel and copy intervals inside the steps, collectives excluded."""
@@ -159,6 +194,7 @@ class Replicas:
     partial_used: list[str]                   # devices the host used but the trace does not hold
     collective: np.ndarray                    # GPU x step window: ps in collective kernels
     idle_ps: np.ndarray                       # GPU x step window: ps with nothing running
+    calls: list[_ranks.RankCalls | None] | None = None   # per GPU, its group collectives (PyTorch)
 
 
 def not_applicable(active: list[str], planes: int, active_gpus: int, traced_apart: list[str]) -> Finding:
@@ -197,7 +233,8 @@ def measure(analysis: Analysis) -> Replicas | Finding:
                     [(dev.device.name, dev.device.host) for dev in active], per_step, lo, hi,
                     min_overlap, serial_pairs, int(combined), idle, len(planes),
                     [d.name for d in analysis.trust.partial_devices],
-                    np.vstack([c for c, _ in waits]), np.vstack([i for _, i in waits]))
+                    np.vstack([c for c, _ in waits]), np.vstack([i for _, i in waits]),
+                    [_ranks.measure(dev, model) for dev in active])
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Replicas | None:
@@ -218,7 +255,8 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
         [item for _, r in measured for item in r.idle], sum(r.planes for _, r in measured),
         [d for _, r in measured for d in r.partial_used],
         np.vstack([alignment.take(h, r.collective) for h, r in measured]),
-        np.vstack([alignment.take(h, r.idle_ps) for h, r in measured]))
+        np.vstack([alignment.take(h, r.idle_ps) for h, r in measured]),
+        _ranks.join_calls(alignment, [(h, r.calls, r.per_step.shape[1]) for h, r in measured]))
 
 
 def judge_joined(r: Replicas, scale) -> Finding | None:
@@ -267,6 +305,13 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
         "min_overlap_percent": round(r.min_overlap, 1),
     }
     late = _late_arrival(r, means)
+    host_late = _host_straggler(r, means)
+    if host_late is not None:
+        late = host_late.late or late
+        metrics.update(host_late.metrics)
+        if host_late.reason is not None and late is not None:
+            metrics["straggler_device"] = labels[late.index]     # the rank the others wait for
+        savings_ms = max(savings_ms, host_late.gain_ms)
     if late is not None:
         metrics.update(late_device=labels[late.index], straggler_reason=late.reason)
     evidence = _device_evidence(r, means, top)
@@ -280,6 +325,9 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
                                  detail=f"no kernels ({events} copies only)" if events else "no events",
                                  device=device, host=host))
     severity = severity_by_threshold(imbalance, CRITICAL_AT, WARNING_AT)
+    if host_late is not None and host_late.reason is not None:
+        severity = max(severity, severity_by_threshold(host_late.wait_percent, CRITICAL_AT, WARNING_AT),
+                       key=lambda s: s.weight)
     if r.serial_pairs and severity is Severity.OK:
         severity = Severity.WARNING
     severity = scale.gated(severity, savings_ms)
@@ -288,10 +336,15 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
     names = ", ".join(labels)
     summary = (f"Across {len(labels)} GPUs ({names}) the busiest, {labels[top]}, works "
                f"{means[top] / PS_PER_MS:.2f} ms per step outside collectives and the least busy "
-               f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%. The others wait "
-               f"for the straggler in every collective that joins them (in data-parallel training, the "
-               f"gradient all-reduce); evening out the work would save about "
-               f"{balance_ms:.2f} ms per step.")
+               f"{means[bottom] / PS_PER_MS:.2f} ms: an imbalance of {imbalance:.0f}%.")
+    if host_late is not None and host_late.reason is not None:
+        summary += (" Their GPUs' work is not what holds the step; one rank's host is, at every collective "
+                    "that joins them.")
+        evidence.insert(0, host_late.evidence(r))
+    else:
+        summary += (" The others wait for the straggler in every collective that joins them (in data-parallel "
+                    f"training, the gradient all-reduce); evening out the work would save about {balance_ms:.2f} "
+                    "ms per step.")
     summary += late.sentence if late is not None else ""
     if r.serial_pairs:
         summary += (f" Some GPUs overlap only {r.min_overlap:.0f}% of their busy time, so they run one "
@@ -305,7 +358,9 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
         cause = (f"the host used {', '.join(r.partial_used)}, so the profiler traced only part of the job"
                  if r.partial_used else "the training uses fewer GPUs than the machine has")
         summary += f" {len(idle)} of {r.planes} GPU planes ran no kernels ({'; '.join(parts)}): {cause}."
-    if imbalance >= WARNING_AT:
+    if host_late is not None and host_late.reason is not None and host_late.wait_percent >= WARNING_AT:
+        title = host_late.title
+    elif imbalance >= WARNING_AT:
         title = f"{labels[top]} works {imbalance:.0f}% more than the least busy GPU"
     elif r.serial_pairs:
         title = f"GPUs run one after another instead of together ({r.min_overlap:.0f}% overlap)"
@@ -314,10 +369,86 @@ def judge(r: Replicas, balance_ms: float, scale: StepScale) -> Finding:
     else:
         title = f"GPU work is balanced within {imbalance:.0f}%"
     fixes = FIXES if severity in (Severity.WARNING, Severity.CRITICAL) else []
+    if fixes and host_late is not None and host_late.reason is not None:
+        fixes = host_late.fixes     # its GPU's work is even: splitting the data differently changes nothing
     if idle:
         fixes = fixes + [ALL_DEVICES_FIX]
     return Finding(CHECK_ID, severity, title, summary, metrics, round(max(savings_ms, 0.0), 3),
                    evidence, fixes)
+
+
+@dataclass
+class _HostLate:
+    """A rank the others wait for at their collective calls, matched call by call (PyTorch ranks)."""
+
+    late: _Late | None                   # None: neither its host nor its GPU's work explains it
+    reason: _ranks.HostReason | None     # the op on its host that makes it late (None: not its host)
+    gain_ms: float                       # per step: that op at the others' median, replayed on the calls
+    wait_percent: float                  # the other ranks' mean wait for it, percent of the step
+    title: str
+    metrics: dict
+    fixes: list
+
+    def evidence(self, r: Replicas) -> Evidence:
+        """The late rank's host op, against the others' median."""
+        assert self.reason is not None and self.late is not None
+        device, host = r.devices[self.late.index]
+        return Evidence("op", self.reason.op, round(float(self.reason.late_ms.mean()), 3), "ms/step",
+                        detail=f"on {r.labels[self.late.index]}'s host; {self.reason.others_ms:.2f} ms per step on "
+                               "the other ranks (median)", device=device, host=host)
+
+
+def _host_straggler(r: Replicas, means: np.ndarray) -> _HostLate | None:
+    """The rank the others wait for, from their calls matched one by one (``checks/_ranks``): per
+    call the rank with the shortest kernel arrived last, and the one that made the others wait
+    longest over all calls is the straggler. Late because of its host when an op there takes
+    longer than on the other ranks by more than its GPU's extra work; the saving (replayed with the
+    balance in the merge) is that op brought to the others' median, per step, capped by how long
+    the next-latest rank waits."""
+    steps = r.per_step.shape[1]
+    found = _ranks.split(r.calls, steps) if r.calls else None
+    if found is None or found.straggler is None:
+        return None
+    index = found.straggler
+    n = len(r.calls)
+    ms = PS_PER_MS
+    step_ms = float((r.hi - r.lo).mean()) / ms if r.lo.size else 0.0
+    others = [i for i in range(n) if i != index]
+    others_wait_ms = float(found.wait[others].sum(axis=1).mean()) / steps / ms
+    wait_percent = 100 * others_wait_ms / step_ms if step_ms else 0.0
+    last, waited = found.last_share(index)
+    metrics = {"collective_wait_ms_per_step": round(float(found.wait.sum()) / n / steps / ms, 3),
+               "collective_transfer_ms_per_step": round(float(found.transfer.sum()) / n / steps / ms, 3),
+               "aligned_collectives_per_step": round(found.calls / steps, 2),
+               "others_wait_ms_per_step": round(others_wait_ms, 3),
+               "straggler_last_calls": last, "waited_calls": waited,
+               "max_clock_offset_ms": round(float(np.ptp(found.offsets)) / ms, 3)}
+    label = r.labels[index]
+    spent = (f" Matching the ranks' {found.calls} collective calls one by one (a call ends at the same moment "
+             f"on every rank; their clocks differ by up to {metrics['max_clock_offset_ms']:.2f} ms), {label} "
+             f"arrives last at {last} of the {waited} calls where ranks wait: the other ranks spend "
+             f"{others_wait_ms:.2f} ms per step ({wait_percent:.0f}% of the step) inside them waiting for it, while "
+             f"the transfer itself keeps them {metrics['collective_transfer_ms_per_step']:.2f} ms per step with no "
+             "compute alongside.")
+    reason = _ranks.host_reason(r.calls, index)       # type: ignore[arg-type]
+    extra_work = float(means[index] - np.median(means))
+    if reason is None or reason.excess_ps.sum() / steps <= extra_work:
+        late = None if extra_work <= 0 else _Late(index, "compute", spent + (
+            f" It arrives late because its GPU computes {extra_work / ms:.2f} ms per step more than the median rank."))
+        return _HostLate(late, None, 0.0, wait_percent, "", metrics, [])
+    gain = _ranks.host_gain(found, index, reason)
+    late_ms, others_ms = float(reason.late_ms.mean()), reason.others_ms
+    metrics.update(straggler_host_op=reason.op, straggler_op_ms_per_step=round(late_ms, 3),
+                   others_op_ms_per_step=round(others_ms, 3))
+    times = f"{late_ms / others_ms:.1f}x" if others_ms > 0 else "far longer than"
+    late = _Late(index, "host", spent + (
+        f" It is late because of its host: {reason.op} takes {late_ms:.2f} ms per step there against "
+        f"{others_ms:.2f} ms on the other ranks (median), and its next collectives are launched after it. "
+        f"Bringing it to the others' time lets every rank start them that much earlier, up to what the "
+        f"next-latest rank waits: {float(gain.mean()) / ms:.2f} ms per step."))
+    title = f"{label}'s host holds up every rank: its {reason.op} takes {times} the others'"
+    fixes = ([HOST_OPTIMIZER_FIX] if pytorch.is_optimizer_step(reason.op) else []) + [HOST_CORES_FIX]
+    return _HostLate(late, reason, float(gain.mean()) / ms, wait_percent, title, metrics, fixes)
 
 
 @dataclass

@@ -47,7 +47,8 @@ ops run. Savings model: the host op time per step shrinks by the stated factor o
 Without a GPU every op runs on the host, so misplacement itself cannot show. What can
 show is the work that would *stay* on the host after moving to a GPU: ops TensorFlow
 has no GPU kernel for. There ``host_op_percent`` is their share of the op time on the
-threads that run the step (tf.data's own threads excluded), with the same thresholds,
+threads that run the step (tf.data's own threads excluded, and the ops its map functions run on
+the runtime's threads without the step's group id), with the same thresholds,
 and the saving assumes they leave the step (moved into the input pipeline, or
 replaced): savings = their ms per step, on this CPU as on a GPU.
 """
@@ -59,7 +60,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.trust.placement import host_op_mask, step_threads
+from tb_gpuadvisor.trust.placement import LONG_OP_SHARE, host_op_mask, of_the_step, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Finding, Replayed, Severity, needs_steps, register, severity_by_threshold,
@@ -134,8 +135,8 @@ def _host_only_ops(analysis: Analysis) -> Finding:
         types = [op_type(n) for n in activity.names]
         counted = name_mask(types, lambda t: t not in tensorflow.BOOKKEEPING_OPS)
         stuck = name_mask(types, lambda t: t in tensorflow.HOST_ONLY_OPS)
-        ops = ((activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
-               & step_threads(activity) & counted[activity.name])
+        ops = of_the_step(activity, (activity.kind == HostEventKind.FRAMEWORK_OP) & (activity.step >= 0)
+                          & step_threads(activity) & counted[activity.name], analysis.model.steps, grouped_ops=True)
         idx = np.flatnonzero(ops & stuck[activity.name])
         op_ps += int(activity.dur_ps[ops].sum())
         host_only_ps += int(activity.dur_ps[idx].sum())
@@ -168,10 +169,12 @@ def _model_on_host(analysis: Analysis) -> Finding:
                          detail=f"{op['calls_per_step']:.1f} calls per step on host compute threads",
                          host=analysis.primary_host_name, tool="tensorflow_stats")
                 for op in placement.ops]
+    how = (f"most of them for milliseconds each ({100 * placement.long_op_share:.0f}% of host op time is in ops "
+           "longer than 0.1 ms)" if placement.long_op_share >= LONG_OP_SHARE else
+           "and nothing on the host drove a GPU (no kernel launch, no function input sent to it)")
     summary = (f"The model ran on the CPU: {placement.host_op_percent:.1f}% of the step "
-               f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, most "
-               f"of them for milliseconds each ({100 * placement.long_op_share:.0f}% of host op time is in ops "
-               f"longer than 0.1 ms), while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
+               f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, {how}, "
+               f"while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
                "model on it: a CPU-only TensorFlow package, CUDA/cuDNN libraries that do not match the "
                "TensorFlow build, a hidden GPU (CUDA_VISIBLE_DEVICES) or a CPU device scope. Fix this first: "
                "every other number describes a CPU run.")

@@ -20,10 +20,30 @@ Turn on Keras mixed precision (``mixed_float16``; ``mixed_bfloat16`` on Ampere a
 which needs no loss scaling), keep the last layer's output in float32, and if dynamic loss
 scaling shows up as host gaps, use a fixed loss scale.
 
+In PyTorch, torch.autocast: float16 with a GradScaler on Volta and Turing (compute capability
+7.x, whose Tensor Cores take fp16 only), bfloat16 on Ampere and newer and on AMD MI200/MI300
+(no loss scaling), plus TF32 (``torch.set_float32_matmul_precision("high")``,
+``torch.backends.cudnn.allow_tf32``) for what stays float32 on Ampere and newer.
+
+## PyTorch traces
+The device table names no op: a kernel belongs to the aten op whose runtime call launched it
+(``launch_op``, by correlation id: aten::cudnn_convolution, aten::addmm, aten::bmm ...), and its
+name says its precision (``volta_sgemm``/``implicit_convolve_sgemm``/``volta_scudnn`` fp32 on
+CUDA cores, ``h884``/``bf16``/``f16`` 16-bit, ``s1688gemm``/``tf32``/``xmma`` on Tensor Cores).
+Eligible 32-bit work is the matrix-math kernels of matmul/convolution/attention/einsum/RNN ops
+(and cuBLAS/cuDNN GEMMs and convolutions of a compiled region) that are neither 16-bit nor
+already on Tensor Cores (TF32): a fix the run already applied is never offered, and a run whose
+eligible work is mostly 16-bit already uses autocast.  A GPU without deviceProperties is placed
+by the architecture its cuBLAS/cuDNN kernels were built for (``volta_``, ``ampere_``, ``sm90_``).
+
 Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
 32-bit kernels of Tensor-Core-eligible ops running ``speedup`` times faster: 3x on cc 7.x,
 2x on cc >= 8.0 (fp32 already uses TF32 there) and AMD matrix-core GPUs, 1x without Tensor
-Cores. Only kernels on the step's critical path shorten it: on a GPU that mostly waits for
+Cores. The factors are conservative next to the peak rates: V100 does 15.7 TFLOPS in fp32 and
+125 in fp16 on Tensor Cores (8x), yet convolution and GEMM kernels of real layers gain 2-4x
+(memory traffic, small layers), and NVIDIA's mixed-precision ResNet-50 training runs about 3x
+faster; on A100 fp32 CUDA cores do 19.5 TFLOPS against 156 in TF32 and 312 in bf16, and a fp32
+GEMM already on TF32 is not counted at all. Only kernels on the step's critical path shorten it: on a GPU that mostly waits for
 the host, faster kernels only lengthen its idle gaps and save about nothing. Elementwise
 kernels would also speed up (half the bytes) but are not counted, so the estimate is
 conservative. tensor_core describes the same fix for these kernels; the report counts
@@ -64,6 +84,10 @@ TORCH_FLOAT32 = fixes.Fix(
          "torch.set_default_dtype(torch.float32)",
     doc=fixes.TORCH_TUNING_GUIDE)
 
+# TF32 for what autocast leaves in float32 (Ampere and newer): a PyTorch setting only.
+TORCH_TF32_REMEDY = Remedy(fixes.TORCH_TF32.text, fixes.TORCH_TF32.code, fixes.TORCH_TF32.doc, tensorflow=False,
+                           pytorch=fixes.TORCH_TF32)
+
 FIXES = [
     fixes.MIXED_PRECISION,
     Remedy("On Ampere or newer GPUs (compute capability >= 8.0) prefer bfloat16: same range as "
@@ -94,12 +118,16 @@ class GpuPrecision:
     fp64_ps: int = 0            # float64 kernels (PyTorch traces)
     cuda_core_fp32_ps: int = 0  # fp32 GEMMs on CUDA cores of an Ampere+ NVIDIA GPU: TF32 off (PyTorch traces)
     wrong_kernels: list[tuple[str, int, int]] = field(default_factory=list)  # the largest of either
+    vendor: str | None = None
+    eligible_low_ps: int = 0    # 16-bit kernels of Tensor-Core-eligible ops (autocast at work)
+    torch: bool = False         # a PyTorch trace's GPU
+    offender_ops: dict[str, str] = field(default_factory=dict)  # offender kernel -> the op that launched most of it
 
     def scaled(self, k: float) -> "GpuPrecision":
         """Every total times K."""
         return replace(self, total_ps=round(self.total_ps * k), low_ps=round(self.low_ps * k),
                        eligible32_ps=round(self.eligible32_ps * k), fp64_ps=round(self.fp64_ps * k),
-                       cuda_core_fp32_ps=round(self.cuda_core_fp32_ps * k),
+                       cuda_core_fp32_ps=round(self.cuda_core_fp32_ps * k), eligible_low_ps=round(self.eligible_low_ps * k),
                        offenders=[(name, round(ps * k), n) for name, ps, n in self.offenders],
                        wrong_kernels=[(name, round(ps * k), n) for name, ps, n in self.wrong_kernels])
 
@@ -130,19 +158,41 @@ def measure(analysis: Analysis) -> Precision | Finding:
         row = GpuPrecision(dev.device.name, dev.device.host, dev.device.compute_capability,
                            kernels.has_tensor_cores(dev.device), kernels.tensor_core_speedup(dev.device),
                            int(dev.dur_ps[compute].sum()), int(dev.dur_ps[compute & cls.low_precision].sum()),
-                           int(dev.dur_ps[fp32_eligible].sum()), offenders)
+                           int(dev.dur_ps[fp32_eligible].sum()), offenders, vendor=dev.device.vendor,
+                           eligible_low_ps=int(dev.dur_ps[compute & cls.eligible & cls.low_precision].sum()))
         rows.append(_torch_precision(row, dev, compute) if model.framework == pytorch.FRAMEWORK else row)
     return Precision(rows, windows)
 
 
+def _offender_ops(dev: DeviceActivity, rows: np.ndarray, offenders: list[tuple[str, int, int]]) -> dict[str, str]:
+    """For each offender kernel, the op (``launch_op``) that launched most of its time among ROWS."""
+    op_of, op_names = kernels.op_column(dev)
+    by_name = {name: i for i, name in enumerate(dev.names)}
+    out = {}
+    for name, _, _ in offenders:
+        mine = rows & (dev.name == by_name[name]) & (op_of >= 0)
+        if mine.any():
+            time_by_op = np.bincount(op_of[mine], weights=dev.dur_ps[mine], minlength=len(op_names))
+            out[name] = op_names[int(np.argmax(time_by_op))]
+    return out
+
+
 def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray) -> GpuPrecision:
     """ROW with the float64 and TF32-off kernel time of a PyTorch trace's GPU (kernel names of
-    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties)."""
+    vocab.pytorch); the TF32 test needs the GPU's compute capability (deviceProperties).  Matmul TF32
+    is on where 32-bit Tensor Core GEMMs (not convolutions: cuDNN's TF32 is on by default) take at
+    least the time of the fp32 CUDA-core GEMMs (cuBLAS still picks an sgemm for some shapes with
+    TF32 allowed): then those GEMMs do not say it is off."""
     fp64, cuda_core = (compute & mask for mask in kernels.torch_precision_masks(dev))
+    cls = kernels.classify(dev)
+    tf32_gemm = compute & cls.tensor_core & ~cls.low_precision & kernels.named_events(dev, "matmul", pytorch.is_matmul_kernel)
+    if cuda_core.any() and dev.dur_ps[tf32_gemm].sum() >= dev.dur_ps[cuda_core].sum():
+        cuda_core = np.zeros_like(cuda_core)
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
+    eligible32 = compute & cls.eligible & ~cls.low_precision
     return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),
-                   wrong_kernels=top)
+                   wrong_kernels=top, torch=True, offender_ops=_offender_ops(dev, eligible32, row.offenders))
 
 
 def _scenario(model: SessionModel) -> Scenario:
@@ -183,7 +233,7 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
                                            f"{g.total_ps / PS_PER_MS / steps:.2f} ms compute per step",
                         device=g.device, host=g.host) for g in gpus]
     offenders = [Evidence("kernel", name, round(dur / PS_PER_MS / steps, 3), "ms/step",
-                          detail=f"32-bit kernel of a Tensor-Core-eligible op, {count} launch(es)",
+                          detail=f"32-bit kernel of {_op_words(g.offender_ops.get(name))}, {count} launch(es)",
                           device=g.device, host=g.host, tool="kernel_stats")
                  for g in gpus for name, dur, count in g.offenders]
     if total_ps == 0:
@@ -202,6 +252,10 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
     wrong = _wrong_precision(gpus, total_ps, steps, metrics, savings, scale)
     if wrong is not None:
         return wrong
+    if any(g.torch for g in gpus):
+        torch = _torch_judge(gpus, percent, metrics, savings, busy_savings, evidence, scale)
+        if torch is not None:
+            return torch
     if percent >= WARNING_BELOW:
         return Finding(CHECK_ID, Severity.OK, f"{percent:.0f}% of GPU compute runs in 16-bit",
                        f"{percent:.1f}% of GPU kernel time uses 16-bit (fp16/bf16) math, so mixed "
@@ -222,6 +276,50 @@ def judge(measured: Precision, savings: float, scale: StepScale) -> Finding:
         f"{capable[0].speedup:.0f}x speed-up of that work), and a replay of "
         f"the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
         metrics, round(savings, 3), evidence, FIXES)
+
+
+def _op_words(op: str | None) -> str:
+    """How an offender's op is named: the op that launched it (PyTorch), else its class."""
+    return op or "a Tensor-Core-eligible op"
+
+
+def _torch_judge(gpus: list[GpuPrecision], percent: float, metrics: dict, savings: float, busy_savings: float,
+                 evidence: list[Evidence], scale: StepScale) -> Finding | None:
+    """A PyTorch trace's verdict in PyTorch's words (autocast, GradScaler, TF32), or None to
+    leave it to the common one (no GPU has Tensor Cores, or 16-bit compute is WARNING_BELOW% or more
+    and the eligible work is not mostly 32-bit: 16-bit embeddings or elementwise kernels beside
+    fp32 GEMMs do not mean that autocast is on)."""
+    capable = [g for g in gpus if g.tensor_cores]
+    low_ps, fp32_ps = sum(g.eligible_low_ps for g in gpus), sum(g.eligible32_ps for g in gpus)
+    if not capable or (percent >= WARNING_BELOW and fp32_ps <= low_ps):
+        return None
+    if low_ps and low_ps >= fp32_ps:
+        return Finding(CHECK_ID, Severity.OK, "Autocast is in effect",
+                       f"Matrix multiplications and convolutions spend {100 * low_ps / (low_ps + fp32_ps):.0f}% "
+                       "of their GPU time in 16-bit kernels: the run already uses autocast.", metrics,
+                       round(savings, 3), evidence, [])
+    if not fp32_ps:
+        return Finding(CHECK_ID, Severity.OK, "32-bit matrix work already runs on Tensor Cores",
+                       "No 32-bit matmul or convolution kernel runs on CUDA cores: they run as TF32 "
+                       "on Tensor Cores, or the run has none.", metrics, round(savings, 3), evidence, [])
+    generations = [(g.vendor, int(g.compute_capability.split(".")[0]) if g.compute_capability else None)
+                   for g in capable]
+    dtype = pytorch.autocast_dtype(*generations[0])
+    how = "float16 with a GradScaler" if dtype == "float16" else "bfloat16"
+    cc = ", ".join(sorted({g.compute_capability or "?" for g in capable}))
+    severity = scale.gated(Severity.WARNING, savings)
+    fixes_now = [fixes.mixed_precision_remedy(generations)]
+    if any(pytorch.runs_tf32(vendor, major) for vendor, major in generations):
+        fixes_now.append(TORCH_TF32_REMEDY)
+    return Finding(
+        CHECK_ID, severity,
+        f"fp32 matmuls and convolutions miss the Tensor Cores: {metrics['fp32_eligible_ms_per_step']:.2f} ms per step",
+        f"{100 - percent:.0f}% of GPU kernel time runs in 32-bit on a GPU with compute capability {cc}. "
+        f"Its matmul, convolution and attention ops spend {metrics['fp32_eligible_ms_per_step']:.2f} ms per step "
+        f"in fp32 kernels on CUDA cores; under torch.autocast in {how} they would run on Tensor Cores, "
+        f"{busy_savings:.2f} ms per step faster (assumed {capable[0].speedup:.0f}x for that work), and a replay "
+        f"of the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
+        metrics, round(savings, 3), evidence, fixes_now)
 
 
 def _wrong_precision(gpus: list[GpuPrecision], total_ps: int, steps: int, metrics: dict, savings: float,

@@ -10,7 +10,10 @@ replicas whose same steps were traced at different times; steps left out of ever
 (no device data, or far slower than the median: compilation, warm-up, checkpoints); the
 profiler's own trace export cut off the end of the step; markers that each cover several
 training steps (``steps_per_execution``); for a one-step capture, whether that step looks
-typical (autotuning kernels, compilation); more than 10 steps; dropped events.
+typical (autotuning kernels, compilation); more than 10 steps; dropped events. In a PyTorch
+trace three of these come before every other finding (metrics ``leads``): launch calls with no
+device event at all (the device trace is missing, not the device idle), a run on the CPU, and a
+capture whose steps are mostly one-time set-up (``trust.warmup``: take it again after warm-up).
 
 ## Why it matters
 Every other finding divides by step time and reads device activity. Missing device data
@@ -31,15 +34,20 @@ Savings model: none (0 ms); this check is about the measurement, not the program
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
-    CHECK_GPU_VISIBLE, JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_WARM_CAPTURE, Remedy,
+    CHECK_GPU_VISIBLE, JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_PROFILER_DOC,
+    TORCH_WARM_CAPTURE, Remedy,
 )
+from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.timeline import PS_PER_MS
+from tb_gpuadvisor.trust.placement import LONG_OP_SHARE
 from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "profile_quality"
@@ -121,6 +129,7 @@ class Issue:
     text: str
     fix: Fix | None = None
     evidence: list[Evidence] = field(default_factory=list)
+    leads: bool = False         # no other finding means anything until this is fixed (ranked first)
 
 
 def capture_kind(analysis: Analysis) -> tuple[str, str]:
@@ -132,11 +141,17 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     where = f"{hosts} host{'s' if hosts != 1 else ''}"
     if model.hosts and model.session_hosts > hosts:     # one host of a many-host session (multihost's map)
         where = f"host {model.hosts[0].name}, one of the session's {model.session_hosts} hosts"
+    if not gpus and analysis.trust.placement.where == "gpu_trace_lost":
+        return "gpu_empty", (f"a capture of a GPU run on {where} whose device trace is missing: the host launched "
+                             "GPU work and no device event was recorded")
     if gpus:
         vendors = sorted({d.device.vendor for d in gpus if d.device.vendor})
         vendor = f" {'/'.join(vendors)}" if vendors else ""
         if not active:
             return "gpu_empty", f"a capture of {len(gpus)}{vendor} GPU(s) on {where} with no GPU kernels recorded"
+        if not any(bool(np.any(d.kind == DeviceEventKind.KERNEL)) for d in active):
+            return "gpu", (f"a GPU capture: {len(active)} of {len(gpus)}{vendor} GPU(s) ran copies and the host "
+                           f"launched no kernel (a copy-only program), on {where}")
         return "gpu", f"a GPU capture: {len(active)} of {len(gpus)}{vendor} GPU(s) ran kernels, on {where}"
     if tpus:
         return "tpu", (f"a TPU capture ({len(tpus)} TPU(s) on {where}); the GPU checks do not apply, "
@@ -165,12 +180,52 @@ HOST_TRACER = Remedy(
 )
 
 
+# PyTorch's form of "is the GPU usable": a CPU-only wheel or a CUDA build the driver cannot run says
+# False, and a model or batch never moved with .to() computes on the CPU even when it says True.
+TORCH_GPU_VISIBLE = Fix(
+    text="Check that PyTorch can use the GPU (torch.cuda.is_available() is False with a CPU-only wheel, "
+         "'+cpu' in torch.__version__, or a CUDA build newer than the driver supports), then move the model "
+         "and every batch to it.",
+    code="import torch\n"
+         "print(torch.__version__, torch.version.cuda, torch.cuda.is_available())  # False: this build cannot use it\n"
+         "device = torch.device('cuda')\n"
+         "model = model.to(device)\n"
+         "for x, y in loader:\n"
+         "    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+         "    train_step(x, y)",
+    doc="https://pytorch.org/get-started/locally/")
+GPU_VISIBLE = replace(CHECK_GPU_VISIBLE, pytorch=TORCH_GPU_VISIBLE)
+# A PyTorch trace whose host launched GPU work but holds no device event: Kineto's CUPTI could not
+# trace this driver (a CUPTI older than the driver, or none found), or CUDA activity was not asked for.
+TORCH_CUPTI = Fix(
+    text="Record the GPU's activity: ask for ProfilerActivity.CUDA, and use a PyTorch build whose CUDA (and "
+         "the CUPTI it loads) matches the driver (nvidia-smi's CUDA Version at least torch.version.cuda; "
+         "upgrade the driver or install the build for it). A trace of a few steps then holds kernels, "
+         "and prof.key_averages() shows CUDA time.",
+    code="import torch\n"
+         "from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler\n"
+         "print(torch.version.cuda)   # compare with the CUDA Version nvidia-smi prints for the driver\n"
+         "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],\n"
+         "             schedule=schedule(wait=1, warmup=3, active=3),\n"
+         "             on_trace_ready=tensorboard_trace_handler(logdir)) as prof:\n"
+         "    for x, y in loader:\n"
+         "        train_step(x, y)\n"
+         "        prof.step()\n"
+         "print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=5))",
+    doc=TORCH_PROFILER_DOC)
+TRACE_MISSING = "Device trace missing"
+
+
 def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
+    torch = analysis.model.framework == pytorch.FRAMEWORK
     if placement.where == "cpu_only":
-        issues = [Issue(Severity.INFO, NO_GPU,
-                        "If this machine has a GPU, the framework did not see it; a fix below shows how to check.",
-                        CHECK_GPU_VISIBLE)]
+        # A PyTorch run on the CPU is the finding (no GPU advice applies); a TF/JAX one is told so.
+        issues = [Issue(Severity.WARNING if torch else Severity.INFO, NO_GPU,
+                        "If this machine has a GPU, PyTorch did not use it: torch.cuda.is_available() was False, "
+                        "or the model and its batches stayed on the CPU; a fix below shows how to check." if torch
+                        else "If this machine has a GPU, the framework did not see it; a fix below shows how to check.",
+                        GPU_VISIBLE, leads=torch)]
         if not placement.ops_traced:
             issues.append(Issue(Severity.WARNING, "CPU ops not traced",
                                 "The runtime ran the steps on its own threads but the host tracer recorded none "
@@ -178,6 +233,14 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
                                 "the CPU sat idle cannot be measured, and findings that rest on it are low "
                                 "confidence.", HOST_TRACER))
         return issues
+    if placement.where == "gpu_trace_lost" and not analysis.model.gpus:
+        return [Issue(Severity.WARNING, TRACE_MISSING,
+                      f"The host made {placement.launch_calls:,} GPU launch calls but the trace holds no device "
+                      "activity at all (no kernel, copy or memset): the profiler did not record the GPU (its CUPTI "
+                      "library could not trace this driver, or GPU activity was not requested). How long the GPU "
+                      "worked and when it sat idle are unknown: nothing here says the device idled, and findings "
+                      "about it are low confidence.", Remedy(CUPTI.text, CUPTI.code, CUPTI.doc, jax=CUPTI.jax,
+                                                             pytorch=TORCH_CUPTI), leads=True)]
     if placement.where == "gpu_trace_lost":
         gpus = analysis.model.gpus
         return [Issue(Severity.WARNING, "Empty GPU trace",
@@ -190,8 +253,10 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
     if placement.where == "host_despite_gpu":
         return [Issue(Severity.INFO, "The GPU trace is empty because the model ran on the CPU",
                       f"The model ran on the CPU: TensorFlow saw a GPU (the profiler wrote its plane) but the "
-                      f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, most of them for milliseconds "
-                      "each: the GPU trace is empty because the GPU did nothing (see the op placement finding), "
+                      f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, "
+                      + ("most of them for milliseconds each" if placement.long_op_share >= LONG_OP_SHARE
+                         else "and nothing on the host launched GPU work or sent it inputs")
+                      + ": the GPU trace is empty because the GPU did nothing (see the op placement finding), "
                       "not because the profiler failed.")]
     return []
 
@@ -217,6 +282,11 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             "The device trace is partial: " + "; ".join(parts) + "." + used + effect, FULL_DEVICE_TRACE,
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
+    if trust.retake:
+        issues.append(Issue(
+            Severity.WARNING, "Warm-up capture: take it again after warm-up",
+            f"The capture is to be taken again: {trust.retake}. Launch and idle times measured on it are "
+            "set-up, not a trained step's (findings on them are low confidence).", STEP_WINDOW, leads=True))
     if trust.excluded:
         items = [Evidence(kind="step", name=f"step {e.number}", value=round((e.end_ps - e.start_ps) / PS_PER_MS, 3),
                           unit="ms", detail=e.reason, start_ms=round(e.start_ps / PS_PER_MS, 3),
@@ -337,7 +407,8 @@ def check(analysis: Analysis) -> Finding:
                  "active_gpu_count": len(model.active_gpus), "partial_device_trace": trust.partial,
                  "profiler_export_excluded_ms": round(trust.export_excluded_ms, 3),
                  "steps_per_execution": model.steps.per_marker,
-                 "dropped_events": sum(h.dropped_events for h in model.hosts)},
+                 "dropped_events": sum(h.dropped_events for h in model.hosts),
+                 **({"leads": True} if any(i.leads for i in issues) else {})},
         estimated_savings_ms_per_step=0.0,
         evidence=[e for i in issues for e in i.evidence],
         fixes=fix_list,

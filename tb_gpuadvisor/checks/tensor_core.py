@@ -24,6 +24,11 @@ Compute in 16-bit (mixed precision), make channel, unit, batch and vocabulary si
 multiples of 8, keep convolutions in the channels_last layout, and on Ampere or newer keep
 TF32 enabled for float32 models.
 
+PyTorch traces: a kernel belongs to the aten op whose runtime call launched it (``launch_op``,
+by correlation id; see precision), so an op's evidence is the aten op (aten::cudnn_convolution,
+aten::mm); fp32 kernels already on Tensor Cores (TF32) count as on them, and a run whose
+eligible work is mostly 16-bit (autocast) is not told to turn mixed precision on.
+
 Savings model: a replay of the step's dependency graph (attribution/replay.py) with the
 eligible kernels not on Tensor Cores running ``speedup`` times faster (3x on cc 7.x, 2x on
 cc >= 8.0, see precision); kernels off the critical path save nothing. For 32-bit kernels
@@ -41,7 +46,7 @@ import numpy as np
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, MIXED_PRECISION, Remedy
+from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy, mixed_precision_remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
     Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
@@ -118,11 +123,13 @@ class GpuTensorCores:
     ops: dict[str, _OffTensorCores]         # op display name -> its kernels off Tensor Cores
     misaligned: dict[str, list[int]]        # op display name -> dimensions not a multiple of 8
     vendor: str | None = None
+    low_ps: int = 0               # 16-bit eligible work (PyTorch traces: autocast at work when it dominates)
 
     def scaled(self, k: float) -> "GpuTensorCores":
         """Every total times K (the first layout change is a time, not a total)."""
         return replace(self, eligible_ps=round(self.eligible_ps * k), tc_ps=round(self.tc_ps * k),
                        missing_ps=round(self.missing_ps * k), compute_ps=round(self.compute_ps * k),
+                       low_ps=round(self.low_ps * k),
                        layout_ps=round(self.layout_ps * k),
                        ops={name: replace(op, time_ps=round(op.time_ps * k)) for name, op in self.ops.items()})
 
@@ -141,21 +148,22 @@ def _measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuTensorCores:
     # A kernel on Tensor Cores proves its op was eligible, whatever the op is called.
     eligible = (cls.eligible | cls.tensor_core) & keep
     missing = eligible & ~cls.tensor_core
+    op_of, op_names = kernels.op_column(dev)
     # Aggregate per op id first, so only the distinct ops are visited in Python.
-    rows = np.flatnonzero(missing & (dev.op >= 0))
-    op_ids = dev.op[rows]
-    time_by_op = np.bincount(op_ids, weights=dev.dur_ps[rows], minlength=len(dev.ops))
-    count_by_op = np.bincount(op_ids, minlength=len(dev.ops))
-    example_name = np.full(len(dev.ops), -1, np.int64)
+    rows = np.flatnonzero(missing & (op_of >= 0))
+    op_ids = op_of[rows]
+    time_by_op = np.bincount(op_ids, weights=dev.dur_ps[rows], minlength=len(op_names))
+    count_by_op = np.bincount(op_ids, minlength=len(op_names))
+    example_name = np.full(len(op_names), -1, np.int64)
     example_name[op_ids[::-1]] = dev.name[rows][::-1]          # the first kernel of each op
     ops: dict[str, _OffTensorCores] = {}
     for op_id in np.flatnonzero(count_by_op):
-        entry = ops.setdefault(kernels.op_display_name(dev.ops[op_id]), _OffTensorCores(dev.device.host))
+        entry = ops.setdefault(kernels.op_display_name(op_names[op_id]), _OffTensorCores(dev.device.host))
         entry.time_ps += int(time_by_op[op_id])
         entry.count += int(count_by_op[op_id])
         entry.kernel_names.add(dev.names[example_name[op_id]])
     misaligned = {}
-    for op in {dev.ops[j] for j in np.unique(dev.op[eligible & (dev.op >= 0)])}:
+    for op in {op_names[j] for j in np.unique(op_of[eligible & (op_of >= 0)])}:
         bad = kernels.dims_not_multiple_of_8(op)
         if bad:
             misaligned[kernels.op_display_name(op)] = bad
@@ -165,7 +173,8 @@ def _measure_gpu(dev: DeviceActivity, model: SessionModel) -> GpuTensorCores:
         int(dev.dur_ps[eligible].sum()), int(dev.dur_ps[eligible & cls.tensor_core].sum()),
         int(dev.dur_ps[missing].sum()), int(dev.dur_ps[cls.kernel & keep].sum()), int(dev.dur_ps[layout].sum()),
         int(layout.sum()), int(dev.start_ps[np.flatnonzero(layout)[0]]) if layout.any() else 0, ops, misaligned,
-        vendor=dev.device.vendor)
+        vendor=dev.device.vendor,
+        low_ps=int(dev.dur_ps[eligible & cls.low_precision].sum()) if dev.launch_op.size else 0)
 
 
 @measurement
@@ -257,7 +266,10 @@ def judge(measured: TensorCores, savings: float, shared: float, scale: StepScale
         return Finding(CHECK_ID, severity, f"{tc_percent:.0f}% of eligible work runs on {units}",
                        f"Matrix multiplications and convolutions spend {tc_percent:.1f}% of their GPU "
                        f"time in {units[:-1]} kernels.", metrics, round(savings, 3), evidence, [])
-    fixes = [MIXED_PRECISION, DIMS_FIX]
+    # Autocast already at work (PyTorch: most eligible time in 16-bit kernels) is not offered again.
+    autocast = sum(g.low_ps for g in gpus) > not_using_ps
+    fixes = [] if autocast else [mixed_precision_remedy([(g.vendor, g.cc_major) for g in gpus])]
+    fixes.append(DIMS_FIX)
     if layout_ps:
         fixes.append(LAYOUT_FIX)
     if any((g.cc_major or 0) >= 8 for g in gpus):

@@ -131,7 +131,7 @@ class KernelClasses:
     allreduce: np.ndarray
     tensor_core: np.ndarray
     low_precision: np.ndarray
-    eligible: np.ndarray         # kernel belongs to a Tensor-Core-eligible op
+    eligible: np.ndarray         # kernel belongs to a Tensor-Core-eligible op (see _launched_eligible)
     layout: np.ndarray           # layout-conversion kernel
 
 
@@ -146,6 +146,9 @@ def classify(dev: DeviceActivity) -> KernelClasses:
 def _classify(dev: DeviceActivity) -> KernelClasses:
     names_tc = name_mask(dev.names, is_tensor_core_kernel)
     names_low = name_mask(dev.names, is_low_precision_kernel)
+    if dev.launch_op.size:
+        names_tc |= name_mask(dev.names, gpu.MATRIX_UNIT_KERNEL.search)
+        names_tc |= name_mask(dev.names, gpu.FUSED_ATTENTION_KERNEL.search) & names_low
     names_coll = name_mask(dev.names, is_collective_kernel)
     names_ar = name_mask(dev.names, is_allreduce_kernel)
     ops_eligible = name_mask(dev.ops, is_tensor_core_eligible_op)
@@ -162,15 +165,40 @@ def _classify(dev: DeviceActivity) -> KernelClasses:
     layout = kernel & (layout_names[dev.name]
                        | (has_op & (layout_ops[op_idx] if layout_ops.size else False)))
     layout |= kernel & _transposes_next_to_conv(dev, kernel, has_op, op_idx)
+    eligible = (eligible_op | _launched_eligible(dev, names_tc & ~names_low)) if dev.launch_op.size else eligible_op
     return KernelClasses(
         kernel=kernel,
         collective=collective,
         allreduce=collective & names_ar[dev.name],
         tensor_core=kernel & names_tc[dev.name],
         low_precision=kernel & names_low[dev.name],
-        eligible=kernel & eligible_op & names_math[dev.name],
+        eligible=kernel & eligible & names_math[dev.name],
         layout=layout,
     )
+
+
+def _launched_eligible(dev: DeviceActivity, names_tf32: np.ndarray) -> np.ndarray:
+    """Events whose device table names no op (PyTorch) that belong to Tensor-Core-eligible work:
+    a matrix-math kernel launched by a matmul/convolution/attention/einsum/RNN op (``launch_op``,
+    vocab.pytorch), or a library GEMM/convolution kernel whatever launched it (a compiled region
+    calls cuBLAS with no aten op around it).  A 32-bit kernel already on Tensor Cores (TF32,
+    NAMES_TF32 per name) is left out: the fixes that put 32-bit work on Tensor Cores are applied."""
+    library = (name_mask(dev.names, gpu.LIBRARY_MATRIX_KERNEL.search) & ~names_tf32)[dev.name]
+    if not dev.launch_ops:
+        return library
+    linked = dev.launch_op >= 0
+    math_op = name_mask(dev.launch_ops, pytorch.tensor_core_op_kind)[np.where(linked, dev.launch_op, 0)]
+    names = (name_mask(dev.names, gpu.MATRIX_MATH_KERNEL.search) & ~names_tf32)[dev.name]
+    return (linked & math_op & names) | library
+
+
+def op_column(dev: DeviceActivity) -> tuple[np.ndarray, list[str]]:
+    """(per event, index into the list; the list of op names) of the op each event belongs to: the
+    device table's own op (TensorFlow, XLA), or where it names none the op whose host call launched
+    it (``launch_op``: PyTorch).  -1 for an event of neither."""
+    if dev.launch_op.size and not np.any(dev.op >= 0):
+        return dev.launch_op, dev.launch_ops
+    return dev.op, dev.ops
 
 
 def _transposes_next_to_conv(dev: DeviceActivity, kernel: np.ndarray, has_op: np.ndarray,

@@ -9,17 +9,18 @@ function runs (tf.function or XLA executables).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from tb_gpuadvisor import cores
-from tb_gpuadvisor.arrays import SortedKeys
+from tb_gpuadvisor.arrays import SortedKeys, reduce_by_key
 from tb_gpuadvisor.input.capture import HostCapture
+from tb_gpuadvisor.model import intervals
 from tb_gpuadvisor.timeline import DeviceActivity, HostActivity, HostModel, Steps
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import frameworks, hlo, jax, pytorch, tensorflow
+from tb_gpuadvisor.vocab import frameworks, hlo, jax, pytorch, tensorflow, xla
 from tb_gpuadvisor.stages import Memo
 
 # What this stage derives from the tables and asks for again (see stages.Memo).
@@ -274,8 +275,124 @@ def find_steps(hosts: list[HostCapture], made_by: str) -> Steps:
     steps = _steps_line(hosts) or _marker_steps(hosts) or _inferred(hosts, made_by)
     if steps is None:
         return Steps("none", _EMPTY, _EMPTY, _EMPTY, _EMPTY)
+    marker_end = int(steps.end_ps[-1]) if len(steps) else 0
     _to_periods(steps, hosts)
+    if made_by == jax.FRAMEWORK:
+        _at_cpu_runs(steps, hosts)
+    if made_by == pytorch.FRAMEWORK and steps.source in (pytorch.STEP_SOURCE, "inferred"):
+        return _paced(steps, hosts, marker_end)
     return steps
+
+
+def _cpu_runs(act: HostActivity) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the program runs on XLA's CPU client threads, in start order: each top-level
+    run event with the wait for its parallel tasks that follows it on its thread."""
+    ids = {n: i for i, n in enumerate(act.names) if n in (xla.CPU_RUN, xla.CPU_RUN_WAIT)}
+    client = np.array([bool(xla.CPU_CLIENT_THREAD.match(t)) for t in act.threads], bool)
+    if xla.CPU_RUN not in ids or not client.any():
+        return _EMPTY, _EMPTY
+    starts, ends = [], []
+    runs = np.flatnonzero((act.name == ids[xla.CPU_RUN]) & client[act.thread])
+    waits = (np.flatnonzero((act.name == ids[xla.CPU_RUN_WAIT]) & client[act.thread])
+             if xla.CPU_RUN_WAIT in ids else _EMPTY)
+    for thread in np.unique(act.thread[runs]):
+        start, end = _top_level(*(a[runs[act.thread[runs] == thread]] for a in (act.start_ps, act.end_ps)))
+        mine = waits[act.thread[waits] == thread]
+        owner = np.searchsorted(start, act.start_ps[mine], side="right") - 1
+        np.maximum.at(end, owner[owner >= 0], act.end_ps[mine][owner >= 0])
+        starts.append(start)
+        ends.append(end)
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(start, kind="stable")
+    return start[order], end[order]
+
+
+def _at_cpu_runs(steps: Steps, hosts: list[HostCapture]) -> None:
+    """JAX on the CPU dispatches each program and returns before it runs: a loop that does not wait
+    for its results runs ahead, and its step markers (or calls) time the dispatch, not the work.
+    Runs execute in the order they were dispatched, so the Nth dispatch is the Nth run. When most
+    steps' runs were still going when the next step began, the steps are the runs' periods: each
+    starts where its first run started, the last ends where its last run ended."""
+    if len(steps) < 2 or any(len(dev) for hc in hosts for dev in hc.devices):
+        return
+    for hc in hosts:
+        act = hc.activity
+        run_start, run_end = _cpu_runs(act)
+        ids = [i for i, n in enumerate(act.names) if xla.DISPATCH.search(n)]
+        dispatch = np.sort(act.start_ps[np.isin(act.name, ids)])
+        if not dispatch.size or dispatch.size != run_start.size:
+            continue
+        first = np.searchsorted(dispatch, steps.start_ps)
+        last = np.searchsorted(dispatch, steps.end_ps) - 1
+        if np.any(first > last):
+            return              # a step that dispatched nothing: the pairing says nothing of it
+        ran_on = run_end[last[:-1]] > steps.start_ps[1:]
+        if 2 * np.count_nonzero(ran_on) < ran_on.size:
+            return
+        starts = np.maximum.accumulate(run_start[first])
+        steps.start_ps = starts
+        steps.end_ps = np.append(starts[1:], max(int(run_end[last[-1]]), int(starts[-1]))).astype(np.int64)
+        return
+
+
+# A step is the device's when its device was busy at least this share of its window (the
+# median step): the host had queued the work before the device was free to run it.
+DEVICE_PACED_BUSY = 0.9
+
+
+def _paced(steps: Steps, hosts: list[HostCapture], marker_end: int) -> Steps:
+    """PyTorch's step markers time the host's enqueue: with no sync inside the step the host
+    runs ahead and the device runs the step's kernels later. A step ends no earlier than the
+    device work its runtime calls launched (joined by correlation id), so step k's window runs
+    from the later of its host start and the end of step k-1's device work (for the first step:
+    of the work launched before it) to the start of step k+1's window; the last one to the end
+    of its own device work (never past it: work
+    launched after its marker is a queued step's, not its own). Host events keep their host
+    period (``Steps.host_start_ps``). PACED_BY says which side set the length."""
+    n = len(steps)
+    host_start = steps.start_ps.copy()
+    host_end = np.append(host_start[1:], max(marker_end, int(host_start[-1]))).astype(np.int64)
+    on_host = Steps(steps.source, steps.number, host_start, host_end, steps.group_id)
+    # work_end[k + 1]: the end of step k's device work; work_end[0]: of work launched before the
+    # first step (the profiler's warm-up steps, still queued when the first recorded one starts).
+    work_end = np.full(n + 1, np.iinfo(np.int64).min, np.int64)
+    busy: list[tuple[np.ndarray, np.ndarray]] = []
+    for hc in hosts:
+        act = hc.activity
+        act_step = on_host.locate(act.start_ps) + 1
+        act_step[(act_step == 0) & (act.start_ps >= host_start[0])] = -1      # after the last step
+        for dev in hc.devices:
+            if not len(dev):
+                continue
+            row = launch_rows(act, dev)
+            launched = row >= 0
+            step = np.full(len(dev), -1, np.int64)
+            step[launched] = act_step[row[launched]]
+            mine = step >= 0
+            reduce_by_key(np.maximum, work_end, step[mine], dev.end_ps[mine])
+            own = step >= 1
+            busy.append((dev.start_ps[own], dev.end_ps[own]))
+    if not busy or (work_end[1:] < 0).all():
+        return steps            # nothing launched on a device: the host's periods are the steps
+    starts = np.maximum.accumulate(np.maximum(host_start, work_end[:-1]))
+    # Without a launch joined to the last step's work, its period's end (``_to_periods``) stands.
+    last = max(int(work_end[-1]), marker_end) if work_end[-1] >= 0 else int(steps.end_ps[-1])
+    last = max(last, int(starts[-1]))
+    ends = np.append(starts[1:], last).astype(np.int64)
+    paced = replace(steps, start_ps=starts, end_ps=ends, host_start_ps=host_start, host_end_ps=host_end)
+    paced.paced_by = "device" if _busy_share(busy, starts, ends) >= DEVICE_PACED_BUSY else "host"
+    return paced
+
+
+def _busy_share(busy: list[tuple[np.ndarray, np.ndarray]], starts: np.ndarray, ends: np.ndarray) -> float:
+    """The median step's share of its window in which its busiest device ran the steps' own work
+    (work queued before the first step, launched by calls the trace does not hold, is not the
+    step's: a device still running it waits for nothing of the step's host)."""
+    share = np.zeros(starts.size)
+    for start, end in busy:
+        done = intervals.per_bin_total(intervals.union(start, end), starts, ends)
+        share = np.maximum(share, done / np.maximum(ends - starts, 1))
+    return float(np.median(share))
 
 
 def _to_periods(steps: Steps, hosts: list[HostCapture]) -> None:
@@ -312,7 +429,7 @@ def step_columns(steps: Steps, hosts: Sequence[HostCapture | HostModel], within:
     out: StepColumns = []
     for hc in hosts:
         act = hc.activity
-        act_step = steps.locate(act.start_ps)
+        act_step = steps.on_host().locate(act.start_ps)
         _correlation_rows(act)          # what every device's join reads, built before the threads
 
         def device_step(dev: DeviceActivity) -> np.ndarray:

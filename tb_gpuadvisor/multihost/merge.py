@@ -6,11 +6,15 @@ one-process analysis) gives the per-host findings; the cross-host ones (imbalanc
 launch skew, collectives...) are judged again over every host's GPUs by each check's declared
 join and judge (``CrossHost`` in checks/base.py), and every replayed saving becomes the gain all hosts allow: a step
 of synchronous training ends when its slowest host does, so per step the smallest gain
-of any host, plus the straggler's balance across all replicas.
+of any host, plus the straggler's balance across all replicas. Where the hosts' traces name
+their collective calls (PyTorch ranks), the calls are matched across hosts (checks/_ranks.py):
+the straggler's balance also counts its host arriving late, and the primary host's breakdown
+splits its collective time into waiting and transfer as the matched calls do.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, replace
 
@@ -19,7 +23,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import Finding, Severity, all_checks, declared, fixes, profile_quality
+from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes, multi_gpu_imbalance, profile_quality
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input import host_of
@@ -93,7 +97,11 @@ class MergedWhatIf(Savings):
 
     @functools.cached_property
     def _balance(self) -> np.ndarray:
-        return balance_gain(*_balance_inputs(self.alignment))
+        """Per step the larger of two ways the straggler stops holding the others: its GPU's work
+        evened out, or the op that makes its host late at the collectives brought to the others'."""
+        gain = balance_gain(*_balance_inputs(self.alignment))
+        late = _late_host_gain(self.alignment, gain.size)
+        return gain if late is None else np.maximum(gain, late)
 
     def _gains(self, checks: frozenset[str]) -> np.ndarray:
         hosts = [h for h in self.alignment.hosts if h.combined]
@@ -126,6 +134,59 @@ def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.nd
     if not parts:
         return np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0))
     return tuple(np.vstack([p[i] for p in parts]) for i in range(3))   # type: ignore[return-value]
+
+
+def _rank_calls(alignment: Alignment) -> tuple[list, list] | None:
+    """Every host's GPUs' collective calls on the session's steps (checks/_ranks), and each GPU's
+    (device, host); None when a host did not measure them."""
+    parts = [(h, h.parts.get(BALANCE)) for h in alignment.hosts]
+    if not parts or not all(isinstance(p, multi_gpu_imbalance.Replicas) for _, p in parts):
+        return None
+    calls = _ranks.join_calls(alignment, [(h, p.calls, p.per_step.shape[1]) for h, p in parts])
+    if calls is None or any(c is None for c in calls):
+        return None
+    return calls, [d for _, p in parts for d in p.devices]
+
+
+def _late_host_gain(alignment: Alignment, steps: int) -> np.ndarray | None:
+    """Per session step, the gain of the late rank's host op at the others' median, from every
+    host's collective calls; None when they cannot be matched."""
+    joined = _rank_calls(alignment) if steps else None
+    found = _ranks.late_host_gain(joined[0], steps) if joined is not None else None
+    return None if found is None else found[3]
+
+
+def _waiting_in_breakdown(out: dict, alignment: Alignment, primary: HostSummary) -> None:
+    """The primary host's breakdown with its collective time split as the matched calls split it
+    (waiting for the last rank, then transfer), where the ranks' calls match: alone, a host
+    cannot tell its waiting from its transfer, and one microsecond has one cause."""
+    joined = _rank_calls(alignment)
+    if not (out.get("breakdown") or {}).get("steps") or joined is None:
+        return
+    calls, devices = joined
+    found = _ranks.split(calls, alignment.numbers.size)
+    mine = [i for i, (_, host) in enumerate(devices) if host == primary.host]
+    if found is None or not mine:
+        return
+    breakdown = out["breakdown"] = copy.deepcopy(out["breakdown"])     # the host summary's stays as it was
+    session_step = {int(n): i for i, n in enumerate(alignment.numbers.tolist())}
+    by_device = {devices[i][0]: found.wait[i] / PS_PER_MS for i in mine}
+    wait_ms = by_device.get(breakdown.get("device"), found.wait[mine[0]] / PS_PER_MS)
+    for step in breakdown["steps"]:
+        at = session_step.get(int(step["step"]))
+        if at is not None:
+            _move_to_waiting(step, float(wait_ms[at]))
+    kept = [session_step[int(st["step"])] for st in breakdown["steps"] if int(st["step"]) in session_step]
+    for row in breakdown.get("per_device", []):
+        if row.get("host") == primary.host and row.get("device") in by_device and kept:
+            _move_to_waiting(row, float(by_device[row["device"]][kept].sum()) / len(breakdown["steps"]))
+
+
+def _move_to_waiting(row: dict, wait_ms: float) -> None:
+    """Of ROW's collective transfer, WAIT_MS (at most all of it) becomes waiting."""
+    moved = min(wait_ms, row.get("collective_transfer_ms", 0.0))
+    row["collective_wait_ms"] = round(row.get("collective_wait_ms", 0.0) + moved, 3)
+    row["collective_transfer_ms"] = round(row["collective_transfer_ms"] - moved, 3)
 
 
 @dataclass
@@ -252,5 +313,7 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     findings = [_per_host(f.check, primary, good, failed) or f for f in primary.findings]
     findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in findings]
     joined = _cross_host(alignment, primary, scale, out["framework"]) if len(alignment.hosts) > 1 else {}
+    if len(alignment.hosts) > 1:
+        _waiting_in_breakdown(out, alignment, primary)
     findings = [joined.get(f.check, f) for f in findings]
     return finish(out, findings, errors, scale)   # type: ignore[arg-type]

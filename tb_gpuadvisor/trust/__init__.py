@@ -33,6 +33,8 @@ from tb_gpuadvisor.trust.coverage import (
 )
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
+from tb_gpuadvisor.trust import warmup
+from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.trust.windows import (
     ExportCut, anchor_to_host_calls, cut_profiler_export, emptied_by_cut, include_launched_work,
 )
@@ -69,6 +71,7 @@ class Trust:
     single_step_atypical: list[str] = field(default_factory=list)
     expected_devices: int = 0
     missing_work: str | None = None        # why the device trace holds only part of the steps' work
+    retake: str | None = None              # why the capture holds warm-up, not training steps (PyTorch)
 
     @property
     def steps(self) -> Steps:
@@ -128,6 +131,8 @@ class Trust:
             out["replicas_traced_at_other_times"] = self.misaligned
         if self.missing_work:
             out["missing_device_work"] = self.missing_work
+        if self.retake:
+            out["capture_to_retake"] = self.retake
         if self.expected_devices:
             out["devices_the_host_used"] = self.expected_devices
         if self.placement.where not in ("gpu", "tpu"):
@@ -182,6 +187,19 @@ def _emptied(steps: Steps, cuts: list[ExportCut], already: set[int]) -> list[Exc
             for c in empty]
 
 
+def _warm_up(model: SessionModel, steps: Steps) -> tuple[str | None, list[ExcludedStep]]:
+    """Why the capture is to be taken again (None: it is not), and the warm-up iterations left
+    out (``warmup``); none are left out when nothing else would remain."""
+    setup = warmup.measure(model.hosts, steps)
+    warm = np.flatnonzero(setup.share(steps) >= warmup.WARM_UP_SHARE)
+    # Set-up filling the capture makes it one to take again unless enough clean steps remain.
+    retake = setup.window_reason(steps) if len(steps) - warm.size < warmup.CLEAN_STEPS else None
+    if warm.size == len(steps):
+        return retake, []
+    return retake, [ExcludedStep(int(steps.number[i]), int(steps.start_ps[i]), int(steps.end_ps[i]),
+                                 setup.reason(int(i), steps)) for i in warm]
+
+
 def assess(model: SessionModel) -> Trust:
     """Decide the step windows, the coverage and which steps count (see the module docstring)."""
     candidates = replace(model.steps, per_marker=steps_per_marker(model.steps))
@@ -197,7 +215,13 @@ def assess(model: SessionModel) -> Trust:
     devices = device_coverage(model, steps)
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
-    excluded = _without_device_data(steps, primary_cov)
+    retake, excluded = None, []
+    if model.framework == pytorch.FRAMEWORK and len(steps):
+        # Warm-up iterations are recognised first: their set-up (a final sync included) is what
+        # makes them slow or leaves the device's trace short of them.
+        retake, excluded = _warm_up(model, steps)
+    warm = {e.number for e in excluded}
+    excluded += [e for e in _without_device_data(steps, primary_cov) if e.number not in warm]
     excluded += _emptied(steps, cuts, {e.number for e in excluded})
     keep = np.ones(len(steps), bool)
     position = {int(n): i for i, n in enumerate(steps.number)}
@@ -215,7 +239,7 @@ def assess(model: SessionModel) -> Trust:
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
                  placement=where_it_ran(view, trusted), single_step_atypical=single_step_evidence(view, trusted),
                  expected_devices=expected_device_count(view),
-                 missing_work=missing_heavy_work(view) or partial_trace(view))
+                 missing_work=missing_heavy_work(view) or partial_trace(view), retake=retake)
 
 
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,
@@ -248,8 +272,10 @@ def confidence(trust: Trust, model: SessionModel, aspect: str) -> tuple[str, lis
     if trust.placement.where == "gpu_trace_lost" and aspect in ("idle", "kernels", "replicas"):
         low.append("the GPU trace is empty although the model ran on the GPU: device time is unknown")
     if not trust.placement.ops_traced and aspect == "idle":
-        low.append("the host tracer recorded no op events: the CPU's compute is known only as the executor's "
-                   "activity, and when it sat idle cannot be measured")
+        low.append("the host tracer recorded no op events: the CPU's compute is known only as the runtime's "
+                   "activity and its graph calls, and when it sat idle inside a call cannot be measured")
+    if trust.retake and aspect in ("idle", "kernels"):
+        low.append(trust.retake + ": its idle and launch times are not a trained step's")
     if trust.missing_work and aspect in ("idle", "kernels"):
         low.append(trust.missing_work + ": device idle time and kernel shares may be unrecorded work")
     partial = trust.partial_devices

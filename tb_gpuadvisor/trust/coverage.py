@@ -19,7 +19,8 @@ from tb_gpuadvisor.arrays import reduce_by_key
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel, Steps
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.trust.warmup import before_final_sync
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 from tb_gpuadvisor.vocab.gpu import HEAVY_KERNEL as _HEAVY_KERNEL
 from tb_gpuadvisor.vocab.tensorflow import EIGEN_ELEMENTWISE_KERNEL as _ELEMENTWISE
 from tb_gpuadvisor.vocab.tensorflow import GPU_PRIVATE_THREAD as _GPU_THREAD
@@ -116,6 +117,16 @@ def _host_active_until(host: HostModel, steps: Steps) -> int | None:
     return int(act.end_ps[work].max()) if work.any() else None
 
 
+def launched_kernels(hosts: list[HostModel]) -> bool:
+    """Whether any host called a kernel launch (not only copies and memsets): without one, a GPU
+    trace of copies and no kernel is the whole of the device's work (a copy benchmark)."""
+    for host in hosts:
+        act = host.activity
+        if any(pytorch.launches_kernel(act.names[i]) for i in np.unique(act.name[act.kind == HostEventKind.LAUNCH])):
+            return True
+    return False
+
+
 def _coverage_of(dev: DeviceActivity, used_because: list[str], others_ran_kernels: bool,
                  active_until: int | None) -> DeviceCoverage:
     kernels = int(np.count_nonzero(dev.kind == DeviceEventKind.KERNEL))
@@ -142,12 +153,15 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
     """Coverage of every GPU plane (TPUs and other accelerators are taken as traced when they
     hold events)."""
     out: list[DeviceCoverage] = []
-    any_kernels = bool(model.active_gpus)
+    any_kernels = any(bool(np.any(dev.kind == DeviceEventKind.KERNEL)) for dev in model.gpus)
+    copies_only = model.framework == pytorch.FRAMEWORK and not any_kernels and not launched_kernels(model.hosts)
     for host in model.hosts:
         allocations = _allocations(host)
         replicas = _replica_events(host)
         threads = _launch_threads(host)
         until = _host_active_until(host, steps)
+        if until is not None and model.framework == pytorch.FRAMEWORK:
+            until = before_final_sync(model.hosts, until)
         for dev in host.devices:
             index = dev.device.index
             why = []
@@ -164,7 +178,9 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
                                      int(dev.end_ps.max()) if len(dev) else None,
                                      status="traced" if len(dev) else "unused")
             else:
-                cov = _coverage_of(dev, why, any_kernels, until)
+                cov = _coverage_of(dev, [] if copies_only else why, any_kernels, until)
+                if copies_only and len(dev):
+                    cov.status = "traced"
             out.append(cov)
     return out
 
@@ -204,7 +220,7 @@ def missing_heavy_work(model: SessionModel) -> str | None:
     (in one corpus BERT capture, only its dropout masks), so the device's idle time there is
     unrecorded work, not idleness."""
     gpus = model.active_gpus
-    if not gpus:
+    if not gpus or (model.framework == pytorch.FRAMEWORK and not launched_kernels(model.hosts)):
         return None
     for dev in gpus:
         classes = kernels.classify(dev)

@@ -3,7 +3,8 @@
 Four situations look alike at first sight (a GPU plane with no kernels, or no GPU plane):
 - ``cpu_only``: the machine has no accelerator; the host is the device.
 - ``host_despite_gpu``: TensorFlow saw a GPU (the profiler wrote its plane) but the model's
-  ops executed on host compute threads, milliseconds each: a CPU-only TensorFlow build,
+  ops executed on host compute threads, milliseconds each, or for any time while nothing on the
+  host drove the GPU (no launch call, no function input sent to it): a CPU-only TensorFlow build,
   CUDA/cuDNN libraries that do not match it, or ops pinned to the CPU.
 - ``gpu_trace_lost``: the GPU ran the model but the profiler recorded no device events
   (CUPTI missing or not permitted): host op events are short dispatches and launch calls.
@@ -18,12 +19,12 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import kept_mask
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.model.kernels import name_mask, op_type
+from tb_gpuadvisor.model.kernels import name_mask, named_events, op_type
 from tb_gpuadvisor.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, SessionModel, Steps,
 )
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import jax, tensorflow
 from tb_gpuadvisor.stages import Memo
 
 # What this stage derives from the tables and asks for again (see stages.Memo).
@@ -36,6 +37,9 @@ MODEL_ON_HOST_SHARE = 0.5
 HOST_COMPUTE_OP_PS = 100 * PS_PER_US
 LONG_OP_SHARE = 0.5
 TOP = 5
+# GPU launch calls per step from which a capture without device events ran on a GPU whose trace
+# is missing (a training step launches hundreds; a CPU run none).
+LOST_TRACE_LAUNCHES = 10
 
 
 def step_threads(activity: HostActivity) -> np.ndarray:
@@ -50,17 +54,34 @@ def step_threads(activity: HostActivity) -> np.ndarray:
 
 
 def executor_work_mask(activity: HostActivity) -> np.ndarray:
-    """Executor activity on the runtime's own step threads (``ExecutorState::Process`` on
-    tf_Compute, ``ThunkExecutor::Execute`` on XLA's CPU threads): the graph running on the CPU.
+    """The graph running on the CPU: every event on the runtime's own step threads, those that
+    execute ops or the executor (``tf_Compute`` and Eigen's pools run ``ExecutorState::Process``,
+    and under ``jit_compile`` XLA's executable and its HLO ops, which no op vocabulary names),
+    allocator records aside.
 
-    The threads that call into the runtime (they carry the step markers and function calls)
-    only wait on it, so their executor events are dispatch, not compute.
+    The threads that call into TensorFlow's runtime (they carry the step markers and function
+    calls) only wait on it, so their executor events are dispatch, not compute; but where the
+    tracer recorded no compute op on the runtime's threads, the graph calls themselves
+    (``FunctionRun``, the dispatch of ``__inference_...``) count: the function runs for all of
+    them, and whether the CPU sat idle inside one cannot be seen. JAX's program calls
+    (``PjitFunction(f)``) always count: the calling thread itself prepares and dispatches each
+    program onto the same CPU, which for an op-by-op loop is most of the step's work.
     """
+    if not activity.threads:
+        return np.zeros(len(activity), bool)
     calls = activity.mask(HostEventKind.STEP_MARKER, HostEventKind.FUNCTION)
     callers = np.zeros(len(activity.threads), bool)
     callers[np.unique(activity.thread[calls])] = True
-    return ((activity.kind == HostEventKind.EXECUTOR) & step_threads(activity)
-            & ~callers[activity.thread] if activity.threads else np.zeros(len(activity), bool))
+    # The runtime's threads are the ones it executes on (other threads, say a Python helper's, are not).
+    executes = np.zeros(len(activity.threads), bool)
+    executes[np.unique(activity.thread[activity.mask(HostEventKind.EXECUTOR, HostEventKind.FRAMEWORK_OP)])] = True
+    work = ~activity.mask(HostEventKind.MEMORY, HostEventKind.STEP_MARKER, HostEventKind.FUNCTION,
+                          HostEventKind.INPUT_WAIT, HostEventKind.INPUT_STAGE)
+    runtime = step_threads(activity) & (executes & ~callers)[activity.thread]
+    mask = work & runtime
+    if not np.any(compute_op_mask(activity) & runtime):
+        mask = mask | named_events(activity, "graph_call", tensorflow.GRAPH_CALL.search)
+    return mask | named_events(activity, "jax_call", jax.FUNCTION.match)
 
 
 def compute_op_mask(activity: HostActivity) -> np.ndarray:
@@ -94,13 +115,22 @@ def host_op_mask(activity: HostActivity, gpus: list[DeviceActivity], steps: Step
                 and tensorflow.op_key(name) not in device_ops)
 
     table = name_mask(activity.names, runs_on_host)
-    mask = compute_op_mask(activity) & (activity.step >= 0) & table[activity.name]
-    if not grouped_steps(steps):
-        return mask
-    # Only the few ops picked so far are judged by group (inside a step, so its group is known).
+    return of_the_step(activity, compute_op_mask(activity) & (activity.step >= 0) & table[activity.name], steps)
+
+
+def of_the_step(activity: HostActivity, mask: np.ndarray, steps: Steps, grouped_ops: bool = False) -> np.ndarray:
+    """MASK (op events inside steps, a fresh array) less the ops tf.data's functions ran on the
+    runtime's threads: when the capture groups events by step, those carry no group or another
+    step's. GROUPED_OPS: also when only the ops are grouped (steps inferred from function runs
+    carry no group id, but the runtime still gave the step's ops theirs)."""
     rows = np.flatnonzero(mask)
-    group, own = activity.group_id[rows], steps.group_id[activity.step[rows]]
-    mask[rows[(group < 0) | ((own >= 0) & (group != own))]] = False
+    group = activity.group_id[rows]
+    if grouped_steps(steps):
+        # Only the few ops picked so far are judged by group (inside a step, so its group is known).
+        own = steps.group_id[activity.step[rows]]
+        mask[rows[(group < 0) | ((own >= 0) & (group != own))]] = False
+    elif grouped_ops and np.any(group >= 0):
+        mask[rows[group < 0]] = False
     return mask
 
 
@@ -174,9 +204,24 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
     if any(d.device.kind == "tpu" and len(d) for d in model.devices):
         return Placement("tpu")
     percent, ms, long_share, ops, launches = _host_ops(model, steps)
+    if not model.gpus and launches >= LOST_TRACE_LAUNCHES * max(steps.training_steps, 1):
+        # The host launched GPU work step after step, yet no device event was recorded (PyTorch's
+        # Kineto writes no device at all then): the device trace is missing, not the GPU.
+        return Placement("gpu_trace_lost", percent, ms, long_share, ops, launches)
     if not model.gpus:
         ran = any(bool(np.any(executor_work_mask(h.activity) & (steps.locate(h.activity.start_ps) >= 0)))
                   for h in model.hosts) if len(steps) else False
         return Placement("cpu_only", percent, ms, long_share, ops, launches, ops_traced=percent > 0 or not ran)
     on_host = percent >= 100 * MODEL_ON_HOST_SHARE and long_share >= LONG_OP_SHARE
+    if not on_host and not launches and percent > 0 and not _sends_to_gpu(model):
+        # Nothing on the host drove a GPU: no launch call, and none of the copies TensorFlow makes
+        # of a GPU function's inputs (its own events, recorded without CUPTI), while the step's
+        # model ops ran on host threads: a small model's ops are short on the CPU too.
+        on_host = True
     return Placement("host_despite_gpu" if on_host else "gpu_trace_lost", percent, ms, long_share, ops, launches)
+
+
+def _sends_to_gpu(model: SessionModel) -> bool:
+    """Whether a host sent a function's inputs to a GPU (``IteratorGetNext/_1:_Send``, ``_Send input
+    0 from ...CPU:0 to ...GPU:0``): what TensorFlow does when the model's ops are placed on one."""
+    return any(tensorflow.INPUT_SEND.search(name) for host in model.hosts for name in host.activity.names)

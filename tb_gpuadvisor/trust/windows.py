@@ -68,14 +68,17 @@ def anchor_to_host_calls(steps: Steps, hosts: list[HostModel]) -> Steps:
 
 def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
     """The last step ends no earlier than the device work its launch calls started: with
-    asynchronous dispatch (JAX, XLA) the host call returns long before the device finishes."""
+    asynchronous dispatch (JAX, XLA) the host call returns long before the device finishes.
+    Where the host's periods are kept apart (device-paced steps), the launches are those of the
+    last step's host period: the host calls made in its device window are a queued step's."""
     if not len(steps):
         return steps
     lo, hi = int(steps.start_ps[-1]), int(steps.end_ps[-1])
+    on_host = steps.on_host()
     end = hi
     for host in hosts:
         act = host.activity
-        rows = _span(act.start_ps, lo, hi)
+        rows = _span(act.start_ps, int(on_host.start_ps[-1]), int(on_host.end_ps[-1]))
         end = max(end, _launched_work_end(host, act.correlation_id[rows]))
     if end == hi:
         return steps

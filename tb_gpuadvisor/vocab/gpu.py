@@ -120,3 +120,58 @@ def matrix_units(vendors: set[str | None]) -> str:
     """What a capture's GPUs call their matrix-multiply units: Matrix Cores on AMD, Tensor Cores
     on NVIDIA (and whenever the vendors are mixed or unknown)."""
     return "Matrix Cores" if vendors and all((v or "").upper() == "AMD" for v in vendors) else "Tensor Cores"
+
+
+# cuBLAS, cuDNN and CUTLASS kernels name the architecture they were built for: "volta_sgemm_128x64_nn",
+# "turing_fp16_s1688gemm_fp16_...", "ampere_sgemm_...", "sm80_xmma_...", "sm90_xmma_...",
+# "cutlass_80_tensorop_s1688gemm_..."; cuBLAS's "nvjet" GEMMs exist from Hopper on.  A GPU runs
+# kernels built for its own or an older architecture, so the newest tag among its kernels is a lower
+# bound of its compute capability: what a trace without deviceProperties still says of its GPU.
+_ARCH_TAG = re.compile(r"(?<![a-z])(volta|turing|ampere|hopper|blackwell)_|(?<![a-z0-9])sm_?(\d{2,3})_"
+                       r"|cutlass_(\d{2,3})_|(?<![a-z])(nvjet)", re.IGNORECASE)
+_ARCH_BY_NAME = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0),
+                 "nvjet": (9, 0)}
+
+
+def _arch_of(name: str) -> tuple[int, int] | None:
+    match = _ARCH_TAG.search(name)
+    if match is None:
+        return None
+    word = match.group(1) or match.group(4)
+    if word:
+        return _ARCH_BY_NAME[word.lower()]
+    digits = match.group(2) or match.group(3)
+    return int(digits[:-1]), int(digits[-1])
+
+
+def compute_capability_of_kernels(names: list[str]) -> tuple[int, int] | None:
+    """The least compute capability an NVIDIA GPU that ran kernels NAMES has (the newest
+    architecture tag among them), None when no name carries one."""
+    found = [arch for arch in map(_arch_of, names) if arch is not None and arch[0] >= 3]
+    return max(found) if found else None
+
+# Library kernels that are a GEMM or a convolution whatever op launched them: cuBLAS/CUTLASS/cuDNN
+# GEMMs and convolutions ("volta_sgemm_128x64_nn", "implicit_convolve_sgemm", "volta_scudnn_128x64_...",
+# "cudnn::detail::dgrad_engine", "sm80_xmma_fprop_...", "nvjet_tst_..."), rocBLAS/hipBLASLt Tensile
+# "Cijk_" GEMMs and MIOpen "igemm_" convolutions.  They name the work of a compiled region too
+# (torch.compile calls cuBLAS without an aten op around it).  FBGEMM's kernels ("fbgemm_gpu::...")
+# are embedding and quantisation kernels, not GEMMs.
+LIBRARY_MATRIX_KERNEL = re.compile(r"(?<!fb)gemm(?!v)|xmma|nvjet|implicit_convolve|scudnn|[hs]884cudnn|[hs]1688cudnn"
+                                   r"|dgrad_engine|wgrad_alg|winograd|fprop|Cijk_|igemm_", re.IGNORECASE)
+
+# Kernels that do the matrix math of a matmul, convolution, attention or RNN op: library GEMMs and
+# convolutions (above), CUTLASS kernels, fused attention (FlashAttention "flash_fwd_kernel",
+# memory-efficient "fmha_cutlassF", cuDNN/TensorRT "fmha") and cuDNN's RNN kernels
+# ("RNN_blockPersist_fp_LSTM").  An op of those kinds also launches copies, casts, softmaxes and
+# cuDNN helpers ("cudnn::ops::scalePackedTensor_kernel"): those run on CUDA cores in every precision,
+# so they are not the op's eligible work.
+MATRIX_MATH_KERNEL = re.compile(LIBRARY_MATRIX_KERNEL.pattern + r"|cutlass|conv[123]d|convolution|matmul"
+                                r"|flash|fmha|attention|\brnn|rnn_|lstm|gru", re.IGNORECASE)
+
+# Kernels on matrix units whose names carry no MMA shape: FlashAttention's (16-bit only), fused
+# attention "fmha" kernels in a 16-bit type (the fp32 "fmha_cutlassF_f32" one runs on CUDA cores),
+# and MIOpen/composable-kernel convolutions built on xdlops (MFMA): "igemm_fwd_gtcx3_nhwc_bf16",
+# "kernel_grouped_conv_fwd_xdl_cshuffle".  Read where kernels are linked to the ops that launched
+# them (PyTorch traces); the TensorFlow and JAX reports keep TENSOR_CORE_KERNEL alone.
+MATRIX_UNIT_KERNEL = re.compile(r"flash_fwd|flash_bwd|flash_attn|flash::|_xdl_|xdlops|gtcx", re.IGNORECASE)
+FUSED_ATTENTION_KERNEL = re.compile(r"fmha", re.IGNORECASE)

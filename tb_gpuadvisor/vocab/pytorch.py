@@ -43,7 +43,8 @@ _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_m
 
 # Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
-                      r"cuKernelGetFunction|hipModuleLoad\w*|hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+                      r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
+                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
 
 # Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
 # caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
@@ -286,3 +287,97 @@ def user_frame(name: str) -> str | None:
     if not match or _LIBRARY_FRAME.search(match["file"]):
         return None
     return f"{match['file']}:{match['line']} in {match['function']}"
+
+
+# torch.compile's own work, as the profiler records it: every TorchDynamo/Inductor phase timed by
+# ``dynamo_timed`` appears as "<phase> (dynamo_timed)" ("_compile.compile_inner (dynamo_timed)",
+# "compile_fx_inner (dynamo_timed)", "OutputGraph.call_user_compiler (dynamo_timed)"), and with
+# stacks the Python frames of torch/_dynamo's frame conversion (run on a cache miss only), Inductor's
+# kernel compilation and its autotuner (max-autotune: "CachingAutotuner.benchmark_all_configs").
+# "Torch-Compiled Region" and "TorchDynamo Cache Lookup" are a compiled call's run, not its compile.
+_COMPILE = re.compile(r"\(dynamo_timed\)$|^torch/_dynamo/convert_frame\.py\(\d+\)|"
+                      r"^torch/_inductor/(async_compile|select_algorithm)\.py\(\d+\)|benchmark_all_configs")
+
+
+def is_compile(name: str) -> bool:
+    """Whether a host event is torch.compile's tracing, compiling or autotuning."""
+    return bool(_COMPILE.search(name))
+
+
+
+# Runtime and driver calls that launch a kernel (a graph launches many), as opposed to the copy
+# and memset calls that also enqueue device work: a host that made none ran a copy-only program.
+_KERNEL_LAUNCH = re.compile(r"^(cu|cuda|hip|hipExt|hipModule)Launch\w*Kernel\w*$|^(cuda|hip|cu)Graph(Exec)?Launch$")
+
+
+def launches_kernel(name: str) -> bool:
+    """Whether a runtime call launches a kernel or a graph of kernels (not a copy or memset)."""
+    return bool(_KERNEL_LAUNCH.match(name))
+
+
+# The convolution ops whose first call per shape, with torch.backends.cudnn.benchmark = True,
+# times every cuDNN (MIOpen) algorithm: dozens of kernels launched inside one op call.
+_CONVOLUTION_OP = re.compile(r"^aten::(cudnn_convolution|miopen_convolution|_convolution|convolution|"
+                             r"convolution_backward|cudnn_convolution_backward\w*|miopen_convolution_backward\w*)$")
+# A convolution launches a handful of kernels; this many in one call is an algorithm search.
+AUTOTUNE_KERNELS_PER_CALL = 20
+
+
+def is_convolution_op(name: str) -> bool:
+    return bool(_CONVOLUTION_OP.match(name))
+
+
+# ATen ops whose kernels can run on Tensor Cores (Matrix Cores on AMD), by the kind of math they do.
+# Forward and backward: nn.Linear runs aten::linear > aten::addmm (its backward aten::mm), nn.Conv2d
+# aten::conv2d > aten::convolution > aten::_convolution > aten::cudnn_convolution (backward
+# aten::convolution_backward, older aten::cudnn_convolution_backward_input/_weight; MIOpen on ROCm),
+# attention aten::scaled_dot_product_attention > aten::_scaled_dot_product_flash_attention /
+# _efficient_attention / the math path's aten::bmm, RNNs aten::lstm > aten::_cudnn_rnn.  Depthwise
+# convolution (aten::_conv_depthwise2d) is ATen's own CUDA-core kernel in every precision: left out.
+TENSOR_CORE_OP_KINDS = (
+    ("matmul", re.compile(r"^aten::(mm|addmm_?|bmm|baddbmm_?|addbmm_?|matmul|linear|_addmm_activation|_scaled_mm|"
+                          r"_int_mm|_grouped_mm|_scaled_grouped_mm|mm_backward|matmul_backward)$")),
+    ("convolution", re.compile(r"^aten::(conv[123]d|conv_transpose[123]d|convolution|_convolution|convolution_overrideable|"
+                               r"convolution_backward(_overrideable)?|_convolution_double_backward|"
+                               r"(cudnn|miopen)_convolution(_transpose)?(_backward(_input|_weight)?)?|"
+                               r"cudnn_convolution_(add_)?relu|slow_conv[23]d\w*|slow_conv_transpose[23]d\w*)$")),
+    ("attention", re.compile(r"^aten::(scaled_dot_product_attention|_scaled_dot_product_\w+|_flash_attention_\w+|"
+                             r"_efficient_attention_\w+|_native_multi_head_attention|_fused_sdp_choice)$")),
+    ("einsum", re.compile(r"^aten::einsum$")),
+    ("rnn", re.compile(r"^aten::(lstm|gru|rnn_tanh|rnn_relu|lstm_cell|gru_cell|_cudnn_rnn(_backward)?|"
+                       r"miopen_rnn(_backward)?|_thnn_fused_(lstm|gru)_cell\w*)$")),
+)
+
+
+def tensor_core_op_kind(name: str) -> str | None:
+    """"matmul", "convolution", "attention", "einsum" or "rnn" for an ATen op whose math can run
+    on Tensor Cores; None for any other op."""
+    return next((kind for kind, pattern in TENSOR_CORE_OP_KINDS if pattern.match(name)), None)
+
+
+# PyTorch's ways to put fp32 matrix math on Tensor Cores, per GPU generation: autocast to float16
+# with a GradScaler on Volta and Turing (compute capability 7.x: no bf16 or TF32 Tensor Cores),
+# bfloat16 autocast (no loss scaling) on Ampere and newer, and on AMD CDNA2/CDNA3 (MI200/MI300,
+# gfx90a/gfx94x, whose ROCm builds answer to device_type="cuda"); TF32 for what stays float32 on
+# NVIDIA Ampere and newer.
+BF16_MAJOR = 8
+
+
+def autocast_dtype(vendor: str | None, cc_major: int | None) -> str:
+    """The autocast dtype an expert picks first for a GPU: "bfloat16" or "float16"."""
+    if (vendor or "").upper() == "AMD":
+        return "bfloat16" if cc_major is not None and cc_major >= 9 else "float16"
+    return "bfloat16" if cc_major is not None and cc_major >= BF16_MAJOR else "float16"
+
+
+# cuDNN runs float32 convolutions as TF32 by default (torch.backends.cudnn.allow_tf32), while
+# matmuls need torch.backends.cuda.matmul.allow_tf32 (off by default since PyTorch 1.12): only a
+# GEMM kernel that is not a convolution's ("sm80_xmma_gemm_..._tf32", "cutlass_80_tensorop_s1688gemm",
+# not "sm80_xmma_fprop_implicit_gemm_tf32...") tells whether matmuls may use TF32.
+_GEMM_KERNEL = re.compile(r"gemm|nvjet", re.IGNORECASE)
+_CONVOLUTION_KERNEL = re.compile(r"fprop|dgrad|wgrad|conv|cudnn", re.IGNORECASE)
+
+
+def is_matmul_kernel(name: str) -> bool:
+    """Whether a kernel is a matmul's GEMM (not a convolution run as an implicit GEMM)."""
+    return bool(_GEMM_KERNEL.search(name)) and not _CONVOLUTION_KERNEL.search(name)

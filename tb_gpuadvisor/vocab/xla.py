@@ -31,6 +31,15 @@ EXECUTOR = re.compile(r"^PjRt|^ThunkExecutor|^Thunk::|^ThreadpoolListener|^Buffe
 CPU_THREAD = re.compile(r"^(tf_)?XLA(Eigen|PjRtCpuClient)")
 # The thread that runs a compiled program for one device ("py_xla_execute", one per device).
 EXECUTE_THREAD_PREFIX = "py_xla_execute"
+# On the CPU, PjRt's client threads ("tf_XLAPjRtCpuClient/N") run each program: one top-level
+# ThunkExecutor::Execute per run, followed by a wait for the run's parallel tasks when it has any.
+# The host's dispatch of a run ("CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice", older
+# jaxlib "TfrtCpuExecutable::ExecuteHelper") returns before the run (asynchronous dispatch), and
+# runs execute in the order they were dispatched. Seen in jaxlib 0.4-0.10 CPU captures.
+CPU_CLIENT_THREAD = re.compile(r"^(tf_)?XLAPjRtCpuClient")
+CPU_RUN = "ThunkExecutor::Execute"
+CPU_RUN_WAIT = "ThunkExecutor::Execute (wait for completion)"
+DISPATCH = re.compile(r"Executable::ExecuteHelper")
 
 # cuDNN/XLA autotuning runs these checker kernels around every candidate algorithm.
 AUTOTUNE_KERNEL = re.compile(r"redzone", re.IGNORECASE)

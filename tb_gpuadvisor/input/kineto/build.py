@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, renumber_small_ints
+from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, narrow_ids, renumber_small_ints
 from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
 from tb_gpuadvisor.input.files import CaptureError, LocalFile, Opener, read_bytes
 from tb_gpuadvisor.input.kineto.decode import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
@@ -121,11 +121,15 @@ def _wraps_others(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.
     return out
 
 
-def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str) -> Device:
+def _device_of(index: int, host: str, props: dict[int, DeviceProperties], vendor: str, kernels: list[str]) -> Device:
+    """GPU INDEX as deviceProperties describe it; without its compute capability there (traces
+    before PyTorch 1.9 write no deviceProperties), the least one its KERNELS' names say."""
     p = props.get(index)
     cc = f"{p.major}.{p.minor or 0}" if p is not None and p.major is not None else None
-    return Device(name=f"/device:GPU:{index}", host=host, kind="gpu", index=index,
-                  vendor=pytorch.vendor_of([], p.name) if p is not None and p.name else vendor,
+    vendor = pytorch.vendor_of([], p.name) if p is not None and p.name else vendor
+    if cc is None and vendor == "NVIDIA" and (named := gpu.compute_capability_of_kernels(kernels)):
+        cc = f"{named[0]}.{named[1]}"
+    return Device(name=f"/device:GPU:{index}", host=host, kind="gpu", index=index, vendor=vendor,
                   model=p.name if p is not None else None, compute_capability=cc,
                   sm_count=p.sms if p is not None else None,
                   memory_bytes=p.total_memory if p is not None else None)
@@ -209,8 +213,9 @@ def build(cols: Columns, host: str) -> HostCapture:
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
     scopes = _CollectiveScopes(cols, host_rows, host_tid, start, dur, kind, name, name_list)
+    op_of = _launching_ops(host_tid, start[host_rows], dur[host_rows], kind, launch_corr, name[host_rows], name_list)
     devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names,
-                       scopes)
+                       scopes, op_of)
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
@@ -320,10 +325,12 @@ def _sampled(ids: np.ndarray) -> str | None:
 
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
              correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
-             name_list: list[str], cat_names: list[str], scopes: _CollectiveScopes) -> list[DeviceActivity]:
+             name_list: list[str], cat_names: list[str], scopes: _CollectiveScopes,
+             op_of: SortedKeys) -> list[DeviceActivity]:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
-    every call of that op at once; the host table holds each op call."""
+    every call of that op at once; the host table holds each op call.  The op that launched each
+    event (OP_OF, by correlation id) is its ``launch_op``."""
     props = {p.id: p for p in cols.devices}
     device = cols.device[rows]
     out = []
@@ -338,12 +345,69 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         collective = np.full(sel.size, -1, np.int32)
         at = np.flatnonzero(kind == DeviceEventKind.COLLECTIVE)
         collective[at], calls, nbytes[at] = scopes.calls(sel[at])
+        launch_op, launch_ops = _launched_by(op_of.get(correlation[sel]), name_list)
         out.append(DeviceActivity(
-            device=_device_of(max(index, 0), host, props, vendor), start_ps=start[sel], dur_ps=dur[sel],
+            device=_device_of(max(index, 0), host, props, vendor, names), start_ps=start[sel], dur_ps=dur[sel],
             kind=kind, stream=stream_idx,
             name=name_idx, op=np.full(sel.size, -1, np.int32), correlation_id=correlation[sel],
             group_id=np.full(sel.size, -1, np.int64), nbytes=nbytes,
             details=np.full(sel.size, -1, np.int32), names=names, ops=[], streams=streams,
             detail_strings=[], step=np.full(sel.size, -1, np.int32),
-            collective=collective if calls else np.empty(0, np.int32), collectives=list(calls)))
+            collective=collective if calls else np.empty(0, np.int32), collectives=list(calls),
+            launch_op=launch_op, launch_ops=launch_ops))
     return out
+
+
+def _launched_by(index: np.ndarray, strings: list[str]) -> tuple[np.ndarray, list[str]]:
+    """``_subset`` of INDEX where -1 (no op) stays -1: a column for every event even when none has
+    an op (it says the events' ops are found through their launches), one read-only -1 then."""
+    present = index >= 0
+    out = np.full(index.size, -1, np.int32)
+    if not present.any():
+        return narrow_ids(out), []
+    used, inverse = renumber_small_ints(index[present])
+    out[present] = inverse
+    return out, [strings[i] for i in used.tolist()]
+
+
+def _launching_ops(tid: np.ndarray, start: np.ndarray, dur: np.ndarray, kind: np.ndarray, launch_corr: np.ndarray,
+                   name: np.ndarray, name_list: list[str]) -> SortedKeys:
+    """Launch correlation id -> the name (index into NAME_LIST) of the op that launched it: of the
+    cpu_ops around the runtime call on its thread, the innermost that vocab.pytorch knows as
+    Tensor-Core math (aten::cudnn_convolution inside aten::_convolution inside aten::conv2d), else
+    the outermost one.  Host events nest per thread, so the ops of one nesting depth are disjoint
+    and one search per depth finds the op of that depth around every launch at once."""
+    launches = np.flatnonzero(launch_corr >= 0)
+    ops = np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP)
+    ops = ops[np.isin(tid[ops], np.unique(tid[launches]))]
+    found = np.full(launches.size, -1, np.int64)
+    if ops.size and launches.size:
+        math = np.zeros(len(name_list), bool)
+        used = np.unique(name[ops])
+        math[used] = [pytorch.tensor_core_op_kind(name_list[i]) is not None for i in used.tolist()]
+        is_math, depth = math[name[ops]], _depths(tid[ops], start[ops], dur[ops])
+        end = start + dur
+        # The math ops from the deepest level up, then the outermost level of every op.
+        levels = [(level, is_math) for level in np.unique(depth[is_math])[::-1].tolist()] + [(0, True)]
+        for level, among in levels:
+            asked = np.flatnonzero(found < 0)
+            at = ops[(depth == level) & among]
+            hit = last_at_or_before(tid[at], start[at], tid[launches[asked]], start[launches[asked]])
+            inside = hit >= 0
+            inside[inside] = end[at[hit[inside]]] >= end[launches[asked[inside]]]
+            found[asked[inside]] = at[hit[inside]]
+    keep = found >= 0
+    return SortedKeys(launch_corr[launches[keep]], name[found[keep]].astype(np.int32))
+
+
+def _depths(tid: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per event, how many of the others on its thread are around it (events nest per thread): the
+    ones its thread started before it (longer first on ties) less those that ended by its start."""
+    end = start + dur
+    by_end = np.lexsort((end, tid))
+    ended_at = last_at_or_before(tid[by_end], end[by_end], tid, start)
+    ended = np.where(ended_at >= 0, ended_at - np.searchsorted(tid[by_end], tid, "left") + 1, 0)
+    by_start = np.lexsort((-dur, start, tid))
+    started = np.empty(tid.size, np.int64)
+    started[by_start] = np.arange(tid.size) - np.searchsorted(tid[by_start], tid[by_start], "left")
+    return np.maximum(started - ended, 0)
