@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from tb_gpuadvisor.checks import declared
+from tb_gpuadvisor.checks import all_checks, declared
 from tb_gpuadvisor.checks.base import Compared, Severity
 from tb_gpuadvisor.render import md_escape, printable, session_title, unreadable
 
@@ -42,13 +42,10 @@ NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitt
 STEP_NOISE_FLOOR_PERCENT = 10.0
 
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
-# Where the primary device's step went (breakdown.per_device, ms per step), for "what grew".
-# Collectives are their whole time (the collectives check's), overlapped with compute or not; where
-# the trace names its calls (PyTorch), also the part with no compute alongside, which an overlap
-# fix (DDP buckets, FSDP prefetch) moves while the whole stays.
-DEVICE_PARTS = (("compute_ms", "kernel compute"), ("collectives", "collectives (NCCL/RCCL)"),
-                ("exposed_collectives", "collectives with no compute alongside"),
-                ("copy_ms", "copies"), ("idle_ms", "GPU idle"))
+# Where the primary device's step went (breakdown.per_device, ms per step), for "what grew": its
+# kernel compute, then the parts checks declare (Compared.device_parts), then copies and idle.
+DEVICE_COMPUTE = (("compute_ms", "kernel compute"),)
+DEVICE_REST = (("copy_ms", "copies"), ("idle_ms", "GPU idle"))
 
 
 def _weight(severity: str | None) -> int:
@@ -115,15 +112,23 @@ def _metric_deltas(base: dict | None, new: dict | None) -> dict[str, float]:
 
 
 def _device_time(session: dict) -> dict[str, float]:
-    """DEVICE_PARTS of SESSION's primary device, ms per step (empty without a device breakdown)."""
+    """The parts of SESSION's primary device's step, ms per step (empty without a device breakdown)."""
     breakdown = session.get("breakdown") or {}
     device = next((p for p in breakdown.get("per_device", []) if p.get("device") == breakdown.get("device")), None)
     if device is None:
         return {}
-    collectives = next((f for f in session.get("findings", []) if f["check"] == "collectives"), None)
-    parts = dict(device, collectives=_time_ms("collectives", collectives) if collectives else device.get("collective_ms"),
-                 exposed_collectives=(collectives or {}).get("metrics", {}).get("exposed_collective_ms_per_step"))
-    return {label: float(parts[key]) for key, label in DEVICE_PARTS if _number(parts.get(key))}
+    findings = {f["check"]: f for f in session.get("findings", [])}
+    parts = [(label, device.get(key)) for key, label in DEVICE_COMPUTE]
+    for check in all_checks():
+        finding = findings.get(check.id)
+        for part in check.compared.device_parts:
+            if finding is None:
+                value = device.get(part.breakdown) if part.breakdown else None
+            else:
+                value = finding["metrics"].get(part.metric) if part.metric else _time_ms(check.id, finding)
+            parts.append((part.label, value))
+    parts += [(label, device.get(key)) for key, label in DEVICE_REST]
+    return {label: float(value) for label, value in parts if _number(value)}
 
 
 def _device_deltas(base: dict, new: dict, divisors: tuple[float, float]) -> list[dict]:

@@ -77,6 +77,9 @@ class Replayed:
     # On a CPU-only capture the cause is time on the host's own timeline (the host is the device).
     on_cpu: bool = False
     what: str = ""      # the scenario in words, for `tb-gpuadvisor checks ID`
+    # In a many-host session the scenario is replayed over every host's replicas together (by
+    # multihost.merge), not combined from each host's own replay.
+    across_hosts: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,14 +90,28 @@ class NoReplay:
 
 
 @dataclass(frozen=True)
+class DevicePart:
+    """A part of the primary device's step that compare lists beside compute, copies and idle
+    ("what grew"), in ms per step: LABEL; METRIC, the finding's metric holding it (None: the
+    check's compared time); BREAKDOWN, the device breakdown's column that stands in for it when
+    the session has no finding of the check (None: none)."""
+
+    label: str
+    metric: str | None = None
+    breakdown: str | None = None
+
+
+@dataclass(frozen=True)
 class Compared:
     """What ``compare`` judges the check by: SHARE, a metric shown beside the time (None: none);
     TIME, the metric holding its ms per step (None: its estimated saving); TIMED False: the
-    check measures no time and is judged on its severity."""
+    check measures no time and is judged on its severity; DEVICE_PARTS, its parts of the primary
+    device's step."""
 
     share: str | None = None
     time: str | None = None
     timed: bool = True
+    device_parts: tuple[DevicePart, ...] = ()
 
 
 class HostAlignment(Protocol):
@@ -142,6 +159,16 @@ def join_per_gpu(primary: Any, parts: list[tuple[Any, Any]], kind: type,
 
 
 @dataclass(frozen=True)
+class PerHostJoin:
+    """What the many-host merge does with a per-host check's findings beyond taking one host's:
+    SUMMED, the metrics that add up over the hosts (counts of the capture); UNREADABLE(finding,
+    errors), the finding once the hosts whose files could not be read are known (None: as is)."""
+
+    summed: tuple[str, ...] = ()
+    unreadable: Callable[[Finding, list[dict]], Finding] | None = None
+
+
+@dataclass(frozen=True)
 class Check:
     id: str
     title: str
@@ -159,6 +186,7 @@ class Check:
     # The frameworks whose captures the check reads (empty: all): a check of one framework's API
     # (PyTorch's model.eval()) is not listed on another framework's report.
     frameworks: tuple[str, ...] = ()
+    per_host: PerHostJoin = PerHostJoin()
 
     def applies_to(self, framework: str) -> bool:
         return not self.frameworks or framework in self.frameworks
@@ -171,6 +199,7 @@ class Check:
         if isinstance(self.what_if, Replayed):
             scenario = "replayed: " + (self.what_if.what or "its own scenario")
             scenario += "" if self.what_if.on_cpu else " (GPU captures only)"
+            scenario += "; over every host's replicas together" if self.what_if.across_hosts else ""
         else:
             scenario = "no replay: " + self.what_if.why
         if not self.compared.timed:
@@ -192,7 +221,8 @@ REGISTRY: dict[str, Check] = {}
 def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | NoReplay, aspect: str = "idle",
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
              cross_host: CrossHost | None = None, worst_host: bool = False,
-             frameworks: tuple[str, ...] = ()) -> Callable[[CheckFunction], CheckFunction]:
+             frameworks: tuple[str, ...] = (), per_host: PerHostJoin = PerHostJoin(),
+             ) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
     if aspect not in ASPECTS:
@@ -204,7 +234,8 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
         if check_id in REGISTRY:
             raise ValueError(f"check {check_id!r} registered twice")
         REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
-                                   explains, explains_order, compared, cross_host, worst_host, frameworks)
+                                   explains, explains_order, compared, cross_host, worst_host, frameworks,
+                                   per_host)
         return function
 
     return decorate

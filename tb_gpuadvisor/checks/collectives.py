@@ -53,7 +53,8 @@ from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measuremen
 from tb_gpuadvisor.checks import _ranks, fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Finding, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu, register,
+    Compared, CrossHost, DevicePart, Finding, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu,
+    register,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals
@@ -289,7 +290,12 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
           what_if=NoReplay("the replay balances replicas (multi_gpu_imbalance) but has no faster interconnect; "
                            "the saving is the transfer time beyond the expected bandwidth"),
           aspect="replicas", explains="communication", explains_order=1,
-          compared=Compared("collective_percent", "collective_ms_per_step"),
+          compared=Compared("collective_percent", "collective_ms_per_step", device_parts=(
+              # Its whole time, overlapped with compute or not; where the trace names its calls
+              # (PyTorch), also the part with no compute alongside, which an overlap fix (DDP
+              # buckets, FSDP prefetch) moves while the whole stays.
+              DevicePart("collectives (NCCL/RCCL)", breakdown="collective_ms"),
+              DevicePart("collectives with no compute alongside", "exposed_collective_ms_per_step"))),
           cross_host=CrossHost(measure, join, lambda c, scale: judge(c, scale) if len(c.rows) >= 2 else None,
                                "every host's GPUs as rows; transfer and waiting over all replicas"))
 def check(analysis: Analysis) -> Finding:

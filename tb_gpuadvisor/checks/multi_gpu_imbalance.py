@@ -266,7 +266,8 @@ def judge_joined(r: Replicas, scale) -> Finding | None:
 
 @register(CHECK_ID, "Multi-GPU load imbalance", __doc__,
           what_if=Replayed(lambda model: Scenario(balance=True),
-                           what="every replica's work balanced to the mean, the straggler's wait removed"),
+                           what="every replica's work balanced to the mean, the straggler's wait removed",
+                           across_hosts=True),
           aspect="replicas", explains="communication", compared=Compared("imbalance_percent"),
           cross_host=CrossHost(measure, join, judge_joined,
                                "every host's replicas stacked per session step; judged with the balance all hosts allow"))

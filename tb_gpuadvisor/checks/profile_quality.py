@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, PerHostJoin, Severity, register
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
@@ -377,9 +377,21 @@ def _issues(analysis: Analysis) -> list[Issue]:
     return issues
 
 
+def with_unreadable(finding: Finding, errors: list[dict]) -> Finding:
+    """FINDING of a many-host session some of whose host files (ERRORS) could not be read."""
+    issue = unreadable(errors)
+    worse = finding.severity.weight < issue.severity.weight
+    return replace(finding, summary=f"{finding.summary} {issue.text}",
+                   severity=issue.severity if worse else finding.severity,
+                   title=issue.title if worse else finding.title)
+
+
 @register(CHECK_ID, "Profile quality", __doc__,
           what_if=NoReplay("it judges the capture, not the training step"), aspect="capture",
-          compared=Compared(timed=False), worst_host=True)
+          compared=Compared(timed=False), worst_host=True,
+          # Counts of the capture add up over hosts.
+          per_host=PerHostJoin(summed=("gpu_count", "active_gpu_count", "dropped_events"),
+                               unreadable=with_unreadable))
 def check(analysis: Analysis) -> Finding:
     model, trust = analysis.model, analysis.trust
     kind, what = capture_kind(analysis)

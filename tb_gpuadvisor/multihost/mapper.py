@@ -17,15 +17,14 @@ import numpy as np
 
 from tb_gpuadvisor import heap
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.checks import Finding, all_checks, multi_gpu_imbalance
+from tb_gpuadvisor.checks import Finding, all_checks
+from tb_gpuadvisor.checks.base import Replayed
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.pipeline import analyse, check, load_session, report_session
 from tb_gpuadvisor.report import rank_findings
 from tb_gpuadvisor.stages import stage
 
-# The balance scenario is replayed across every host's replicas in the merge, not per host.
-BALANCE = multi_gpu_imbalance.CHECK_ID
 # Combined gains are kept for this many of a host's replayed causes, in its rank order.
 COMBINED_CAUSES = 8
 
@@ -61,6 +60,12 @@ class HostSummary:
     @property
     def analysed(self) -> bool:
         return self.out is not None and bool(self.out["hosts"])
+
+
+def replayed_across_hosts() -> frozenset[str]:
+    """The checks whose scenario the merge replays over every host's replicas together
+    (``Replayed.across_hosts``), not combined from each host's own replay."""
+    return frozenset(c.id for c in all_checks() if isinstance(c.what_if, Replayed) and c.what_if.across_hosts)
 
 
 def map_host(job: HostJob) -> HostSummary:
@@ -112,7 +117,8 @@ def _gains(summary: HostSummary, analysis: Analysis) -> None:
     summary.standalone_ms = causes
     bound = (summary.out or {}).get("bottleneck") or {}
     ranked = [f.check for f in rank_findings(summary.findings, bound.get("bound_by"))]
-    order = [c for c in ranked if causes.get(c, 0.0) > 0 and c != BALANCE][:COMBINED_CAUSES]
+    across = replayed_across_hosts()
+    order = [c for c in ranked if causes.get(c, 0.0) > 0 and c not in across][:COMBINED_CAUSES]
     subsets = {frozenset()} | {frozenset([c]) for c in order} | {frozenset(order[:n]) for n in range(2, len(order) + 1)}
     for subset in subsets:
         scenario = Scenario()       # the empty one measures the replay's own residual

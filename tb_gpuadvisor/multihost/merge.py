@@ -23,12 +23,12 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes, multi_gpu_imbalance, profile_quality
+from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes, multi_gpu_imbalance
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input import host_of
 from tb_gpuadvisor.timeline import PS_PER_MS
-from tb_gpuadvisor.multihost.mapper import BALANCE, HostSummary
+from tb_gpuadvisor.multihost.mapper import HostSummary, replayed_across_hosts
 from tb_gpuadvisor.report import finish, time_origin_ms
 
 
@@ -107,11 +107,12 @@ class MergedWhatIf(Savings):
         hosts = [h for h in self.alignment.hosts if h.combined]
         if not hosts or not self.durations.size:
             return np.zeros(self.durations.size)
-        wanted = checks - {BALANCE}
+        across = replayed_across_hosts()
+        wanted = checks - across
         # Per host the combination itself, else the largest one it replayed that it contains.
         gain = np.vstack([self.alignment.take(h, h.combined[max((k for k in h.combined if k <= wanted), key=len)])
                           for h in hosts]).min(axis=0)
-        if BALANCE in checks:
+        if checks & across:
             gain = gain + self._balance
         return np.minimum(gain, self.durations)
 
@@ -139,7 +140,7 @@ def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.nd
 def _rank_calls(alignment: Alignment) -> tuple[list, list] | None:
     """Every host's GPUs' collective calls on the session's steps (checks/_ranks), and each GPU's
     (device, host); None when a host did not measure them."""
-    parts = [(h, h.parts.get(BALANCE)) for h in alignment.hosts]
+    parts = [(h, h.parts.get(multi_gpu_imbalance.CHECK_ID)) for h in alignment.hosts]
     if not parts or not all(isinstance(p, multi_gpu_imbalance.Replicas) for _, p in parts):
         return None
     calls = _ranks.join_calls(alignment, [(h, p.calls, p.per_step.shape[1]) for h, p in parts])
@@ -228,7 +229,7 @@ def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: 
     """A primary-host finding with its saving as all hosts allow it (a replayed cause gains only
     what the slowest host gains) and its severity judged on that saving."""
     check = finding.check
-    if check not in host.standalone_ms or check == BALANCE:
+    if check not in host.standalone_ms or check in replayed_across_hosts():
         return finding
     lost = host.standalone_ms[check] - merged.saving_ms(check)
     saving = max(0.0, finding.estimated_savings_ms_per_step - max(lost, 0.0))
@@ -252,10 +253,6 @@ def failed_session(ref: SessionRef, errors: list[dict]) -> dict:
             "errors": errors, "warnings": []}
 
 
-# Counts of the capture that add up over hosts.
-SUMMED_METRICS = ("gpu_count", "active_gpu_count", "dropped_events")
-
-
 def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed: list[dict]) -> Finding | None:
     """A check judged on each host alone: the primary host's finding (the worst host's where the
     session is as bad as its worst host), with every other host's per-device evidence."""
@@ -271,14 +268,13 @@ def _per_host(check: str, primary: HostSummary, good: list[HostSummary], failed:
             base = mine
     evidence = list(base.evidence) + [e for _, f in found if f is not base for e in f.evidence if e.kind == "device"]
     finding = replace(base, evidence=evidence)
-    if check == profile_quality.CHECK_ID:
-        finding.metrics = dict(base.metrics, **{k: sum(f.metrics.get(k) or 0 for _, f in found)
-                                               for k in SUMMED_METRICS if k in base.metrics})
-        if failed:
-            issue = profile_quality.unreadable(failed)
-            finding.summary += " " + issue.text
-            if finding.severity.weight < issue.severity.weight:
-                finding.severity, finding.title = issue.severity, issue.title
+    if declaration is None:
+        return finding
+    summed = {k: sum(f.metrics.get(k) or 0 for _, f in found) for k in declaration.per_host.summed if k in base.metrics}
+    if summed:
+        finding = replace(finding, metrics=dict(base.metrics, **summed))
+    if failed and declaration.per_host.unreadable is not None:
+        finding = declaration.per_host.unreadable(finding, failed)
     return finding
 
 
