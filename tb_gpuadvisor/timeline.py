@@ -19,6 +19,7 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import narrow_ids
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
+from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH
 
 PS_PER_MS = 1_000_000_000
 PS_PER_US = 1_000_000
@@ -391,8 +392,6 @@ class SessionModel:
 
         Asked by most checks; the devices do not change once the model is built.
         """
-        from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH   # the vocabulary imports this module
-
         ran = [dev for dev in self.gpus if bool(np.any(dev.kind == DeviceEventKind.KERNEL))]
         if ran or self.framework != PYTORCH:
             return ran

@@ -48,6 +48,7 @@ class HostSummary:
     report: dict | None = None            # the finished report, for a one-host session
     out: dict | None = None               # the host's session object before ranking
     findings: list[Finding] = field(default_factory=list)
+    primary_gpu: str | None = None        # the host's SessionModel.primary_gpu, by name
     origin_ns: int = 0                    # the host clock's origin (per-step times are ps from it)
     numbers: np.ndarray | None = None     # step window numbers (marker numbers, or 0..n-1 without steps)
     durations: np.ndarray | None = None   # ps per window
@@ -91,7 +92,9 @@ def map_host(job: HostJob) -> HostSummary:
 
 def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], errors: list[dict]) -> HostSummary:
     model = analysis.model
-    summary = HostSummary(host, errors, out=out, findings=findings)
+    primary = model.primary_gpu
+    summary = HostSummary(host, errors, out=out, findings=findings,
+                          primary_gpu=primary.device.name if primary is not None else None)
     if not model.hosts:
         return summary
     summary.origin_ns = model.hosts[0].origin_ns

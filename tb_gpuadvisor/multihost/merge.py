@@ -287,8 +287,10 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     good = [s for s in summaries if s.analysed]
     if not good:
         return failed_session(ref, errors or [{"message": "no host of this session could be analysed"}])
-    # The first host whose devices ran anything: the host of SessionModel.primary_gpu on a GPU session.
-    primary = next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0])
+    # The host of the session's primary GPU (SessionModel.primary_gpu: the first, in host order,
+    # of each host's own); without GPUs (a TPU pod), the first host whose devices ran anything.
+    primary = (next((s for s in good if s.primary_gpu is not None), None)
+               or next((s for s in good if any(d.get("active") for d in s.out["devices"])), good[0]))
     out = dict(primary.out)
     out["hosts"] = [s.host for s in good]
     out["devices"] = [d for s in good for d in s.out["devices"]]
