@@ -1,4 +1,5 @@
-"""TensorFlow, Keras, XLA and JAX event names are spelled only in the vocabularies (issue 22).
+"""TensorFlow, Keras, XLA, JAX and PyTorch event names are spelled only in the vocabularies
+(issues 22 and 33).
 
 A stage that matches a framework's names itself would silently do nothing for a capture of
 another format; the names belong to ``tb_gpuadvisor/vocab`` (read by the format adapters at
@@ -26,13 +27,16 @@ ALLOWED_DIRS = ("input", "vocab")
 ALLOWED_FILES = ("keras.py", "jax.py", "inloop.py", "checks/fixes.py")
 # Constructors whose arguments are fix texts, written for the user in the framework's words.
 FIX_CALLS = frozenset({"Fix", "Remedy"})
-# Name tokens only TensorFlow, Keras, tf.data, XLA or JAX write (case-sensitive).
+# Name tokens only TensorFlow, Keras, tf.data, XLA, JAX or PyTorch write (case-sensitive).
 TOKENS = (
     "tf_Compute", "Iterator::", "EagerLocalExecute", "ExecutorState", "XlaCompile", "backend_compile",
     "PjitFunction", "jit_", "tf_gpu_private", "TraceContext", "Profiled batch", "redzone",
     "WriteSummary", "IteratorGetNext", "_Send", "replica_", "EigenMetaKernel", "__inference_",
     "PjRt", "py_xla_execute", "tf_data_", "XlaModule", "cpp_pjit", "EagerPyFunc", "trace_to_jaxpr",
     "ThunkExecutor", "_bfc", "LossScale", "MemoryAllocation", "DoCompute",
+    # PyTorch (Kineto) and the CUDA runtime calls its traces name.
+    "aten::", "autograd::", "ProfilerStep#", "enumerate(DataLoader", "record_param_comms", "nccl:",
+    "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
 )
 
 

@@ -56,7 +56,7 @@ MIN_STEPS, MAX_STEPS = 3, 10
 EXPORT_WORTH_SAYING_MS = 0.005
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": f"Keras {tensorflow.KERAS2_STEP} markers",
-            "profiler_step": "PyTorch ProfilerStep#N annotations",
+            "profiler_step": f"PyTorch {pytorch.STEP_ANNOTATION}N annotations",
             "keras": f"Keras 3 '{tensorflow.KERAS3_STEP}' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",

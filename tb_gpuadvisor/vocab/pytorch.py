@@ -141,7 +141,9 @@ def is_fp32_cuda_core_gemm(name: str) -> bool:
 
 
 # Names only PyTorch's profiler writes: how a capture is known to be PyTorch's.
-HOST_HINTS = ("aten::", "ProfilerStep#", "enumerate(DataLoader)", "autograd::")
+# The profiler's step annotation, "ProfilerStep#N".
+STEP_ANNOTATION = "ProfilerStep#"
+HOST_HINTS = ("aten::", STEP_ANNOTATION, "enumerate(DataLoader)", "autograd::")
 
 
 def step_number(name: str) -> int | None:
