@@ -47,7 +47,7 @@ from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.timeline import PS_PER_MS
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import pytorch, tensorflow
+from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
@@ -128,7 +128,7 @@ def check(analysis: Analysis) -> Finding:
     who = "the training threads waited" if on_cpu else f"{primary.name} sat idle while the host waited"
 
     framework = analysis.model.framework
-    source = {"jax": "", "pytorch": " from the DataLoader"}.get(framework, " from tf.data")
+    source = {jax.FRAMEWORK: "", pytorch.FRAMEWORK: " from the DataLoader"}.get(framework, " from tf.data")
     loader = _dataloader_waits(analysis) if framework == pytorch.FRAMEWORK else []
     summary = (f"In {percent:.1f}% of step time ({input_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
                f"{who} for the next batch{source}. ")

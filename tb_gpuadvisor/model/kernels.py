@@ -26,7 +26,6 @@ from tb_gpuadvisor.stages import Memo
 # What this stage derives from the tables and asks for again (see stages.Memo).
 _MEMO = Memo()
 
-_CONV_TYPE = re.compile(r"Conv", re.IGNORECASE)
 _SHAPE_ANNOTATION = re.compile(r"#shape=\(([^)]*)\)#")
 _TENSOR_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 
@@ -209,7 +208,7 @@ def _transposes_next_to_conv(dev: DeviceActivity, kernel: np.ndarray, has_op: np
         return out
     types = [op_type(op) for op in dev.ops]
     is_transpose = name_mask(types, lambda t: t in ("Transpose", "ConjugateTranspose"))
-    is_conv = name_mask(types, _CONV_TYPE.search)
+    is_conv = name_mask(types, tensorflow.CONV_OP.search)
     transpose = kernel & has_op & is_transpose[op_idx]
     conv = kernel & has_op & is_conv[op_idx]
     if not transpose.any() or not conv.any():

@@ -82,7 +82,7 @@ def _steps_line(hosts: list[HostCapture]) -> Steps | None:
 
 def _inferred(hosts: list[HostCapture], made_by: str) -> Steps | None:
     """Steps from repeated top-level function runs (TensorFlow) or XLA module runs (JAX)."""
-    if made_by == "jax":
+    if made_by == jax.FRAMEWORK:
         return _jax_inferred(hosts)
     if made_by == pytorch.FRAMEWORK:
         # Eager PyTorch has no function runs to repeat: without ProfilerStep#N, iterations run

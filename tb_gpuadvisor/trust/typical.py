@@ -9,7 +9,6 @@ run only while autotuning, and compilation or tracing on the host, mark it as at
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,14 +16,13 @@ import numpy as np
 from tb_gpuadvisor.model.kernels import name_mask
 from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel, Steps
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
-from tb_gpuadvisor.vocab import xla
+from tb_gpuadvisor.vocab import tensorflow, xla
 
 # A step this many times the median of the others is not typical (compile, warm-up, checkpoint).
 OUTLIER_RATIO = 2.5
 # At most this share of the steps is ever left out as outliers: beyond it, slow steps are the norm.
 MAX_OUTLIER_SHARE = 0.34
 
-_CONV_OP = re.compile(r"Conv(2D|3D|olution)|conv", re.IGNORECASE)
 # A convolution runs a handful of kernels; dozens in one step means candidates were timed.
 AUTOTUNE_KERNELS_PER_OP = 20
 ATYPICAL_SHARE = 0.05
@@ -80,7 +78,7 @@ def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
         autotune_ps += int(dev.dur_ps[checker].sum())
         conv = inside & (dev.op >= 0)
         if conv.any() and dev.ops:
-            conv &= name_mask(dev.ops, lambda o: bool(_CONV_OP.search(o)))[np.clip(dev.op, 0, None)]
+            conv &= name_mask(dev.ops, lambda o: bool(tensorflow.CONV_OP.search(o)))[np.clip(dev.op, 0, None)]
             if conv.any():
                 per_conv = max(per_conv, int(np.bincount(dev.op[conv]).max()))
     if autotune_n:

@@ -129,6 +129,9 @@ TENSOR_CORE_ELIGIBLE_OPS = frozenset({
 })
 # The transposes the layout optimizer inserts around convolutions when the model's layout is
 # not the one cuDNN prefers.
+# A convolution op or op type, in any case (Conv2D, Conv3DBackpropInputV2, DepthwiseConv2dNative,
+# an XLA "convolution").
+CONV_OP = re.compile(r"conv", re.IGNORECASE)
 LAYOUT_OP = re.compile(r"LayoutOptimizer|NHWCToNCHW|NCHWToNHWC", re.IGNORECASE)
 # The loss scaling of mixed precision (LossScaleOptimizer and its ops).
 LOSS_SCALE = re.compile(r"loss_?scal|LossScale", re.IGNORECASE)
