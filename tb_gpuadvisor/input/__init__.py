@@ -65,7 +65,8 @@ _ADAPTERS: list[Adapter] = [XPLANE, KINETO]
 
 
 def register(adapter: Adapter) -> None:
-    """Make ADAPTER's files captures: discovery lists them and the session reader reads them."""
+    """Make ADAPTER's files captures in this process: discovery lists them and the session reader
+    reads them (the worker processes of a many-host analysis start afresh: register there too)."""
     if any(a.name == adapter.name for a in _ADAPTERS):
         raise ValueError(f"a capture format named {adapter.name!r} is already registered")
     _ADAPTERS.append(adapter)
