@@ -184,8 +184,9 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
         errors.append({"message": f"step breakdown failed: {err!r}"})
     findings, check_errors = run_checks(analysis)
     attach_confidence(findings, analysis)
-    for finding in findings:   # fixes in the user's own framework
-        finding.fixes = fixes.for_framework(finding.fixes, model.framework)
+    facts = fixes.run_facts(analysis)
+    for finding in findings:   # fixes in the user's own framework, fitted to what the run has and did
+        finding.fixes = fixes.for_run(finding.fixes, model.framework, facts)
         finding.evidence = _located(finding.evidence, model)
     try:
         out["bottleneck"] = bottleneck(analysis)
