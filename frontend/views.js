@@ -140,6 +140,12 @@ function humanize(name) {
   return text.charAt(0).toUpperCase() + text.slice(1);
 }
 
+// What marked the steps, in the framework's words (render.marker_words): a JAX loop's step
+// annotations are its StepTraceAnnotation, not a TensorFlow custom loop's.
+function markerWords(source, framework) {
+  return source === 'custom_loop' && framework === 'jax' ? 'StepTraceAnnotation' : source;
+}
+
 function errorText(error) {
   if (typeof error === 'string') return error;
   if (error && typeof error === 'object') {
@@ -232,7 +238,7 @@ export function headerView(report) {
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Steps'}),
     h('div', {class: 'big', text: steps.count !== undefined ? String(steps.count) : '–'}),
-    h('div', {class: 'muted', text: steps.source ? `markers: ${steps.source}` : 'no step markers'})));
+    h('div', {class: 'muted', text: steps.source ? `markers: ${markerWords(steps.source, report.framework)}` : 'no step markers'})));
 
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Framework'}),

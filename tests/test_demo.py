@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,3 +149,27 @@ def test_planted_problem_is_ranked_first(reports: dict[str, dict], scenario: str
     ranked = sorted((f for f in session["findings"] if f["severity"] in FIRES), key=lambda f: f["rank"])
     assert ranked and ranked[0]["check"] == check, [(f["check"], f["severity"]) for f in ranked]
     assert session["first_fix"]["check"] == check
+
+
+def test_launch_bound_leads_with_dropping_run_eagerly(reports: dict[str, dict]):
+    """launch_bound compiles its model with run_eagerly=True: fit's steps hold no tf.function call
+    and the host's time is eager dispatch (TFE_Py_FastPathExecute_C in the evidence). The first
+    finding's first fix must be turning run_eagerly off, not steps_per_execution."""
+    session = reports["launch_bound"]
+    top = min((f for f in session["findings"] if f["severity"] in FIRES), key=lambda f: f["rank"])
+    assert "run_eagerly" in top["fixes"][0]["text"], [fix["text"][:60] for fix in top["fixes"]]
+    assert "steps_per_execution" not in top["fixes"][0]["code"]
+
+
+# GPU-only mechanisms a run without a GPU must not be told about.
+GPU_ONLY = re.compile(r"copy engine|pin_memory|device=\"cuda\"|CUDA graph|on the GPU|TF_GPU_THREAD|non_blocking")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_cpu_runs_get_no_gpu_only_fix(reports: dict[str, dict], scenario: str):
+    session = reports[scenario]
+    if session["trust"]["model_ran_on"] != "cpu_only":
+        pytest.skip("trained on a GPU")
+    for finding in session["findings"]:
+        for fix in finding["fixes"]:
+            assert not GPU_ONLY.search(fix["text"] + fix["code"]), (finding["check"], fix["text"])

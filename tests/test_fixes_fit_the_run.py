@@ -20,6 +20,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.discovery import find_sessions
 from tb_gpuadvisor.model import load_session
 from tb_gpuadvisor.multihost import analyze_session
+from tb_gpuadvisor.render import render_text
 
 TESTS = Path(__file__).resolve().parent
 CORPUS = Path(os.environ.get("TB_GPUADVISOR_CORPUS", TESTS.parent.parent / "shared" / "corpus"))
@@ -153,8 +154,10 @@ def test_a_jitted_jax_step_is_not_told_to_jit(jax_runs):
     jit_text = fixes.JAX_JIT_STEP.text
     for finding in _session(jax_runs / "jit")["findings"]:
         assert all(fix["text"] != jit_text for fix in finding["fixes"]), finding["check"]
-    host = _finding(_session(jax_runs / "eager"), "host_overhead")
-    assert host["fixes"][0]["text"] == jit_text
+    eager_session = _session(jax_runs / "eager")
+    assert _finding(eager_session, "host_overhead")["fixes"][0]["text"] == jit_text
+    # JAX's step annotations are named as JAX calls them, not as a TensorFlow custom loop
+    assert "steps from StepTraceAnnotation markers" in render_text({"sessions": [eager_session]})
 
 
 def test_resolution_rules():

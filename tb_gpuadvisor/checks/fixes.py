@@ -16,7 +16,10 @@ fix that undoes a setting the capture shows (Keras' run_eagerly=True) comes befo
 
 from __future__ import annotations
 
+import ast
+import inspect
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -124,6 +127,36 @@ def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
         first = any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
         (leading if first else rest).append(fix)
     return leading + rest + [fix for fix in after if fix not in leading + rest]
+
+
+FRAMEWORKS = ("tensorflow", "jax", "pytorch")
+# A plain Fix written for one framework is named for it (JAX_..., TORCH_...); others speak to all.
+_PREFIXES = {"JAX_": "jax", "TORCH_": "pytorch"}
+
+
+def offered(module: ModuleType) -> dict[str, list[Fix]]:
+    """The fixes a check MODULE's functions name (``fixes.X``, or a Fix/Remedy or list of them the module holds),
+    in the order they first appear, as each framework's user reads them: what ``tb-gpuadvisor
+    checks ID`` lists. Fixes only named inside another fix's definition are forms, not offers."""
+    tree = ast.parse(inspect.getsource(module))
+    found: dict[str, Fix] = {}
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "fixes":
+                name, value = node.attr, globals().get(node.attr)
+            elif isinstance(node, ast.Name):
+                name, value = node.id, vars(module).get(node.id)
+            else:
+                continue
+            for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(item, Fix):       # a fix, or one of a list of fixes the module keeps
+                    found.setdefault(name if item is value else f"{name}[{i}]", item)
+    out: dict[str, list[Fix]] = {}
+    for framework in FRAMEWORKS:
+        mine = [fix for name, fix in found.items() if isinstance(fix, Remedy)
+                or _PREFIXES.get(name[:name.find("_") + 1], framework) == framework]
+        out[framework] = for_framework(mine, framework)
+    return out
 
 
 def compiled_step(framework: str) -> str:
