@@ -36,7 +36,8 @@ class AdvisorApp {
     try {
       items = await model.listRuns();
     } catch (error) {
-      this.show(views.errorView('Could not list captures:', error.message));
+      this.show(error.status === 404 ? views.emptyView(error.message) :
+        views.errorView('Could not list captures:', error.message));
       this.drawToolbar();
       return false;
     }

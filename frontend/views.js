@@ -196,12 +196,27 @@ export function otherRunNote(base, picked) {
       `The base, ${base}, is from another run.`});
 }
 
-export function emptyView() {
-  return h('div', {class: 'state state-empty'},
-    h('strong', {text: 'No profile captures found.'}),
-    h('p', {text: 'The Advisor reads <run>/plugins/profile/<session>/<host>.xplane.pb under the logdir. ' +
-      'Capture one with tf.keras.callbacks.TensorBoard(profile_batch=(10, 20)), ' +
-      'tf.profiler.experimental.start(logdir), or jax.profiler.trace(logdir), then press Refresh.'}));
+// How to capture, in each framework: the project's own helpers first, then the frameworks' own.
+const CAPTURE_WAYS = [
+  ['Keras', 'callbacks=[tb_gpuadvisor.keras.AdvisorCallback(log_dir=logdir)], or ' +
+    'keras.callbacks.TensorBoard(logdir, profile_batch=(10, 15))'],
+  ['JAX', 'with tb_gpuadvisor.jax.profile_steps(logdir) as advisor: ..., or jax.profiler.trace(logdir)'],
+  ['PyTorch', 'torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=3, active=5), ' +
+    'on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir)), with prof.step() after each step'],
+  ['TensorFlow', 'tf.profiler.experimental.start(logdir) ... stop()'],
+];
+
+/** Nothing to show: MISSING (the route's message) when the logdir itself does not exist. */
+export function emptyView(missing) {
+  return h('div', {class: 'state state-empty', 'data-testid': missing ? 'missing-logdir' : 'empty-logdir'},
+    h('strong', {text: missing ? 'The logdir does not exist (yet).' : 'No profile captures found.'}),
+    h('p', {text: missing ?
+      `${missing}. Check tensorboard --logdir, or start a profiled run that writes there, then press Refresh:` :
+      'The Advisor reads <run>/plugins/profile/<session>/<host>.xplane.pb (TensorFlow, JAX) and ' +
+      '<run>/<worker>.pt.trace.json[.gz] (PyTorch) under the logdir. Capture with:'}),
+    h('ul', {class: 'capture-ways'}, CAPTURE_WAYS.map(([framework, how]) =>
+      h('li', {}, h('strong', {text: `${framework}: `}), h('code', {text: how})))),
+    missing ? null : h('p', {text: 'then press Refresh.'}));
 }
 
 // -- toolbar ----------------------------------------------------------------------
