@@ -525,8 +525,8 @@ function metricsView(metrics) {
   ]));
 }
 
-// XProf's input pipeline page finds no step markers in Keras 3 captures and then says it
-// cannot tell the bottleneck: the trace viewer shows the stage's events either way.
+// XProf's input pipeline page: the report links it only where XProf finds the capture's step
+// markers (report.XPROF_STEP_SOURCES); the trace viewer shows the stage's events either way.
 const INPUT_PIPELINE_TOOL = 'input_pipeline_analyzer';
 const TRACE_VIEWER = 'trace_viewer@';
 
@@ -570,9 +570,8 @@ function profileLinks(item, context, host) {
 function inputPipelineNote(evidence) {
   if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
   return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
-    text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
-      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way. In a logdir ' +
-      'with several sessions XProf 2.24 leaves that page\'s Hosts list blank: it still analyses the host ' +
+    text: 'The trace viewer links show the tf.data stages too. In a logdir with several sessions ' +
+      'XProf 2.24 leaves the input pipeline page\'s Hosts list blank: it still analyses the host ' +
       'the link names.'});
 }
 
@@ -672,9 +671,17 @@ export function findingsView(report, context) {
   }
   if (!actionable.length) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
+    // Without a GPU the GPU checks (precision, Tensor Cores, replicas, copies, launches) could not
+    // look at all: "nothing to fix" would claim more than the capture shows.
+    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPU\b/.test(f.title || ''));
+    const cpuOnly = ((report.trust || {}).model_ran_on) === 'cpu_only' && gpuChecks.length;
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :
-      h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
+      cpuOnly ?
+        h('p', {class: 'muted', 'data-testid': 'needs-gpu', text: 'Nothing to fix on the CPU. ' +
+          `${gpuChecks.length} GPU checks (${gpuChecks.map((f) => f.check).join(', ')}) need a GPU capture: ` +
+          'this one has no GPU, so they could not look.'}) :
+        h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
   }
   section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
     actionable.map((finding, index) => findingView(finding, context, index === 0))));

@@ -126,3 +126,16 @@ def test_severity_weighs_the_absolute_time_a_fix_wins(step_ms, severity, saving,
     assert (note != "") == (expected is Severity.INFO)
     if expected is Severity.INFO and saving / step_ms >= WARNING_GAIN_SHARE:
         assert f"{WARNING_MIN_MS} ms" in note and "critical path" not in note
+
+
+@pytest.mark.parametrize("marker, linked", [("keras3", False), ("r", True)])
+def test_input_pipeline_page_is_linked_only_where_xprof_finds_the_steps(tmp_path, marker, linked):
+    """Keras 3's "Profiled batch" markers are not XProf's step markers: its input pipeline page
+    then says "No step marker observed", so the tf.data stages link to the trace viewer instead.
+    A capture with XProf's own Steps line keeps the link."""
+    build_training_session(steps=5, input_wait_frac=0.4, marker=marker).write(tmp_path, "train", "s1")
+    (ref,) = find_sessions(str(tmp_path))
+    session = analyze_session(ref)
+    tools = {e.get("tool") for f in session["findings"] for e in f["evidence"] if e["kind"] == "stage"}
+    assert tools and ("input_pipeline_analyzer" in tools) is linked
+    assert "trace_viewer@" in tools or linked
