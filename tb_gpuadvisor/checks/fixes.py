@@ -74,10 +74,6 @@ class RunFacts:
     jitted_step: bool = False       # JAX: each step is one (or a few) jitted calls already
     op_by_op_step: bool = False     # JAX: each step dispatches dozens of jitted primitives from Python
 
-    def describe(self) -> list[str]:
-        """The facts that hold, in words (for tests and the report's readers)."""
-        return [name for name, held in vars(self).items() if held]
-
 
 # A JAX step is compiled already when the trusted steps hold at most this many jitted calls each
 # on average (the step function, perhaps a data or metric helper); a step written op by op calls
@@ -626,6 +622,19 @@ EAGER_FIT = Remedy(
     pytorch=None,
 )
 
+HOST_OPS_INTO_PIPELINE = Remedy(
+    text="Move the ops that have no GPU kernel (named in the evidence) out of the training step into "
+         "the input pipeline: in dataset.map they run on tf.data's threads ahead of the step, here and "
+         "on a GPU machine later, where inside the step they would stall the GPU.",
+    code="def preprocess(ids, label):\n"
+         "    unique_ids, index = tf.unique(ids)     # the host-only op, now ahead of the step\n"
+         "    return (unique_ids, index), label\n"
+         "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)",
+    doc=DATA_GUIDE,
+    jax=None,
+    pytorch=None,
+)
+
 STEPS_PER_EXECUTION = Remedy(
     text="Run several training steps per call into the compiled function, so Python and "
          "callback work between steps happens once per group of steps.",
@@ -670,6 +679,7 @@ _CPU_FORMS: tuple[tuple[Fix, Fix | None], ...] = (
     (TORCH_TF32, None),
     (TORCH_AUTOCAST, None),
     (GPU_PRIVATE_THREADS.variant("tensorflow"), None),
+    (LOG_DEVICE_PLACEMENT.variant("tensorflow"), None),
 )
 # (fix, the RunFacts field that says the run has applied it, what is left to do or None).
 _ALREADY_DONE: tuple[tuple[Fix, str, Fix | None], ...] = (

@@ -178,7 +178,7 @@ def _host_only_ops(analysis: Analysis) -> Finding:
         metrics={"host_op_percent": round(percent, 2), "host_op_ms_per_step": round(ms, 3),
                  "measured_on": "cpu"},
         estimated_savings_ms_per_step=ms if severity is not Severity.OK else 0.0, evidence=evidence[:TOP],
-        fixes=[fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS] if severity is not Severity.OK else [],
+        fixes=[fixes.HOST_OPS_INTO_PIPELINE] if severity is not Severity.OK else [],
     )
 
 
