@@ -172,3 +172,18 @@ def test_resolution_rules():
     eager = fixes.for_run([fixes.STEPS_PER_EXECUTION, fixes.EAGER_FIT], "tensorflow", fixes.RunFacts())
     assert "run_eagerly" in eager[0].text and len(eager) == 2
     assert fixes.for_run([fixes.EAGER_FIT], "pytorch", fixes.RunFacts()) == []
+
+
+def test_an_in_memory_dataset_is_not_told_to_read_files_in_parallel():
+    """keras-t4's tf.data stages (Iterator::... events, read by hand) are TensorSlice, FromTensor,
+    Zip, Concatenate, FlatMap, ForeverRepeat and ParallelMapV2: the data is in memory and no stage
+    reads a file. Its input_bound warnings get the cache-after-map fix, never TFRecord/list_files."""
+    path = CORPUS / "keras-t4"
+    if not path.exists():
+        pytest.skip("corpus not available")
+    findings = [f for ref in find_sessions(str(path)) for f in analyze_session(ref)["findings"]
+                if f["check"] == "input_bound" and f["fixes"]]
+    assert findings
+    for finding in findings:
+        code = " ".join(fix["code"] for fix in finding["fixes"])
+        assert "TFRecordDataset" not in code and "list_files" not in code and ".cache()" in code

@@ -564,6 +564,16 @@ CACHE_AND_INTERLEAVE = Remedy(
     pytorch=TORCH_LIGHTER_DATASET,
 )
 
+CACHE_AFTER_MAP = Remedy(
+    text="The dataset is already in memory: cache it after its expensive, deterministic map steps "
+         "so later epochs skip them (random augmentation goes after the cache).",
+    code="dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).cache()\n"
+         "dataset = dataset.shuffle(buffer_size).map(augment, num_parallel_calls=tf.data.AUTOTUNE)",
+    doc=DATA_GUIDE,
+    jax=None,
+    pytorch=TORCH_LIGHTER_DATASET,
+)
+
 SYNTHETIC_INPUT_TEST = Remedy(
     text="Confirm the diagnosis: train a few steps on random tensors of the same shape. If the "
          "step time drops, the input pipeline is the bottleneck; if not, look elsewhere.",
