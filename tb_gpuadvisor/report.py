@@ -188,15 +188,32 @@ def describe(analysis: Analysis) -> tuple[dict, list[Finding], list[dict]]:
         errors.append({"message": f"step breakdown failed: {err!r}"})
     findings, check_errors = run_checks(analysis)
     attach_confidence(findings, analysis)
-    for finding in findings:   # fixes in the user's own framework
-        finding.fixes = fixes.for_framework(finding.fixes, model.framework)
-        finding.evidence = _located(finding.evidence, model)
+    facts = fixes.run_facts(analysis)
+    for finding in findings:   # fixes in the user's own framework, fitted to what the run has and did
+        finding.fixes = fixes.for_run(finding.fixes, model.framework, facts)
+        finding.evidence = _located(_xprof_can_show(finding.evidence, model), model)
     try:
         out["bottleneck"] = bottleneck(analysis)
     except Exception as err:
         errors.append({"message": f"critical path failed: {err!r}"})
     out["warnings"] = list(model.warnings)
     return out, findings, errors + check_errors
+
+
+# Step markers XProf's own step grouping finds: root step events (tf.profiler.experimental.Trace
+# with step_num and _r=1, JAX's StepTraceAnnotation), Keras 2's TraceContext, and the Steps line
+# it derived itself. Keras 3's "Profiled batch" and steps the Advisor inferred are not among them:
+# there XProf's input pipeline page says "No step marker observed".
+XPROF_STEP_SOURCES = frozenset({"custom_loop", "keras2", "steps_line"})
+INPUT_PIPELINE_TOOL = "input_pipeline_analyzer"
+
+
+def _xprof_can_show(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:
+    """EVIDENCE with links to XProf's input pipeline page only where that page can analyse the
+    capture (it finds the steps); elsewhere the trace viewer shows the same tf.data events."""
+    if model.steps.source in XPROF_STEP_SOURCES:
+        return evidence
+    return [replace(item, tool="trace_viewer@") if item.tool == INPUT_PIPELINE_TOOL else item for item in evidence]
 
 
 def _located(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:

@@ -184,6 +184,11 @@ def loads_in_process(input_wait: str) -> bool:
     return "_SingleProcessDataLoaderIter" in input_wait
 
 
+def loads_in_workers(input_wait: str) -> bool:
+    """Whether a DataLoader wait names the multi-process iterator: ``num_workers`` > 0 already."""
+    return "_MultiProcessingDataLoaderIter" in input_wait
+
+
 def device_event_kind(name: str, category: str) -> DeviceEventKind:
     """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
     category = category.lower()
