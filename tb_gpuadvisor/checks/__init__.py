@@ -36,9 +36,11 @@ def replay_scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenari
             and (device_kind != "cpu" or c.what_if.on_cpu)}
 
 
-def explaining(bound: str | None) -> list[str]:
-    """The checks that explain a step bound (BOUND_GROUPS' kinds), most direct first."""
-    return [c.id for c in sorted(all_checks(), key=lambda c: c.explains_order) if bound and c.explains == bound]
+def explaining(bound: str | None, framework: str | None = None) -> list[str]:
+    """The checks that explain a step bound (BOUND_GROUPS' kinds), most direct first; with a
+    FRAMEWORK, only the checks of that framework's captures."""
+    return [c.id for c in sorted(all_checks(), key=lambda c: c.explains_order)
+            if bound and c.explains == bound and (framework is None or c.applies_to(framework))]
 
 
 __all__ = ["REGISTRY", "Check", "Evidence", "Finding", "Fix", "Severity", "all_checks", "declared",
