@@ -72,9 +72,20 @@ def test_eager_chains_on_a_busy_gpu_are_fused_by_the_replay_as_in_a_fused_twin(t
     codes = [fix["code"] for fix in finding["fixes"]]
     assert codes[0] == "model = torch.compile(model)"
     assert any("torch.cat" in code for code in codes)        # the cat kernels: a static KV cache
+    assert finding["confidence"] == "medium"         # how far a chain fuses is assumed
     ops = [e for e in finding["evidence"] if e["kind"] == "op"]
     assert len(ops) == 5 and "aten::mean" in {e["name"] for e in ops}      # six ops of 0.32 ms a step each
     assert all(e["value"] == pytest.approx(8 * 40 / 1000) for e in ops)
+
+
+def test_a_training_step_is_not_told_about_a_kv_cache(tmp_path):
+    """The same chains with a backward op among them (training): torch.compile, but the cat
+    kernels are no KV cache to preallocate."""
+    backward = (RMS_NORM[4][0], ("autograd::engine::evaluate_function: MulBackward0", "MulBackward0", "aten::mul"))
+    finding = _findings(write_trace(tmp_path / "train" / "w.pt.trace.json",
+                                    _trace((GEMM, *RMS_NORM, backward), (100.0,) + (40.0,) * 7)).parent)["unfused_ops"]
+    assert finding["severity"] == "warning"
+    assert [fix["code"] for fix in finding["fixes"]] == ["model = torch.compile(model)"]
 
 
 def test_a_gemm_bound_step_is_quiet(tmp_path):
