@@ -215,7 +215,7 @@ def check(analysis: Analysis) -> Finding:
     return Finding(CHECK_ID, severity, f"Unfused element-wise kernels take {percent:.0f}% of step time",
                    summary + analysis.gain_note(severity, saving), metrics, round(saving, 3), m.evidence, remedies,
                    confidence="medium", confidence_reasons=[
-                       f"How far the chains fuse depends on the code (graph breaks, dynamic shapes); the "
+                       f"how far the chains fuse depends on the code (graph breaks, dynamic shapes); the "
                        f"{FUSION_SPEEDUP:.0f}x of chained kernels is assumed, not measured."])
 
 
