@@ -75,7 +75,7 @@ def bottleneck(analysis: Analysis) -> dict | None:
         return None             # the host's breakdown stands in for a GPU whose trace is missing
     kind, share = max(shares.items(), key=lambda kv: kv[1])
     return {"bound_by": kind, "share_of_steps": share,
-            "checks": explaining(kind)}
+            "checks": explaining(kind, analysis.model.framework)}
 
 
 def _aspect(check_id: str) -> str:
