@@ -1,11 +1,14 @@
 # Two entry points for a fresh machine with Python 3.10+ and make:
 #   make demo   install, generate the demo profiles, open TensorBoard with the Advisor tab
-#   make test   install everything the tests need and run them all
+#               (PORT=6006 by default; profiles made before are kept: RETRAIN=1 trains again)
+#   make test   install everything the tests need and run them all (~8 GB, ~13 min on 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LOGDIR ?= demo_logs
 PORT ?= 6006
+# Non-empty: train every demo scenario again, even those whose profiles are already in LOGDIR.
+RETRAIN ?=
 # Which TensorFlow the demo installs: cpu (tensorflow-cpu) or gpu (tensorflow[and-cuda]);
 # by default gpu when nvidia-smi sees a GPU. Only one of the two is ever installed.
 TF ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
@@ -39,15 +42,20 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: chromium not installed and not root: browser tests will be skipped"; fi; }
 
+# The port is checked first, so a busy one fails at once, not after the training.
 # TF_CPP_MIN_LOG_LEVEL=2 keeps TensorFlow's C++ info/warnings (CUDA probing on a CPU-only
-# machine) out of the log; errors still show. demo.serve is tensorboard without XProf's
-# harmless missing-cache tracebacks (see demo/serve.py).
+# machine) out of the log; errors still show. demo.train and demo.serve drop TensorFlow's
+# start-up notices (absl's banner, oneDNN's "custom operations are on": see demo/quiet.py), and
+# demo.serve is tensorboard without XProf's harmless missing-cache tracebacks (see demo/serve.py).
 demo: $(VENV)/.demo-installed-$(TF)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m demo.train --all --logdir $(LOGDIR)
+	@$(PY) -m demo.serve --check-port --host 127.0.0.1 --port $(PORT)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m demo.train --all --logdir $(LOGDIR) $(if $(RETRAIN),--retrain)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m demo.serve --logdir $(LOGDIR) --host 127.0.0.1 --port $(PORT)
 
 test: $(VENV)/.test-installed browser
 	$(PY) -m pytest -q
 
+# Also the C extensions a build compiled into the tree (setup.py build_ext --inplace, pip install -e).
 clean:
-	rm -rf $(VENV) $(LOGDIR) build tb_gpuadvisor.egg-info
+	rm -rf $(VENV) $(LOGDIR) build dist tb_gpuadvisor.egg-info
+	find tb_gpuadvisor -name '*.so' -delete

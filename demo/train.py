@@ -1,12 +1,13 @@
 """Command line for the demo trainer.
 
     python -m demo.train --scenario input_bound --logdir demo_logs
-    python -m demo.train --all --logdir demo_logs [--steps 4 --warmup 2]
+    python -m demo.train --all --logdir demo_logs [--steps 4 --warmup 2] [--retrain]
 
 Each scenario writes ``<logdir>/<scenario>/train/plugins/profile/<session>/`` plus a
 ``demo_scenario.json`` describing the run.  ``--all`` runs every scenario in its own
 Python process: mixed-precision policies and logical device layouts are
-process-wide in TensorFlow and cannot be undone once set.
+process-wide in TensorFlow and cannot be undone once set.  It keeps a scenario's earlier
+capture when it was made with the same steps and warm-up (``--retrain`` trains it again).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from demo.catalogue import SCENARIOS
+from demo.quiet import run_quietly
 
 MARKER_FILE = "demo_scenario.json"
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--logdir", required=True, type=Path, help="TensorBoard log directory")
     parser.add_argument("--steps", type=int, default=8, help="profiled steps (default 8; 3-4 for CI)")
     parser.add_argument("--warmup", type=int, default=5, help="unprofiled steps before the capture")
+    parser.add_argument("--retrain", action="store_true",
+                        help="with --all: train every scenario again, even one with a capture already")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be at least 1")
@@ -83,17 +86,33 @@ def run_one(name: str, logdir: Path, steps: int, warmup: int) -> dict:
     return record
 
 
-def run_all(logdir: Path, steps: int, warmup: int) -> int:
-    """Runs each scenario in a fresh interpreter; returns the number that failed."""
+def reusable(run_dir: Path, steps: int, warmup: int) -> bool:
+    """Whether RUN_DIR holds a finished capture of the demo made with STEPS and WARMUP: its marker
+    file (written after the capture) says so and a session folder holds files."""
+    try:
+        record = json.loads((run_dir / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    made = (record.get("profiled_steps"), record.get("warmup_steps")) == (steps, warmup)
+    return made and any(p.is_file() for p in run_dir.glob("train/plugins/profile/*/*"))
+
+
+def run_all(logdir: Path, steps: int, warmup: int, retrain: bool = False) -> int:
+    """Runs each scenario in a fresh interpreter (or keeps its earlier capture unless RETRAIN);
+    returns the number that failed."""
     failed = []
     for name in SCENARIOS:
+        if not retrain and reusable(logdir / name, steps, warmup):
+            print(f"[demo] {name}: keeping the capture in {logdir / name} "
+                  "(make demo RETRAIN=1, or --retrain, trains again)", flush=True)
+            continue
         started = time.perf_counter()
         command = [sys.executable, "-m", "demo.train", "--scenario", name, "--logdir", str(logdir.resolve()),
                    "--steps", str(steps), "--warmup", str(warmup)]
-        result = subprocess.run(command, cwd=_PROJECT_ROOT)
-        status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+        code = run_quietly(command, cwd=_PROJECT_ROOT)
+        status = "ok" if code == 0 else f"FAILED (exit {code})"
         print(f"[demo] {name}: {status} in {time.perf_counter() - started:.1f} s wall", flush=True)
-        if result.returncode:
+        if code:
             failed.append(name)
     if failed:
         print(f"[demo] failed scenarios: {', '.join(failed)}", file=sys.stderr)
@@ -103,7 +122,7 @@ def run_all(logdir: Path, steps: int, warmup: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.all:
-        return 1 if run_all(args.logdir, args.steps, args.warmup) else 0
+        return 1 if run_all(args.logdir, args.steps, args.warmup, args.retrain) else 0
     run_one(args.scenario, args.logdir, args.steps, args.warmup)
     return 0
 

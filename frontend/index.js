@@ -36,7 +36,8 @@ class AdvisorApp {
     try {
       items = await model.listRuns();
     } catch (error) {
-      this.show(views.errorView('Could not list captures:', error.message));
+      this.show(error.status === 404 ? views.emptyView(error.message) :
+        views.errorView('Could not list captures:', error.message));
       this.drawToolbar();
       return false;
     }
@@ -235,21 +236,26 @@ class AdvisorApp {
       return;
     }
     const others = pairs.map((pair) => pair.join('\u0000'));
-    const picked = !others.includes(this.selection.base);
-    if (picked) {
-      this.selection.base = model.defaultBase(run, session, pairs).join('\u0000');
+    if (!others.includes(this.selection.base)) {
+      const base = model.defaultBase(run, session, pairs);
+      this.selection.base = base ? base.join('\u0000') : '';
       this.saveSelection();
     }
+    const choices = others.map((key) => [key, key.replace('\u0000', ' / ')]);
     const picker = views.selectField('Compare against base session',
-      others.map((key) => [key, key.replace('\u0000', ' / ')]), this.selection.base, (base) => {
+      this.selection.base ? choices : [['', '(pick a base session)'], ...choices], this.selection.base, (base) => {
         this.selection.base = base;
         this.saveSelection();
         this.load();
       }, {'data-testid': 'base-select'});
     const bar = h('div', {class: 'compare-bar'}, picker,
       h('span', {class: 'muted', text: `→ this session: ${run} / ${session}`}));
+    if (!this.selection.base) {
+      this.show(bar, views.nothingToCompareView(run, session));
+      return;
+    }
     const [baseRun, baseSession] = this.selection.base.split('\u0000');
-    const note = baseRun === run ? null : views.otherRunNote(`${baseRun} / ${baseSession}`, picked);
+    const note = baseRun === run ? null : views.otherRunNote(`${baseRun} / ${baseSession}`);
     this.show(bar, note, views.statusView('Comparing…'));
     let result;
     try {
@@ -259,7 +265,9 @@ class AdvisorApp {
     } catch (error) {
       // 422: one side could not be analysed, and the server refuses to tabulate it.
       const title = error.status === 422 ? 'Cannot compare:' : 'Comparison failed:';
-      if (error.name !== 'AbortError') this.show(bar, note, views.errorView(title, error.message));
+      // The route's message may open with the same words as the title (compare.refusal's do).
+      const message = error.message.replace(/^cannot compare:\s*/i, '');
+      if (error.name !== 'AbortError') this.show(bar, note, views.errorView(title, message));
       return;
     }
     if (signal.aborted) return;

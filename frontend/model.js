@@ -182,31 +182,15 @@ export function safeDocUrl(text) {
 }
 
 /** Seconds since 1970 from a session name like "2024_01_05_00_00_00" or "20221104-215722"; NaN otherwise. */
-function sessionTime(name) {
-  const digits = String(name).replace(/[^0-9]/g, '');
-  if (digits.length < 14) return NaN;
-  const [y, mo, d, h, mi, s] = [0, 4, 6, 8, 10, 12].map((at, i) => Number(digits.slice(at, at + (i ? 2 : 4))));
-  return Date.UTC(y, mo - 1, d, h, mi, s) / 1000;
-}
-
 /**
- * The base to compare a session against: the previous session of the same run,
- * else the session closest in time (by the timestamps in their names), else the first.
+ * The base to compare a session against: the previous session of the same run (by name, which
+ * is its start time), or null when the run has none: another run's session is never a default
+ * (the tab says there is nothing to compare yet, and the user may pick one).
  * `others` holds [run, session] pairs, the current session excluded.
  */
 export function defaultBase(run, session, others) {
-  const here = sessionTime(session);
-  const sameRun = others.filter(([r]) => r === run);
-  const earlier = sameRun.filter(([, s]) => s < session).sort((a, b) => (a[1] < b[1] ? 1 : -1));
-  if (earlier.length) return earlier[0];
-  if (Number.isFinite(here)) {
-    const timed = others.filter(([, s]) => Number.isFinite(sessionTime(s)));
-    if (timed.length) {
-      return timed.reduce((best, pair) =>
-        Math.abs(sessionTime(pair[1]) - here) < Math.abs(sessionTime(best[1]) - here) ? pair : best);
-    }
-  }
-  return sameRun[0] || others[0];
+  const earlier = others.filter(([r, s]) => r === run && s < session).sort((a, b) => (a[1] < b[1] ? 1 : -1));
+  return earlier.length ? earlier[0] : null;
 }
 
 /**

@@ -140,6 +140,12 @@ function humanize(name) {
   return text.charAt(0).toUpperCase() + text.slice(1);
 }
 
+// What marked the steps, in the framework's words (render.marker_words): a JAX loop's step
+// annotations are its StepTraceAnnotation, not a TensorFlow custom loop's.
+function markerWords(source, framework) {
+  return source === 'custom_loop' && framework === 'jax' ? 'StepTraceAnnotation' : source;
+}
+
 function errorText(error) {
   if (typeof error === 'string') return error;
   if (error && typeof error === 'object') {
@@ -182,20 +188,42 @@ export function unreadNote() {
     text: 'Nothing of this capture could be analysed, so there is no step time, device list or finding to show.'});
 }
 
-/** Above a comparison whose base is a session of another run (picked by default or by hand). */
-export function otherRunNote(base, picked) {
+/** Above a comparison whose base is a session of another run (only ever picked by hand). */
+export function otherRunNote(base) {
   return h('p', {class: 'note state state-warning', 'data-testid': 'base-note', role: 'note',
-    text: picked ?
-      `This run has no earlier session, so the base is ${base}, from another run. Pick another base above.` :
-      `The base, ${base}, is from another run.`});
+    text: `The base, ${base}, is from another run.`});
 }
 
-export function emptyView() {
-  return h('div', {class: 'state state-empty'},
-    h('strong', {text: 'No profile captures found.'}),
-    h('p', {text: 'The Advisor reads <run>/plugins/profile/<session>/<host>.xplane.pb under the logdir. ' +
-      'Capture one with tf.keras.callbacks.TensorBoard(profile_batch=(10, 20)), ' +
-      'tf.profiler.experimental.start(logdir), or jax.profiler.trace(logdir), then press Refresh.'}));
+/** Compare on a run's first session: no earlier session of the same run to set it against. */
+export function nothingToCompareView(run, session) {
+  const name = run && run !== '.' ? `of ${run}` : 'in this logdir';
+  return h('div', {class: 'state state-empty', 'data-testid': 'nothing-to-compare', role: 'note'},
+    h('strong', {text: 'Nothing to compare yet.'}),
+    h('p', {text: `${session} is the first session ${name}: profile it again after a change and Compare ` +
+      'sets the new session against this one. To compare with another run, pick its session above.'}));
+}
+
+// How to capture, in each framework: the project's own helpers first, then the frameworks' own.
+const CAPTURE_WAYS = [
+  ['Keras', 'callbacks=[tb_gpuadvisor.keras.AdvisorCallback(log_dir=logdir)], or ' +
+    'keras.callbacks.TensorBoard(logdir, profile_batch=(10, 15))'],
+  ['JAX', 'with tb_gpuadvisor.jax.profile_steps(logdir) as advisor: ..., or jax.profiler.trace(logdir)'],
+  ['PyTorch', 'torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=3, active=5), ' +
+    'on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir)), with prof.step() after each step'],
+  ['TensorFlow', 'tf.profiler.experimental.start(logdir) ... stop()'],
+];
+
+/** Nothing to show: MISSING (the route's message) when the logdir itself does not exist. */
+export function emptyView(missing) {
+  return h('div', {class: 'state state-empty', 'data-testid': missing ? 'missing-logdir' : 'empty-logdir'},
+    h('strong', {text: missing ? 'The logdir does not exist (yet).' : 'No profile captures found.'}),
+    h('p', {text: missing ?
+      `${missing}. Check tensorboard --logdir, or start a profiled run that writes there, then press Refresh:` :
+      'The Advisor reads <run>/plugins/profile/<session>/<host>.xplane.pb (TensorFlow, JAX) and ' +
+      '<run>/<worker>.pt.trace.json[.gz] (PyTorch) under the logdir. Capture with:'}),
+    h('ul', {class: 'capture-ways'}, CAPTURE_WAYS.map(([framework, how]) =>
+      h('li', {}, h('strong', {text: `${framework}: `}), h('code', {text: how})))),
+    missing ? null : h('p', {text: 'then press Refresh.'}));
 }
 
 // -- toolbar ----------------------------------------------------------------------
@@ -232,7 +260,7 @@ export function headerView(report) {
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Steps'}),
     h('div', {class: 'big', text: steps.count !== undefined ? String(steps.count) : '–'}),
-    h('div', {class: 'muted', text: steps.source ? `markers: ${steps.source}` : 'no step markers'})));
+    h('div', {class: 'muted', text: steps.source ? `markers: ${markerWords(steps.source, report.framework)}` : 'no step markers'})));
 
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Framework'}),
@@ -313,13 +341,22 @@ function legend(items) {
   }));
 }
 
-function niceMax(value) {
-  if (!(value > 0)) return 1;
-  const magnitude = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 2.5, 5, 10]) {
-    if (step * magnitude >= value) return step * magnitude;
+/**
+ * An axis for values up to MAX: a round tick step (1, 2 or 5 times a power of ten) and the
+ * smallest multiple of it at or above MAX, in at most MAX_TICKS steps, so 500 ms bars get
+ * 0-500 by 100, never a 1000 ms axis or ticks at 62.5 and 187.5.
+ */
+export function niceScale(max, maxTicks = 5) {
+  if (!(max > 0)) return {top: 1, step: 0.25};
+  let magnitude = 10 ** Math.floor(Math.log10(max / maxTicks));
+  for (;;) {
+    for (const unit of [1, 2, 5]) {
+      const step = unit * magnitude;
+      const ticks = Math.ceil(max / step - 1e-9);
+      if (ticks <= maxTicks) return {top: ticks * step, step};
+    }
+    magnitude *= 10;
   }
-  return 10 * magnitude;
 }
 
 /** Per-step stacked bars of the step breakdown; one <g class="step-bar"> per step. */
@@ -336,7 +373,7 @@ export function stepChart(breakdown, wide) {
   }
   const components = stepComponents(breakdown);
   const total = (step) => components.reduce((sum, c) => sum + (Number(step[c.key]) || 0), 0);
-  const top = niceMax(Math.max(...steps.map((step) => Math.max(total(step), step.duration_ms || 0))));
+  const {top, step: tick} = niceScale(Math.max(...steps.map((step) => Math.max(total(step), step.duration_ms || 0))));
   const width = wide ? 1160 : 760;
   const height = 170;
   const pad = {left: 56, right: 8, top: 10, bottom: 30};
@@ -350,8 +387,8 @@ export function stepChart(breakdown, wide) {
     viewBox: `0 0 ${width} ${height}`, class: 'step-svg', role: 'img',
     'aria-label': `Stacked step-time breakdown for ${steps.length} steps`,
   });
-  for (let i = 0; i <= 4; i += 1) {
-    const value = (top * i) / 4;
+  for (let i = 0; i * tick <= top * (1 + 1e-9); i += 1) {
+    const value = Number((i * tick).toPrecision(12));    // 0.1 * 3 is 0.30000000000000004
     chart.appendChild(svg('line', {x1: pad.left, x2: width - pad.right, y1: y(value), y2: y(value), class: 'grid'}));
     chart.appendChild(svg('text', {x: pad.left - 6, y: y(value) + 4, class: 'axis', 'text-anchor': 'end'},
       fmtMs(value)));
@@ -398,12 +435,13 @@ export function deviceChart(breakdown, stragglerName) {
   const straggler = stragglerName ||
     devices.reduce((best, device) => (work(device) > work(best) ? device : best)).device;
   // The category groups a GPU runs itself (`<group>_ms` per device, in the step chart's group colours), then idle time.
+  // Only the parts some GPU spends time in: the legend names no empty category.
   const parts = [
     ...['compute', 'copy', 'collective'].map((group) => ({key: `${group}_ms`, label: GROUP_LABEL[group], cls: `c-group-${group}`})),
     {key: 'idle_ms', label: 'Idle', cls: 'c-idle'},
-  ];
+  ].filter((part) => devices.some((device) => Number(device[part.key]) > 0));
   const total = (device) => parts.reduce((sum, p) => sum + (Number(device[p.key]) || 0), 0);
-  const top = niceMax(Math.max(...devices.map(total)));
+  const {top} = niceScale(Math.max(...devices.map(total)));
   const rowH = 22;
   const width = 420;
   const pad = {left: 120, right: 70, top: 6, bottom: 6};
@@ -504,8 +542,8 @@ function metricsView(metrics) {
   ]));
 }
 
-// XProf's input pipeline page finds no step markers in Keras 3 captures and then says it
-// cannot tell the bottleneck: the trace viewer shows the stage's events either way.
+// XProf's input pipeline page: the report links it only where XProf finds the capture's step
+// markers (report.XPROF_STEP_SOURCES); the trace viewer shows the stage's events either way.
 const INPUT_PIPELINE_TOOL = 'input_pipeline_analyzer';
 const TRACE_VIEWER = 'trace_viewer@';
 
@@ -549,9 +587,8 @@ function profileLinks(item, context, host) {
 function inputPipelineNote(evidence) {
   if (!evidence.some((item) => item.tool === INPUT_PIPELINE_TOOL)) return null;
   return h('p', {class: 'muted small note', 'data-testid': 'input-pipeline-note',
-    text: 'XProf\'s input pipeline page may find no step markers (Keras 3 captures) and then says it ' +
-      'cannot tell the bottleneck; the trace viewer links show the tf.data stages either way. In a logdir ' +
-      'with several sessions XProf 2.24 leaves that page\'s Hosts list blank: it still analyses the host ' +
+    text: 'The trace viewer links show the tf.data stages too. In a logdir with several sessions ' +
+      'XProf 2.24 leaves the input pipeline page\'s Hosts list blank: it still analyses the host ' +
       'the link names.'});
 }
 
@@ -651,9 +688,17 @@ export function findingsView(report, context) {
   }
   if (!actionable.length) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
+    // Without a GPU the GPU checks (precision, Tensor Cores, replicas, copies, launches) could not
+    // look at all: "nothing to fix" would claim more than the capture shows.
+    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPU\b/.test(f.title || ''));
+    const cpuOnly = ((report.trust || {}).model_ran_on) === 'cpu_only' && gpuChecks.length;
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :
-      h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
+      cpuOnly ?
+        h('p', {class: 'muted', 'data-testid': 'needs-gpu', text: 'Nothing to fix on the CPU. ' +
+          `${gpuChecks.length} GPU checks (${gpuChecks.map((f) => f.check).join(', ')}) need a GPU capture: ` +
+          'this one has no GPU, so they could not look.'}) :
+        h('p', {class: 'good', text: 'Nothing to fix: no check found a problem worth acting on.'}));
   }
   section.appendChild(h('ol', {class: 'finding-list', 'data-testid': 'findings'},
     actionable.map((finding, index) => findingView(finding, context, index === 0))));
@@ -719,7 +764,8 @@ export function compareView(result, labels) {
       h('td', {}, check.new_severity ? severityBadge(check.new_severity) : '–'),
       h('td', {}, time ? h('div', {class: 'time', text: time}) : null,
         share ? h('div', {class: time ? 'muted small' : '', text: share}) : null,
-        deltas.length ? h('div', {class: 'muted small', text: deltas.join(' · ')}) : null));
+        deltas.length ? h('div', {class: 'muted small', text: deltas.join(' · ')}) : null,
+        check.note ? h('div', {class: 'small compare-note', 'data-testid': 'compare-note', text: `Why ${check.status}: ${check.note}`}) : null));
   });
   section.appendChild(h('div', {class: 'table-wrap'}, h('table', {class: 'compare-table'},
     h('thead', {}, h('tr', {}, ['Change', 'Check', 'Base', 'This session', `Time ${unit}, share, other changes`]

@@ -16,9 +16,10 @@ import os
 import posixpath
 import re
 import sys
+import textwrap
 from typing import TYPE_CHECKING
 
-from tb_gpuadvisor.checks import all_checks
+from tb_gpuadvisor.checks import Check, all_checks, fixes
 from tb_gpuadvisor.checks.base import FAIL_ON, failing
 from tb_gpuadvisor.input.discovery import DiscoveryError, SessionRef, find_sessions
 
@@ -51,7 +52,9 @@ def _sessions(path: str) -> list[SessionRef]:
         raise UsageError(str(err)) from None
     if not refs:
         raise UsageError(f"{path}: no profile sessions found (looked for <run>/plugins/profile/<session>/"
-                         f"<host>.xplane.pb and <run>/<worker>.pt.trace.json[.gz])")
+                         f"<host>.xplane.pb and <run>/<worker>.pt.trace.json[.gz]); capture with "
+                         f"tb_gpuadvisor.keras.AdvisorCallback, tb_gpuadvisor.jax.profile_steps, "
+                         f"torch.profiler's tensorboard_trace_handler or the TensorBoard callback (see the README)")
     return [_named(ref) for ref in refs]
 
 
@@ -191,6 +194,25 @@ def terminal_doc(doc: str) -> str:
     return body.replace("``", "")
 
 
+_FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "pytorch": "PyTorch"}
+
+
+def fixes_by_framework(check: Check, only: str | None = None) -> str:
+    """The fixes CHECK can give, under each framework it reads (ONLY: that one), in the words a
+    report for that framework uses; a check's docstring speaks TensorFlow, its fixes do not."""
+    offered = fixes.offered(sys.modules[check.function.__module__])
+    blocks = []
+    for framework in (only,) if only else fixes.FRAMEWORKS:
+        title = f"Fixes it gives in {_FRAMEWORK_NAMES[framework]} runs"
+        if not check.applies_to(framework):
+            lines = ["  (the check does not run on these captures)"]
+        else:
+            lines = [textwrap.fill(fix.text, 96, initial_indent="  - ", subsequent_indent="    ")
+                     for fix in offered[framework]] or ["  (none: the finding is for information)"]
+        blocks.append("\n".join([title, "-" * len(title), *lines]))
+    return "\n\n".join(blocks)
+
+
 def cmd_checks(args: argparse.Namespace) -> int:
     checks = all_checks()
     if args.check:
@@ -198,7 +220,8 @@ def cmd_checks(args: argparse.Namespace) -> int:
         if not match:
             raise UsageError(f"unknown check {args.check!r}; known: {', '.join(c.id for c in checks)}")
         declaration = "\n".join(f"{name + ':':<19} {value}" for name, value in match[0].declaration())
-        _print(f"{match[0].id}: {match[0].title}\n\n{declaration}\n\n{terminal_doc(match[0].doc)}")
+        _print(f"{match[0].id}: {match[0].title}\n\n{declaration}\n\n{terminal_doc(match[0].doc)}\n\n"
+               f"{fixes_by_framework(match[0], args.framework)}")
     else:
         _print("\n".join(f"{c.id:<22} {c.title}" for c in checks))
     return 0
@@ -231,7 +254,7 @@ FORMAT_HELP = "text for a terminal (default), json for tools (the report contrac
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="tb-gpuadvisor", description="Ranked GPU performance fixes from TensorFlow/JAX profiles.",
+        prog="tb-gpuadvisor", description="Ranked GPU performance fixes from TensorFlow, JAX and PyTorch profiles.",
         epilog="Exit codes: 0 ok; 1 --fail-on reached; 2 usage error, unreadable PATH, or a session "
                "that could not be analysed at all (its report is still printed).")
     sub = top.add_subparsers(dest="command", required=True)
@@ -257,6 +280,8 @@ def parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
     checks = sub.add_parser("checks", help="list the checks, or explain one")
     checks.add_argument("check", nargs="?", help="a check id to explain")
+    checks.add_argument("--framework", choices=fixes.FRAMEWORKS,
+                        help="list the check's fixes for this framework only (default: each in turn)")
     checks.set_defaults(func=cmd_checks)
     return top
 

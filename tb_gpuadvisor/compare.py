@@ -25,6 +25,10 @@ missing from one side has no time and no problem there.
 
 The step itself gets the same verdict (``step_status``). ``regressions`` counts ``new`` and
 ``worse`` checks, plus one when the step got slower beyond the band.
+
+A check whose severity moved while its status did not follow (``ok -> warning`` but
+``unchanged``: its time stayed within the band) carries a ``note`` saying why, and that
+``--fail-on`` does not count it.
 """
 
 from __future__ import annotations
@@ -101,6 +105,18 @@ def _by_time(delta: float, band: float, base_sev: str | None, new_sev: str | Non
     if delta < -band:
         return "fixed" if _is_problem(base_sev) and not _is_problem(new_sev) else "better"
     return "unchanged"
+
+
+def _note(status: str, base_sev: str | None, new_sev: str | None, delta: float | None, band: float,
+          unit: str) -> str | None:
+    """Why a check that became (or stopped being) a problem is unchanged: its time moved less
+    than the noise band, so it is not counted as new or fixed, nor by --fail-on."""
+    if status != "unchanged" or delta is None or _weight(base_sev) == _weight(new_sev) \
+            or not (_is_problem(base_sev) or _is_problem(new_sev)):
+        return None
+    what = "a regression, so --fail-on does not count it" if _weight(new_sev) > _weight(base_sev) else "a fix"
+    return (f"severity {base_sev or 'absent'} -> {new_sev or 'absent'}, but its time changed by {delta:+.2f} {unit}, "
+            f"within the noise band (±{band:.2f}): not {what}")
 
 
 def _metric_deltas(base: dict | None, new: dict | None) -> dict[str, float]:
@@ -194,11 +210,13 @@ def compare_sessions(base: dict, new: dict) -> dict:
         timed = base_ms is not None and new_ms is not None
         if timed:
             base_ms, new_ms = base_ms / divisors[0], new_ms / divisors[1]
+        status = _by_time(new_ms - base_ms, band, base_sev, new_sev) if timed else _by_severity(base_sev, new_sev)
+        note = _note(status, base_sev, new_sev, new_ms - base_ms if timed else None, band, unit)
         checks.append({
             "check": check,
             "name": _check_title(check),
-            "status": _by_time(new_ms - base_ms, band, base_sev, new_sev) if timed
-            else _by_severity(base_sev, new_sev),
+            "status": status,
+            **({"note": note} if note else {}),
             "base_severity": base_sev,
             "new_severity": new_sev,
             "new_confidence": n.get("confidence") if n else None,
@@ -300,16 +318,26 @@ def _ordered(result: dict) -> list[dict]:
     return sorted(result["checks"], key=lambda c: STATUSES.index(c["status"]))
 
 
+def _severity_change(check: dict, arrow: str) -> str:
+    """"ok -> warning"; the same severity on both sides once ("not_applicable")."""
+    base, new = check["base_severity"] or "-", check["new_severity"] or "-"
+    return base if base == new else f"{base} {arrow} {new}"
+
+
 def render_comparison_text(result: dict) -> str:
-    """A terminal summary: one line per check, changes first."""
+    """A terminal summary: one line per check, changes first, in columns as wide as their
+    longest entry; a check whose severity moved without a change of status says why below it."""
     head = f"{_label(result['base'])} -> {_label(result['new'])}"
     lines = [head, _step_line(result), *filter(None, [_device_line(result)]),
              f"Regressions: {result['regressions']}", ""]
-    for c in _ordered(result):
-        severity = f"{c['base_severity'] or '-'} -> {c['new_severity'] or '-'}"
-        lines.append(f"{c['status']:<9} {c['check']:<20} {severity:<24} "
-                     f"{_change(c, result['unit'], '->')}".rstrip())
-    return printable("\n".join(lines))
+    checks = _ordered(result)
+    rows = [(c["status"], c["check"], _severity_change(c, "->"), _change(c, result["unit"], "->")) for c in checks]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
+    for c, row in zip(checks, rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + f"  {row[3]}".rstrip())
+        if c.get("note"):
+            lines.append(" " * (widths[0] + 2) + f"why: {c['note']}")
+    return printable("\n".join(line.rstrip() for line in lines))
 
 
 def render_comparison_markdown(result: dict) -> str:
@@ -323,7 +351,7 @@ def render_comparison_markdown(result: dict) -> str:
              f"| status | check | severity | time ({result['unit']}) and share | saving change (ms/step) |",
              "|---|---|---|---|---|"]
     for c in _ordered(result):
-        lines.append(f"| {c['status']} | `{c['check']}` | {c['base_severity'] or '-'} → "
-                     f"{c['new_severity'] or '-'} | {_change(c, result['unit'], '→')} | "
-                     f"{c['savings_delta_ms']:+.2f} |")
+        note = f"<br>why: {c['note']}" if c.get("note") else ""
+        lines.append(f"| {c['status']} | `{c['check']}` | {_severity_change(c, '→')} | "
+                     f"{_change(c, result['unit'], '→')}{note} | {c['savings_delta_ms']:+.2f} |")
     return "\n".join(lines) + "\n"

@@ -65,12 +65,21 @@ def _trace_missing(session: dict) -> bool:
     return (session.get("trust") or {}).get("model_ran_on") == "gpu_trace_lost" and not session.get("devices")
 
 
-def _steps_line(steps: dict) -> str:
+def marker_words(steps: dict, framework: str | None) -> str:
+    """What marked the steps, in the user's framework's words: a JAX loop's step annotations are
+    its StepTraceAnnotation, not a TensorFlow custom loop's."""
+    source = steps.get("source") or "no"
+    if source == "custom_loop" and framework == "jax":
+        return "StepTraceAnnotation"
+    return source
+
+
+def _steps_line(steps: dict, framework: str | None = None) -> str:
     if not steps.get("count"):
         return "no steps found"
     pace = {"device": "; the device set the pace (the host ran ahead: each step lasts as long as its device work)",
             "host": "; the host set the pace (the device waited for it)"}.get(steps.get("paced_by", ""), "")
-    return (f"{steps['count']} steps from {steps['source']} markers, "
+    return (f"{steps['count']} steps from {marker_words(steps, framework)} markers, "
             f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f}){pace}")
 
 
@@ -158,7 +167,7 @@ def _text_session(session: dict, width: int, verbose: bool) -> list[str]:
         hosts = f" (hosts: {', '.join(session['hosts'])})" if session.get("hosts") else ""
         return out + [f"{session_title(session)}{hosts}: could not be read: {reason}"]
     out.append(f"{session_title(session)}   [{session['framework']}; hosts: {', '.join(session['hosts'])}]")
-    out.append(f"  steps:   {_steps_line(session['steps'])}")
+    out.append(f"  steps:   {_steps_line(session['steps'], session.get('framework'))}")
     devices = session["devices"]
     active = [d for d in devices if d.get("active")]
     shown = devices if verbose or len(devices) <= 4 else active[:4]
@@ -224,7 +233,7 @@ def render_markdown(report: dict) -> str:
             out += [f"- ⛔ **Could not be read** (hosts: {hosts}): {md_escape(reason)}", ""]
             continue
         out.append(f"- **Framework:** {session['framework']}; **hosts:** {hosts}")
-        out.append(f"- **Steps:** {_steps_line(session['steps'])}")
+        out.append(f"- **Steps:** {_steps_line(session['steps'], session.get('framework'))}")
         for dev in [d for d in session["devices"] if d.get("active")][:8]:
             out.append(f"- **Device:** {md_escape(_device_line(dev))}")
         if _no_accelerator(session):

@@ -77,7 +77,7 @@ def bottleneck(analysis: Analysis) -> dict | None:
         return None             # the host's breakdown stands in for a GPU whose trace is missing
     kind, share = max(shares.items(), key=lambda kv: kv[1])
     return {"bound_by": kind, "share_of_steps": share,
-            "checks": explaining(kind)}
+            "checks": explaining(kind, analysis.model.framework)}
 
 
 def _aspect(check_id: str) -> str:
@@ -194,15 +194,33 @@ def describe(analysis: Analysis) -> Described:
     except Exception as err:
         errors.append({"message": f"step breakdown failed: {err!r}"})
     found, check_errors = run_checks(analysis)
-    # With the capture's confidence, fixes in the user's own framework, evidence the user can find.
-    findings = [replace(with_confidence(f, analysis), fixes=fixes.for_framework(f.fixes, model.framework),
-                        evidence=_located(f.evidence, model)) for f in found]
+    facts = fixes.run_facts(analysis)
+    # With the capture's confidence, fixes in the user's own framework fitted to what the run has
+    # and did, evidence the user can find.
+    findings = [replace(with_confidence(f, analysis), fixes=fixes.for_run(f.fixes, model.framework, facts),
+                        evidence=_located(_xprof_can_show(f.evidence, model), model)) for f in found]
     try:
         out["bottleneck"] = bottleneck(analysis)
     except Exception as err:
         errors.append({"message": f"critical path failed: {err!r}"})
     out["warnings"] = list(model.warnings)
     return out, findings, errors + check_errors
+
+
+# Step markers XProf's own step grouping finds: root step events (tf.profiler.experimental.Trace
+# with step_num and _r=1, JAX's StepTraceAnnotation), Keras 2's TraceContext, and the Steps line
+# it derived itself. Keras 3's "Profiled batch" and steps the Advisor inferred are not among them:
+# there XProf's input pipeline page says "No step marker observed".
+XPROF_STEP_SOURCES = frozenset({"custom_loop", "keras2", "steps_line"})
+INPUT_PIPELINE_TOOL = "input_pipeline_analyzer"
+
+
+def _xprof_can_show(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:
+    """EVIDENCE with links to XProf's input pipeline page only where that page can analyse the
+    capture (it finds the steps); elsewhere the trace viewer shows the same tf.data events."""
+    if model.steps.source in XPROF_STEP_SOURCES:
+        return evidence
+    return [replace(item, tool="trace_viewer@") if item.tool == INPUT_PIPELINE_TOOL else item for item in evidence]
 
 
 def _located(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:

@@ -208,7 +208,8 @@ class AdvisorService:
     def runs(self) -> list[dict]:
         """Every session under the roots: [{"run", "session", "hosts"}], sorted.
 
-        Raises Unavailable when nothing is listed because a remote root cannot be searched.
+        Raises Unavailable when nothing is listed because a remote root cannot be searched, and
+        NotFound when no root exists at all (a mistyped --logdir, or training not started yet).
         """
         failed: list[str] = []
         listed = [
@@ -217,6 +218,8 @@ class AdvisorService:
         ]
         if not listed and failed:
             raise Unavailable("; ".join(failed))
+        if not listed and self._roots and all("://" not in r.path and not os.path.exists(r.path) for r in self._roots):
+            raise NotFound(f"{', '.join(r.path for r in self._roots)}: no such folder (yet)")
         listed.sort(key=lambda item: (item["run"], item["session"]))
         return listed
 

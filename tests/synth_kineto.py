@@ -27,7 +27,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
                  final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0,
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
-                 device_properties: dict | None = None) -> dict:
+                 device_properties: dict | None = None, kernel_durations: tuple[float, ...] = ()) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -58,7 +58,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     KERNEL_NAMES: the kernels' names, in turn (default ``void gemm_kernel_{k % 3}<float>()``);
     OP_CHAINS: the cpu_ops around each kernel's launch, outermost first, in turn (default
     ``("aten::mm",)``), each nested one starting 0.1 us after and ending 0.1 us before its parent;
-    DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only)."""
+    DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only).
+    KERNEL_DURATIONS: the kernels' durations in us, in turn (default KERNEL_US for every kernel)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -124,10 +125,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                 start = max(t + load + launch_us + 2, gpu_free)
                 kernel = ("my_custom_kernel" if silent_us and k == 0 else
                           kernel_names[k % len(kernel_names)] if kernel_names else f"void gemm_kernel_{k % 3}<float>()")
+                dur = kernel_durations[k % len(kernel_durations)] if kernel_durations else kernel_us
                 step_events.append({"ph": "X", "cat": cat["kernel"], "name": kernel,
-                                    "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
+                                    "pid": 0, "tid": 7, "ts": start, "dur": dur,
                                     "args": {"device": 0, "stream": 7, "correlation": corr}})
-                gpu_free = start + kernel_us
+                gpu_free = start + dur
             t += load + launch_us + 3
             if sync_every and device and (k + 1) % sync_every == 0:
                 wait_end = max(t + 2, gpu_free)

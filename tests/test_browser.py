@@ -8,6 +8,7 @@ Screenshots of every state are saved under the test's tmp dir.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -280,17 +281,30 @@ def test_compare_view(page, server):
     _shot(page, server, "6-compare")
 
 
-def test_compare_says_when_the_base_is_from_another_run(page, server):
-    """Issue 26.5: GOOD is the first session of "train"; the closest session in time is another run's,
-    so Compare picks it and says so; choosing a base of the same run drops the note."""
+def test_compare_on_a_runs_first_session_has_nothing_to_compare_yet(page, server):
+    """Issue 35.6: GOOD is the first session of "train". Compare picks no other run's session by
+    itself (the closest in time, VALIDATION, is another run's): it says there is nothing to compare
+    yet. Picking VALIDATION by hand compares and says the base is another run's; a base of the
+    same run drops the note."""
     frame = _compare_tab(page, server, GOOD)
+    empty = frame.wait_for_selector("[data-testid=nothing-to-compare]", timeout=30000)
+    assert "Nothing to compare yet" in empty.inner_text() and GOOD in empty.inner_text()
+    assert frame.locator("[data-testid=base-select]").input_value() == ""
+    assert frame.locator("[data-testid=compare]").count() == 0
+    _shot(page, server, "6b-compare-nothing-yet")
+    frame.select_option("[data-testid=base-select]", f"validation\u0000{VALIDATION}")
     frame.wait_for_selector("[data-testid=compare]", timeout=30000)
-    assert frame.locator("[data-testid=base-select]").input_value() == f"validation\u0000{VALIDATION}"
     note = frame.locator("[data-testid=base-note]").inner_text()
     assert f"validation / {VALIDATION}" in note and "another run" in note, note
-    _shot(page, server, "6b-compare-other-run")
     frame.select_option("[data-testid=base-select]", f"train\u0000{BETTER}")
     frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    assert frame.locator("[data-testid=base-note]").count() == 0
+
+
+def test_compare_defaults_to_the_runs_previous_session(page, server):
+    frame = _compare_tab(page, server, BETTER)
+    frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    assert frame.locator("[data-testid=base-select]").input_value() == f"train\u0000{GOOD}"
     assert frame.locator("[data-testid=base-note]").count() == 0
 
 
@@ -301,6 +315,7 @@ def test_compare_refuses_a_session_that_could_not_be_analysed(page, server):
     error = frame.wait_for_selector(".compare-bar ~ [role=alert]", timeout=30000)
     text = error.inner_text()
     assert text.startswith("Cannot compare:") and f"train / {BROKEN} could not be analysed" in text, text
+    assert "cannot compare:" not in text.lower()[len("Cannot compare:"):], text     # said once
     assert frame.locator("[data-testid=compare], .compare-table").count() == 0
     _shot(page, server, "6c-compare-refused")
 
@@ -572,3 +587,73 @@ def test_a_pytorch_run_beside_the_tf_runs_names_file_and_time_not_xprof(page, se
     assert "worker0.pt.trace.json.gz" in body.locator(".evidence").inner_text()
     assert frame.locator(".evidence a.profile-link, .evidence a.range-link").count() == 0
     _shot(page, server, "13-pytorch-run", first)
+
+
+def test_step_axis_has_round_ticks_just_above_the_tallest_bar(page, server):
+    """Issue 35.7: ticks are 1, 2 or 5 times a power of ten apart, and the axis ends at the first
+    tick at or above the longest step (no 1000 ms axis for 500 ms bars, no 62.5/188 ticks)."""
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=step-chart] .legend", timeout=30000)
+    labels = frame.locator("[data-testid=step-chart] svg > text.axis[text-anchor=end]").evaluate_all(
+        "texts => texts.map(t => t.textContent)")
+    values = [float(re.sub(r"[^0-9.]", "", label)) * (1e-3 if "µs" in label or "us" in label else 1.0)
+              for label in labels]
+    assert len(values) >= 3 and values[0] == 0, labels
+    step = values[1] - values[0]
+    assert all(abs((b - a) - step) < 1e-6 for a, b in zip(values, values[1:])), labels
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert min(abs(mantissa - m) for m in (1, 2, 5)) < 1e-6, labels
+    longest = max(frame.locator("[data-testid=step-chart] g.step-bar").evaluate_all(
+        "bars => bars.map(b => Number(b.querySelector('title').textContent.match(/: ([0-9.]+)/)[1]))"))
+    assert values[-2] < longest <= values[-1], (labels, longest)
+
+
+def test_device_legend_names_no_empty_category(page, server):
+    """With no GPU spending time in collectives (zeroed in GOOD's report here), the per-GPU
+    chart's legend does not list them."""
+    def no_collectives(route):
+        response = route.fetch()
+        report = response.json()
+        for device in (report.get("breakdown") or {}).get("per_device", []):
+            device["collective_ms"] = 0.0
+        route.fulfill(response=response, body=json.dumps(report))
+
+    page.route("**/data/plugin/gpu_advisor/report?*", no_collectives)
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=device-chart] .legend", timeout=30000)
+    text = frame.locator("[data-testid=device-chart] .legend").inner_text()
+    assert "Compute" in text and "Collective" not in text, text
+
+
+def test_cpu_run_with_nothing_to_fix_says_the_gpu_checks_need_a_gpu(page, server):
+    """Issue 35.7: a CPU-only capture whose CPU checks pass (its actionable findings turned ok
+    here) is not given a green "Nothing to fix": the GPU checks could not look."""
+    def quiet(route):
+        response = route.fetch()
+        report = response.json()
+        if response.status == 200 and report.get("findings"):
+            for finding in report["findings"]:
+                if finding["severity"] in ("critical", "warning"):
+                    finding["severity"] = "ok"
+        route.fulfill(response=response, body=json.dumps(report))
+
+    page.route("**/data/plugin/gpu_advisor/report?*", quiet)
+    frame = _advisor(page, server)
+    _select_session(frame, CPU_RUN, CPU_SESSION)
+    note = frame.wait_for_selector("[data-testid=needs-gpu]", timeout=30000).inner_text()
+    assert "need a GPU capture" in note and "precision" in note, note
+    assert frame.locator("p.good").count() == 0
+
+
+def test_missing_logdir_is_told_apart_from_an_empty_one(page, server):
+    """The runs route answers 404 when the logdir does not exist; the tab says so, with the ways
+    to capture in each framework."""
+    page.route("**/data/plugin/gpu_advisor/runs*", lambda route: route.fulfill(
+        status=404, content_type="application/json", body=json.dumps({"error": "/nowhere: no such folder (yet)"})))
+    frame = _advisor(page, server)
+    view = frame.wait_for_selector("[data-testid=missing-logdir]", timeout=30000).inner_text()
+    assert "does not exist" in view and "/nowhere" in view
+    for way in ("AdvisorCallback", "profile_steps", "tensorboard_trace_handler"):
+        assert way in view, view

@@ -247,3 +247,37 @@ def test_compare_sides_are_named_below_their_shared_folder_on_a_store(base, new,
 
     refs = [SessionRef("train", "s", f"{run}/plugins/profile/s", ("h",), fs=object()) for run in (base, new)]
     assert tuple(ref.run for ref in _side_names(*refs)) == names
+
+
+def test_help_names_every_framework_read(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "TensorFlow, JAX and PyTorch profiles" in capsys.readouterr().out
+
+
+# Words only a TensorFlow user should read.
+TF_WORDS = re.compile(r"tf\.|tensorflow|TensorFlow|Keras|keras|tf_keras|steps_per_execution")
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "jax"])
+def test_check_fixes_are_listed_per_framework(capsys, framework):
+    """`checks host_overhead --framework X` lists the fixes a report for X would give, with no
+    TensorFlow code; without --framework every framework has its own heading."""
+    assert main(["checks", "host_overhead", "--framework", framework]) == 0
+    out = capsys.readouterr().out
+    fixes_part = out[out.index("Fixes it gives in"):]
+    assert fixes_part.count("Fixes it gives in") == 1 and "  - " in fixes_part
+    assert not TF_WORDS.search(fixes_part), fixes_part
+    assert ("torch.compile" if framework == "pytorch" else "jax.jit") in fixes_part
+    assert main(["checks", "eval_mode"]) == 0
+    out = capsys.readouterr().out
+    assert "Fixes it gives in TensorFlow runs\n---" in out and "does not run on these captures" in out
+    assert "eval mode" in out[out.index("Fixes it gives in PyTorch runs"):]
+
+
+def test_unreadable_capture_says_nothing_of_where_the_model_ran(logdir, capsys):
+    """Nothing of the broken session was read, so its trust cannot say the model ran on the CPU."""
+    assert main(["analyze", str(logdir / "broken"), "--format", "json"]) == 2
+    (session,) = json.loads(capsys.readouterr().out)["sessions"]
+    trust = session.get("trust") or {}
+    assert trust.get("model_ran_on") in (None, "unknown") and "placement" not in trust

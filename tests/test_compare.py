@@ -274,3 +274,28 @@ def test_refusal_is_none_for_two_analysed_sessions():
     broken = dict(session("b", None), run="r", session="s", hosts=["h"],
                   errors=[{"host": "h", "message": "not an XSpace"}])
     assert refusal(BASE, broken) == "cannot compare: the new session r / s could not be analysed: h: not an XSpace"
+
+
+def test_a_severity_change_within_the_noise_band_says_why_it_is_unchanged(capsys, tmp_path):
+    """host_overhead goes ok -> warning while its time moves 0.05 ms, far inside the 1% band of
+    a 20 ms step: unchanged, with a note that --fail-on warning does not count it, and the
+    exit code agrees."""
+    base = session("before", 20.0, finding("host_overhead", "ok", 1.0, other_idle_ms_per_step=1.00),
+                   finding("memory", "not_applicable"), finding("collectives", "not_applicable"))
+    new = session("after", 20.0, finding("host_overhead", "warning", 1.05, other_idle_ms_per_step=1.05),
+                  finding("memory", "not_applicable"), finding("collectives", "not_applicable"))
+    result = compare_sessions(base, new)
+    row = by_check(result)["host_overhead"]
+    assert row["status"] == "unchanged" and "noise band" in row["note"] and "--fail-on" in row["note"]
+    assert "note" not in by_check(result)["memory"]
+    assert regressions_reaching(result, "warning") == []
+    text = render_comparison_text(result)
+    assert "why: severity ok -> warning" in text
+    # columns line up whatever the severity strings' lengths ("not_applicable" once, not twice)
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("unchanged")}
+    assert set(rows) == {"host_overhead", "memory", "collectives"}
+    assert rows["host_overhead"].index("ok -> warning") == rows["memory"].index("not_applicable") \
+        == rows["collectives"].index("not_applicable"), text
+    assert rows["host_overhead"].index("1.00 -> 1.05") > rows["memory"].index("not_applicable") + len("not_applicable")
+    assert "not_applicable -> not_applicable" not in text
+    assert "<br>why: severity ok -> warning" in render_comparison_markdown(result)

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,3 +149,90 @@ def test_planted_problem_is_ranked_first(reports: dict[str, dict], scenario: str
     ranked = sorted((f for f in session["findings"] if f["severity"] in FIRES), key=lambda f: f["rank"])
     assert ranked and ranked[0]["check"] == check, [(f["check"], f["severity"]) for f in ranked]
     assert session["first_fix"]["check"] == check
+
+
+def test_launch_bound_leads_with_dropping_run_eagerly(reports: dict[str, dict]):
+    """launch_bound compiles its model with run_eagerly=True: fit's steps hold no tf.function call
+    and the host's time is eager dispatch (TFE_Py_FastPathExecute_C in the evidence). The first
+    finding's first fix must be turning run_eagerly off, not steps_per_execution."""
+    session = reports["launch_bound"]
+    top = min((f for f in session["findings"] if f["severity"] in FIRES), key=lambda f: f["rank"])
+    assert "run_eagerly" in top["fixes"][0]["text"], [fix["text"][:60] for fix in top["fixes"]]
+    assert "steps_per_execution" not in top["fixes"][0]["code"]
+
+
+# GPU-only mechanisms a run without a GPU must not be told about.
+GPU_ONLY = re.compile(r"copy engine|pin_memory|device=\"cuda\"|CUDA graph|on the GPU|TF_GPU_THREAD|non_blocking")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_cpu_runs_get_no_gpu_only_fix(reports: dict[str, dict], scenario: str):
+    session = reports[scenario]
+    if session["trust"]["model_ran_on"] != "cpu_only":
+        pytest.skip("trained on a GPU")
+    for finding in session["findings"]:
+        for fix in finding["fixes"]:
+            assert not GPU_ONLY.search(fix["text"] + fix["code"]), (finding["check"], fix["text"])
+
+
+def test_tensorflow_start_up_notices_are_dropped_and_nothing_else():
+    """The two lines every TensorFlow process prints before absl is set up, as TF 2.20 writes them."""
+    from demo.quiet import harmless
+
+    assert harmless("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+    assert harmless("I0000 00:00:1795694288.605209    8857 port.cc:153] oneDNN custom operations are on. "
+                    "You may see slightly different numerical results due to floating-point round-off errors "
+                    "from different computation orders. To turn them off, set the environment variable "
+                    "`TF_ENABLE_ONEDNN_OPTS=0`.\n")
+    for kept in ("Traceback (most recent call last):\n", "E0000 00:00:17.1 1 port.cc:153] oneDNN failed\n",
+                 "WARNING: something else\n", "[demo] input_bound: ok in 9.0 s wall\n"):
+        assert not harmless(kept)
+
+
+def test_serve_checks_the_port_first():
+    """`make demo` runs this before training: a port in use fails at once, with one line."""
+    import socket
+
+    from demo.serve import port_taken
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "demo.serve", "--check-port", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1
+        assert f"port {port} on 127.0.0.1 is not free" in done.stderr and f"PORT={port + 1}" in done.stderr
+    assert port_taken("127.0.0.1", port) is None
+
+
+def test_run_all_keeps_finished_captures_unless_retrained(tmp_path, monkeypatch, capsys):
+    """A scenario whose marker file says it was made with the same steps and warm-up, and whose
+    session folder holds files, is not trained again; --retrain (RETRAIN=1) trains it."""
+    from demo import train
+
+    for name in train.SCENARIOS:
+        session = tmp_path / name / "train" / "plugins" / "profile" / "s1"
+        session.mkdir(parents=True)
+        (session / "host.xplane.pb").write_bytes(b"x")
+        (tmp_path / name / train.MARKER_FILE).write_text(json.dumps({"profiled_steps": 4, "warmup_steps": 2}))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(train, "run_quietly", lambda command, **kw: ran.append(command) or 0)
+    assert train.run_all(tmp_path, 4, 2) == 0 and ran == []
+    assert "make demo RETRAIN=1" in capsys.readouterr().out
+    assert train.run_all(tmp_path, 5, 2) == 0 and len(ran) == len(train.SCENARIOS)   # other settings
+    ran.clear()
+    assert train.run_all(tmp_path, 4, 2, retrain=True) == 0 and len(ran) == len(train.SCENARIOS)
+    assert not train.reusable(tmp_path / "missing", 4, 2)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_clean_removes_compiled_extensions(tmp_path):
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    built = tmp_path / "tb_gpuadvisor" / "input" / "xplane" / "_wire.cpython-311-x86_64-linux-gnu.so"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"\x7fELF")
+    (tmp_path / "tb_gpuadvisor" / "keep.py").write_text("")
+    done = subprocess.run(["make", "-C", str(tmp_path), "clean"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not built.exists() and (tmp_path / "tb_gpuadvisor" / "keep.py").exists()

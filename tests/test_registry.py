@@ -95,7 +95,7 @@ def test_the_toy_check_is_gone_after_the_test(session):
 
 def test_every_registered_check_has_a_valid_declaration():
     checks = all_checks()
-    assert len(checks) == 14
+    assert len(checks) == 15
     for check in checks:
         assert check.aspect in ASPECTS
         assert isinstance(check.what_if, (Replayed, NoReplay))

@@ -9,6 +9,7 @@ import pytest
 from synth import build_training_session
 
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks
+from tb_gpuadvisor.checks.context import WARNING_GAIN_SHARE, WARNING_MIN_MS, StepScale
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.render import render_markdown, render_text
@@ -102,3 +103,39 @@ def test_time_origin_is_the_capture_clock_at_the_reports_zero(tmp_path):
     assert session["time_origin_ms"] == 1.5
     steps = [e for f in session["findings"] for e in f["evidence"] if e["kind"] == "step"]
     assert steps and steps[0]["start_ms"] + session["time_origin_ms"] == 1.5 + 20.0 * int(steps[0]["name"].split()[1])
+
+
+@dataclasses.dataclass
+class _Step(StepScale):
+    mean_step_ms: float
+
+
+@pytest.mark.parametrize("step_ms, severity, saving, expected", [
+    (0.5, Severity.WARNING, 0.09, Severity.INFO),         # 18% of a tiny step, but 0.09 ms
+    (1.0, Severity.CRITICAL, 0.25, Severity.WARNING),     # 25% of the step, 0.25 ms
+    (1.0, Severity.CRITICAL, 0.6, Severity.CRITICAL),     # both floors cleared
+    (20.0, Severity.CRITICAL, 0.6, Severity.INFO),        # 3% of a long step: the share still rules
+    (4.0, Severity.WARNING, 0.2, Severity.WARNING),
+])
+def test_severity_weighs_the_absolute_time_a_fix_wins(step_ms, severity, saving, expected):
+    """A warning needs WARNING_MIN_MS per step and a critical CRITICAL_MIN_MS, whatever their
+    share of the step; the share thresholds still apply on top."""
+    scale = _Step(step_ms)
+    assert scale.gated(severity, saving) is expected
+    note = scale.gain_note(expected, saving)
+    assert (note != "") == (expected is Severity.INFO)
+    if expected is Severity.INFO and saving / step_ms >= WARNING_GAIN_SHARE:
+        assert f"{WARNING_MIN_MS} ms" in note and "critical path" not in note
+
+
+@pytest.mark.parametrize("marker, linked", [("keras3", False), ("r", True)])
+def test_input_pipeline_page_is_linked_only_where_xprof_finds_the_steps(tmp_path, marker, linked):
+    """Keras 3's "Profiled batch" markers are not XProf's step markers: its input pipeline page
+    then says "No step marker observed", so the tf.data stages link to the trace viewer instead.
+    A capture with XProf's own Steps line keeps the link."""
+    build_training_session(steps=5, input_wait_frac=0.4, marker=marker).write(tmp_path, "train", "s1")
+    (ref,) = find_sessions(str(tmp_path))
+    session = analyze_session(ref)
+    tools = {e.get("tool") for f in session["findings"] for e in f["evidence"] if e["kind"] == "stage"}
+    assert tools and ("input_pipeline_analyzer" in tools) is linked
+    assert "trace_viewer@" in tools or linked

@@ -30,14 +30,18 @@ def declared(check_id: str) -> Check | None:
 
 def replay_scenarios(model: SessionModel, device_kind: str) -> dict[str, Scenario]:
     """The what-if scenario of every replayed check for this capture, keyed by check id; on a
-    CPU-only capture (DEVICE_KIND "cpu") only the causes that are time on the host's timeline."""
+    CPU-only capture (DEVICE_KIND "cpu") only the causes that are time on the host's timeline, and
+    only the checks of the capture's framework (a PyTorch-only scenario reads PyTorch kernel classes)."""
     return {c.id: c.what_if.scenario(model) for c in all_checks()
-            if isinstance(c.what_if, Replayed) and (device_kind != "cpu" or c.what_if.on_cpu)}
+            if isinstance(c.what_if, Replayed) and c.applies_to(model.framework)
+            and (device_kind != "cpu" or c.what_if.on_cpu)}
 
 
-def explaining(bound: str | None) -> list[str]:
-    """The checks that explain a step bound (BOUND_GROUPS' kinds), most direct first."""
-    return [c.id for c in sorted(all_checks(), key=lambda c: c.explains_order) if bound and c.explains == bound]
+def explaining(bound: str | None, framework: str | None = None) -> list[str]:
+    """The checks that explain a step bound (BOUND_GROUPS' kinds), most direct first; with a
+    FRAMEWORK, only the checks of that framework's captures."""
+    return [c.id for c in sorted(all_checks(), key=lambda c: c.explains_order)
+            if bound and c.explains == bound and (framework is None or c.applies_to(framework))]
 
 
 __all__ = ["REGISTRY", "Check", "Evidence", "Finding", "Fix", "Severity", "all_checks", "declared",

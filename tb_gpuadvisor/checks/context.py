@@ -22,13 +22,17 @@ from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, Session
 from tb_gpuadvisor.trust import Trust
 
 # A finding is only worth acting on when its fix gains real time: a warning needs a replayed
-# saving of at least this share of the mean step (and ACTIONABLE_MIN_MS), a critical one
-# CRITICAL_GAIN_SHARE. Below that a high metric is reported as info: the time it describes is
-# not on the step's critical path (e.g. faster kernels on a GPU that mostly waits for the host),
-# or too small to be worth a change (a launch gain of 0.1 ms on a compute-bound 2.6 ms step).
+# saving of at least WARNING_GAIN_SHARE of the mean step and WARNING_MIN_MS, a critical one
+# CRITICAL_GAIN_SHARE and CRITICAL_MIN_MS. Below that a high metric is reported as info (or a
+# critical one as a warning): the time it describes is not on the step's critical path (e.g.
+# faster kernels on a GPU that mostly waits for the host), or too small to be worth a change (a
+# launch gain of 0.1 ms on a compute-bound 2.6 ms step). The absolute floors keep a large share
+# of a tiny step from sounding urgent: a 0.09 ms input wait of a 0.5 ms step is 18% of it, yet
+# a million steps would win 1.5 minutes.
 WARNING_GAIN_SHARE = 0.04
 CRITICAL_GAIN_SHARE = 0.10
-ACTIONABLE_MIN_MS = 0.05
+WARNING_MIN_MS = 0.2
+CRITICAL_MIN_MS = 0.5
 
 
 class StepScale:
@@ -38,13 +42,14 @@ class StepScale:
     mean_step_ms: float
 
     def gated(self, severity: Severity, saving_ms: float) -> Severity:
-        """SEVERITY from a metric threshold, lowered when the replayed saving is small."""
+        """SEVERITY from a metric threshold, lowered when the replayed saving is small, as a share
+        of the step or in absolute time per step."""
         if not self.mean_step_ms:
             return severity         # no step to measure the saving against
         share = saving_ms / self.mean_step_ms
-        if severity is Severity.CRITICAL and share < CRITICAL_GAIN_SHARE:
+        if severity is Severity.CRITICAL and (share < CRITICAL_GAIN_SHARE or saving_ms < CRITICAL_MIN_MS):
             severity = Severity.WARNING
-        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < ACTIONABLE_MIN_MS):
+        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < WARNING_MIN_MS):
             severity = Severity.INFO
         return severity
 
@@ -52,6 +57,9 @@ class StepScale:
         """A sentence for a finding whose metric is high but whose replayed saving is small."""
         if severity is not Severity.INFO:
             return ""
+        if self.mean_step_ms and saving_ms / self.mean_step_ms >= WARNING_GAIN_SHARE:
+            return (f" Replaying the step without this cause shortens it by {saving_ms:.2f} ms: too little "
+                    f"time per step to be worth a change (a warning needs {WARNING_MIN_MS} ms).")
         return (f" Replaying the step without this cause shortens it by only {saving_ms:.2f} ms, so it is "
                 "not on the critical path: fix the larger findings first.")
 

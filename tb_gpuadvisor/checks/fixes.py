@@ -7,14 +7,28 @@ when that framework has no such knob).  Checks list remedies without asking whic
 capture; the report resolves them once (:func:`for_framework`), so a JAX user never
 reads TensorFlow code and a TensorFlow user never reads JAX code.  A plain ``Fix``
 says something true in both frameworks.
+
+The report then fits them to the run (:func:`for_run`, from the capture's :class:`RunFacts`): a run
+without a GPU gets each fix's CPU form or none (no copy engine, pinned memory or CUDA decode), a
+fix the run has already applied (DataLoader workers, a jitted JAX step) is never shown first, and a
+fix that undoes a setting the capture shows (Keras' run_eagerly=True) comes before any tuning.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tb_gpuadvisor.checks.finding import Fix
-from tb_gpuadvisor.vocab import pytorch
+from tb_gpuadvisor.vocab import jax, pytorch
+
+if TYPE_CHECKING:
+    from tb_gpuadvisor.checks.context import Analysis
 
 
 @dataclass(eq=False)
@@ -48,6 +62,96 @@ def for_framework(fixes: list[Fix], framework: str) -> list[Fix]:
         chosen = fix.variant(framework) if isinstance(fix, Remedy) else fix
         if chosen is not None and chosen not in out:
             out.append(chosen)
+    return out
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the capture shows about the run, for fitting the fixes to it."""
+
+    cpu_only: bool = False          # no GPU or TPU in the capture: the model ran on the host
+    loader_workers: bool = False    # PyTorch: the DataLoader already loads in worker processes
+    jitted_step: bool = False       # JAX: each step is one (or a few) jitted calls already
+    op_by_op_step: bool = False     # JAX: each step dispatches dozens of jitted primitives from Python
+
+
+# A JAX step is compiled already when the trusted steps hold at most this many jitted calls each
+# on average (the step function, perhaps a data or metric helper); a step written op by op calls
+# one jitted primitive per operation (PjitFunction(mul), PjitFunction(dot_general), ... : dozens).
+JITTED_CALLS_PER_STEP = 4
+
+
+def run_facts(analysis: "Analysis") -> RunFacts:
+    """The facts of ANALYSIS's capture that decide which fixes fit (see :func:`for_run`)."""
+    model = analysis.model
+    workers = jitted = op_by_op = False
+    if model.framework in (pytorch.FRAMEWORK, jax.FRAMEWORK):
+        steps = analysis.steps_count
+        calls = 0
+        for host in model.hosts:
+            act = host.activity
+            if model.framework == pytorch.FRAMEWORK:
+                names = [i for i, n in enumerate(act.names) if pytorch.loads_in_workers(n)]
+                workers = workers or bool(names and np.isin(act.name, names).any())
+            else:
+                names = [i for i, n in enumerate(act.names) if jax.PJIT_CALL.match(n)]
+                calls += int(np.count_nonzero(np.isin(act.name, names) & (act.step >= 0))) if names else 0
+        jitted = bool(steps) and 0 < calls <= JITTED_CALLS_PER_STEP * steps
+        op_by_op = bool(steps) and calls > JITTED_CALLS_PER_STEP * steps
+    return RunFacts(cpu_only=analysis.trust.placement.where == "cpu_only", loader_workers=workers,
+                    jitted_step=jitted, op_by_op_step=op_by_op)
+
+
+def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
+    """FIXES in FRAMEWORK's words (:func:`for_framework`), fitted to the run FACTS describe: on a
+    run without a GPU each fix in its CPU form, or dropped when it only works on a GPU; a fix the run
+    has already applied replaced by what is left to do (or dropped) and moved after the others; a
+    fix that undoes a setting the capture shows moved first."""
+    leading: list[Fix] = []
+    rest: list[Fix] = []
+    after: list[Fix] = []
+    for fix in for_framework(fixes, framework):
+        if facts.cpu_only:
+            fix = next((cpu for gpu, cpu in _CPU_FORMS if gpu == fix), fix)
+            if fix is None:
+                continue
+        done = next((held for held in _ALREADY_DONE if held[0] == fix and getattr(facts, held[1])), None)
+        if done is not None:
+            if done[2] is not None and done[2] not in after:
+                after.append(done[2])
+            continue
+        first = any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
+        (leading if first else rest).append(fix)
+    return leading + rest + [fix for fix in after if fix not in leading + rest]
+
+
+FRAMEWORKS = ("tensorflow", "jax", "pytorch")
+# A plain Fix written for one framework is named for it (JAX_..., TORCH_...); others speak to all.
+_PREFIXES = {"JAX_": "jax", "TORCH_": "pytorch"}
+
+
+def offered(module: ModuleType) -> dict[str, list[Fix]]:
+    """The fixes a check MODULE's functions name (``fixes.X``, or a Fix/Remedy or list of them the module holds),
+    in the order they first appear, as each framework's user reads them: what ``tb-gpuadvisor
+    checks ID`` lists. Fixes only named inside another fix's definition are forms, not offers."""
+    tree = ast.parse(inspect.getsource(module))
+    found: dict[str, Fix] = {}
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "fixes":
+                name, value = node.attr, globals().get(node.attr)
+            elif isinstance(node, ast.Name):
+                name, value = node.id, vars(module).get(node.id)
+            else:
+                continue
+            for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(item, Fix):       # a fix, or one of a list of fixes the module keeps
+                    found.setdefault(name if item is value else f"{name}[{i}]", item)
+    out: dict[str, list[Fix]] = {}
+    for framework in FRAMEWORKS:
+        mine = [fix for name, fix in found.items() if isinstance(fix, Remedy)
+                or _PREFIXES.get(name[:name.find("_") + 1], framework) == framework]
+        out[framework] = for_framework(mine, framework)
     return out
 
 
@@ -202,6 +306,30 @@ TORCH_WORKERS = Fix(
     doc=TORCH_DATA_GUIDE,
 )
 
+TORCH_WORKERS_ON_CPU = Fix(
+    text="Load batches in DataLoader worker processes that stay alive between epochs and keep "
+         "batches queued ahead of the step; without a GPU the workers share the cores with the "
+         "training threads, so give each side its own.",
+    code="torch.set_num_threads(os.cpu_count() - 4)   # the training process's compute threads\n"
+         "loader = torch.utils.data.DataLoader(\n"
+         "    dataset, batch_size=batch_size, shuffle=True,\n"
+         "    num_workers=4,            # the cores left to loading\n"
+         "    persistent_workers=True,  # no worker start-up at every epoch\n"
+         "    prefetch_factor=4)        # batches each worker keeps ready",
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_FASTER_WORKERS = Fix(
+    text="The DataLoader already loads in worker processes and the step still waits for it: make "
+         "each sample cheaper first (above); then keep the workers alive between epochs, queue more "
+         "batches per worker, and add workers only while cores are idle.",
+    code="loader = torch.utils.data.DataLoader(\n"
+         "    dataset, batch_size=batch_size, shuffle=True,\n"
+         "    num_workers=num_workers,  # raise only while `top` shows idle cores\n"
+         "    persistent_workers=True, prefetch_factor=4)",
+    doc=TORCH_DATA_GUIDE,
+)
+
 TORCH_PINNED_COPIES = Fix(
     text="Copy batches from pinned (page-locked) host memory without blocking, so the copy runs "
          "on the GPU's copy engine while the host goes on launching work.",
@@ -220,11 +348,31 @@ TORCH_LIGHTER_DATASET = Fix(
     doc=TORCH_TUNING_GUIDE,
 )
 
+TORCH_LIGHTER_DATASET_ON_CPU = Fix(
+    text="Make each sample cheaper to produce: cache samples whose preprocessing does not change "
+         "between epochs, and augment a whole batch at once in a vectorised collate_fn instead of "
+         "sample by sample.",
+    code="cached = [dataset[i] for i in range(len(dataset))]   # decoded once, if it fits in memory\n"
+         "loader = torch.utils.data.DataLoader(cached, batch_size=batch_size, shuffle=True,\n"
+         "                                     collate_fn=augment_batch)  # one call per batch",
+    doc=TORCH_TUNING_GUIDE,
+)
+
 TORCH_SYNTHETIC_INPUT_TEST = Fix(
     text="Confirm the diagnosis: run a few steps on one random batch kept on the GPU. If the step "
          "time drops, the DataLoader is the bottleneck; if not, look elsewhere.",
     code="x = torch.randn(batch_size, *input_shape, device=device)\n"
          "y = torch.randint(num_classes, (batch_size,), device=device)\n"
+         "for _ in range(50):\n"
+         "    train_step(x, y)",
+    doc=TORCH_TUNING_GUIDE,
+)
+
+TORCH_SYNTHETIC_INPUT_TEST_ON_CPU = Fix(
+    text="Confirm the diagnosis: run a few steps on one random batch made once, outside the loop. "
+         "If the step time drops, the DataLoader is the bottleneck; if not, look elsewhere.",
+    code="x = torch.randn(batch_size, *input_shape)\n"
+         "y = torch.randint(num_classes, (batch_size,))\n"
          "for _ in range(50):\n"
          "    train_step(x, y)",
     doc=TORCH_TUNING_GUIDE,
@@ -416,6 +564,16 @@ CACHE_AND_INTERLEAVE = Remedy(
     pytorch=TORCH_LIGHTER_DATASET,
 )
 
+CACHE_AFTER_MAP = Remedy(
+    text="The dataset is already in memory: cache it after its expensive, deterministic map steps "
+         "so later epochs skip them (random augmentation goes after the cache).",
+    code="dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).cache()\n"
+         "dataset = dataset.shuffle(buffer_size).map(augment, num_parallel_calls=tf.data.AUTOTUNE)",
+    doc=DATA_GUIDE,
+    jax=None,
+    pytorch=TORCH_LIGHTER_DATASET,
+)
+
 SYNTHETIC_INPUT_TEST = Remedy(
     text="Confirm the diagnosis: train a few steps on random tensors of the same shape. If the "
          "step time drops, the input pipeline is the bottleneck; if not, look elsewhere.",
@@ -462,6 +620,29 @@ LARGER_BATCH = Remedy(
     doc=GPU_PERF_GUIDE,
     jax=JAX_LARGER_BATCH,
     pytorch=TORCH_LARGER_BATCH,
+)
+
+EAGER_FIT = Remedy(
+    text="Drop run_eagerly=True from model.compile: model.fit then runs each step as one compiled "
+         "tf.function graph instead of dispatching every op from Python (the eager dispatch, "
+         "TFE_Py_FastPathExecute_C, is what fills the step). Keep it only to debug.",
+    code="model.compile(optimizer=optimizer, loss=loss, metrics=metrics)   # run_eagerly=False, the default",
+    doc=KERAS_FIT_DOC,
+    jax=None,
+    pytorch=None,
+)
+
+HOST_OPS_INTO_PIPELINE = Remedy(
+    text="Move the ops that have no GPU kernel (named in the evidence) out of the training step into "
+         "the input pipeline: in dataset.map they run on tf.data's threads ahead of the step, here and "
+         "on a GPU machine later, where inside the step they would stall the GPU.",
+    code="def preprocess(ids, label):\n"
+         "    unique_ids, index = tf.unique(ids)     # the host-only op, now ahead of the step\n"
+         "    return (unique_ids, index), label\n"
+         "dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)",
+    doc=DATA_GUIDE,
+    jax=None,
+    pytorch=None,
 )
 
 STEPS_PER_EXECUTION = Remedy(
@@ -544,4 +725,37 @@ CHECK_GPU_VISIBLE = Remedy(
              "print(jax.default_backend())  # 'gpu' expected\n"
              "# pip install -U 'jax[cuda12]'",
         doc="https://docs.jax.dev/en/latest/installation.html"),
+)
+
+
+# On a run without a GPU: each GPU fix's CPU form, or None where it only works on a GPU (the copy
+# engine, pinned memory, CUDA decode and graphs, reading results back from the device, TF's GPU
+# launch threads, Tensor Core precision).
+_CPU_FORMS: tuple[tuple[Fix, Fix | None], ...] = (
+    (TORCH_WORKERS, TORCH_WORKERS_ON_CPU),
+    (TORCH_PINNED_COPIES, None),
+    (TORCH_LIGHTER_DATASET, TORCH_LIGHTER_DATASET_ON_CPU),
+    (TORCH_SYNTHETIC_INPUT_TEST, TORCH_SYNTHETIC_INPUT_TEST_ON_CPU),
+    (TORCH_NO_HOST_SYNC, None),
+    (TORCH_CUDA_GRAPHS, None),
+    (TORCH_TF32, None),
+    (TORCH_AUTOCAST, None),
+    (GPU_PRIVATE_THREADS.variant("tensorflow"), None),
+    (LOG_DEVICE_PLACEMENT.variant("tensorflow"), None),
+)
+# (fix, the RunFacts field that says the run has applied it, what is left to do or None).
+_ALREADY_DONE: tuple[tuple[Fix, str, Fix | None], ...] = (
+    (TORCH_WORKERS, "loader_workers", TORCH_FASTER_WORKERS),
+    (TORCH_WORKERS_ON_CPU, "loader_workers", TORCH_FASTER_WORKERS),
+    (JAX_JIT_STEP, "jitted_step", None),
+)
+# Fixes that come first: one that undoes a setting the capture shows (offered only then), jitting
+# a JAX step the trace shows dispatched op by op, and the
+# one that is left when the run applied the usual first fix (with workers on, a DataLoader that
+# still falls behind makes its samples too slowly). (fix, the RunFacts field it needs or None).
+_LEADING: tuple[tuple[Fix, str | None], ...] = (
+    (EAGER_FIT.variant("tensorflow"), None),
+    (JAX_JIT_STEP, "op_by_op_step"),
+    (TORCH_LIGHTER_DATASET, "loader_workers"),
+    (TORCH_LIGHTER_DATASET_ON_CPU, "loader_workers"),
 )

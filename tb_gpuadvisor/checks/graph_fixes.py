@@ -25,10 +25,10 @@ _FIT_MARKERS = ("keras", "keras2")
 
 def graph_remedies(analysis: Analysis) -> list[fixes.Remedy]:
     """The "run it as a tf.function" remedies that apply: none for a model.fit step that already
-    ran as one (its function calls are in the steps), only TF_FUNCTION (turn run_eagerly off) for
+    ran as one (its function calls are in the steps), only EAGER_FIT (turn run_eagerly off) for
     an eager fit, both for a custom loop."""
     if analysis.trust.candidates.source not in _FIT_MARKERS:
         return [fixes.TF_FUNCTION, LOOP_IN_GRAPH]
     compiled = any((named_events(host.activity, "graph_call", tensorflow.GRAPH_CALL.search) & (host.activity.step >= 0)).any()
                    for host in analysis.model.hosts)
-    return [] if compiled else [fixes.TF_FUNCTION]
+    return [] if compiled else [fixes.EAGER_FIT]

@@ -96,13 +96,20 @@ def _op_label(op_type: str) -> str:
     return f"{op_type} ({tensorflow.PYTHON_OPS[op_type]}, Python code)" if op_type in tensorflow.PYTHON_OPS else op_type
 
 
+def _in_memory(pipeline: Pipeline) -> bool:
+    """Whether the pipeline starts from data in memory and reads no files (no file fix fits)."""
+    kinds = {stage_kind(stage.name) for stage in pipeline.stages}
+    return bool(kinds & tensorflow.IN_MEMORY_SOURCES) and not any(k.startswith(tensorflow.FILE_STAGES) for k in kinds)
+
+
 def _fixes(pipeline: Pipeline) -> list:
     ordered = []
     if pipeline.stages and not pipeline.prefetches:
         ordered.append(fixes.PREFETCH)
     if pipeline.stages and not pipeline.parallel:
         ordered.append(fixes.PARALLEL_MAP)
-    for fix in (fixes.PREFETCH, fixes.PARALLEL_MAP, fixes.CACHE_AND_INTERLEAVE, fixes.SYNTHETIC_INPUT_TEST):
+    cache = fixes.CACHE_AFTER_MAP if _in_memory(pipeline) else fixes.CACHE_AND_INTERLEAVE
+    for fix in (fixes.PREFETCH, fixes.PARALLEL_MAP, cache, fixes.SYNTHETIC_INPUT_TEST):
         if fix not in ordered:
             ordered.append(fix)
     return ordered

@@ -46,6 +46,7 @@ from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.attribution.whatif import launch_cost_us
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.graph_fixes import graph_remedies
+from tb_gpuadvisor.checks.launch_bound import LAUNCH_WARNING_PERCENT
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
     Compared, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
@@ -59,7 +60,7 @@ CHECK_ID = "kernel_launch"
 # Host cost per kernel left when launches are batched (a CUDA graph replays many kernels for
 # one call; an XLA fusion launches one kernel for many ops): about 1 us.
 BATCHED_LAUNCH_US = 1.0
-CRITICAL, WARNING = 15.0, 3.0
+CRITICAL, WARNING = 15.0, LAUNCH_WARNING_PERCENT
 TOP = 5
 TINY_KERNEL_PS = 20 * PS_PER_US     # a kernel this short finishes before most launches of the next return
 

@@ -146,9 +146,11 @@ def _host_only_ops(analysis: Analysis) -> Finding:
     severity = severity_by_threshold(percent, CRITICAL, WARNING)
     ms = analysis.ms_per_step(host_only_ps)
     names = ", ".join(dict.fromkeys(e.name for e in evidence)) or "none"
+    pipeline = {"pytorch": "the DataLoader's workers", "jax": "the input pipeline"}.get(
+        analysis.model.framework, "the tf.data pipeline")
     summary = ("This capture has no GPU, so every op runs on the CPU and misplacement itself cannot show. "
                f"{percent:.1f}% of the step's op time ({ms:.2f} ms per step) is in ops that have no GPU "
-               f"kernel ({names}): moved into the tf.data pipeline they leave the step on this CPU, and on "
+               f"kernel ({names}): moved into {pipeline} they leave the step on this CPU, and on "
                "a GPU they could not run at all.")
     title = (f"{percent:.1f}% of op time is in ops with no GPU kernel" if severity is not Severity.OK
              else f"Few ops without a GPU kernel ({percent:.1f}% of op time)")
@@ -157,7 +159,7 @@ def _host_only_ops(analysis: Analysis) -> Finding:
         metrics={"host_op_percent": round(percent, 2), "host_op_ms_per_step": round(ms, 3),
                  "measured_on": "cpu"},
         estimated_savings_ms_per_step=ms if severity is not Severity.OK else 0.0, evidence=evidence[:TOP],
-        fixes=[fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS] if severity is not Severity.OK else [],
+        fixes=[fixes.HOST_OPS_INTO_PIPELINE] if severity is not Severity.OK else [],
     )
 
 

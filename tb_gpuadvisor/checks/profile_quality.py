@@ -191,7 +191,7 @@ TORCH_GPU_VISIBLE = Fix(
          "device = torch.device('cuda')\n"
          "model = model.to(device)\n"
          "for x, y in loader:\n"
-         "    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+         "    x, y = x.to(device), y.to(device)\n"
          "    train_step(x, y)",
     doc="https://pytorch.org/get-started/locally/")
 GPU_VISIBLE = replace(CHECK_GPU_VISIBLE, pytorch=TORCH_GPU_VISIBLE)

@@ -103,7 +103,7 @@ def _filesystem(path: str):
         import fsspec
     except ImportError:
         raise StoreError(
-            f"{path}: remote paths need fsspec (pip install 'tb-gpuadvisor[remote]')") from None
+            f"{path}: remote paths need fsspec (pip install fsspec: the package's remote extra)") from None
     try:
         return fsspec.core.url_to_fs(path)
     except ImportError as err:

@@ -289,3 +289,29 @@ def device_label(model: SessionModel, dev: DeviceActivity) -> str:
     if max(len(model.hosts), model.session_hosts) > 1:
         return f"{dev.device.host}{dev.device.name}"
     return dev.device.name
+
+
+# An eager memory-bound kernel counts as fusible below this duration: a kernel that long streams
+# hundreds of MB at HBM speed, past the size where one more pass over memory is the kernel's cost.
+FUSIBLE_MAX_PS = 100_000_000        # 100 us
+
+
+def unfused_chains(dev: DeviceActivity) -> np.ndarray:
+    """Per event of a PyTorch trace's device: an eager memory-bound ATen kernel
+    (``pytorch.is_eager_memory_bound_kernel``) shorter than FUSIBLE_MAX_PS that runs right before or
+    after another such kernel on its stream (copies and memsets in between neither break nor join
+    a chain): a chain of at least two, which torch.compile would fuse into fewer passes over memory.
+    Kept in this module's memo; the unfused_ops check and its replay scenario read it."""
+    mask = _MEMO.of(dev).get("unfused_chains")
+    if mask is not None:
+        return mask
+    small = (classify(dev).kernel & (dev.dur_ps < FUSIBLE_MAX_PS)
+             & named_events(dev, "eager_memory_bound", pytorch.is_eager_memory_bound_kernel))
+    rows = np.flatnonzero(dev.kind == DeviceEventKind.KERNEL)
+    rows = rows[np.argsort(dev.stream[rows], kind="stable")]      # by stream, in time order within each
+    linked = small[rows[:-1]] & small[rows[1:]] & (dev.stream[rows[:-1]] == dev.stream[rows[1:]])
+    member = np.zeros(len(dev), bool)
+    member[rows[:-1][linked]] = True
+    member[rows[1:][linked]] = True
+    _MEMO.of(dev)["unfused_chains"] = mask = kept_mask(member)
+    return mask

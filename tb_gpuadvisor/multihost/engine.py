@@ -7,7 +7,7 @@ whole session. A job is tried twice: a worker that dies (killed, out of memory, 
 or an exception costs the job one attempt, and a second failure becomes that job's
 ``Outcome.error`` while the other jobs go on.
 
-Dask is an optional extra (``pip install tb-gpuadvisor[dask]``): ``distributed`` is imported
+Dask is an optional extra (the package's ``dask`` extra, or ``pip install 'dask[distributed]'``): ``distributed`` is imported
 only when a DaskEngine is built, and an engine only ever attaches to a running scheduler.
 """
 
@@ -309,7 +309,7 @@ class DaskEngine(Engine):
         try:
             import distributed
         except ImportError:
-            raise EngineError("the dask engine needs Dask: pip install 'tb-gpuadvisor[dask]'") from None
+            raise EngineError("the dask engine needs Dask: pip install 'dask[distributed]' (the package's dask extra)") from None
         self._distributed = distributed
         self.address = address
         try:
@@ -396,7 +396,7 @@ class EngineKind:
 # the tab's choice (from_environment) both read this table.
 ENGINES: dict[str, EngineKind] = {
     "local": EngineKind(_local, "this machine's processes (--workers of them, default: every core)"),
-    "dask": EngineKind(_dask, "a running Dask cluster (pip install 'tb-gpuadvisor[dask]'), attached to at "
+    "dask": EngineKind(_dask, "a running Dask cluster (pip install 'dask[distributed]'), attached to at "
                               f"--address or ${ADDRESS_ENV}, never started", chosen_by_env=ADDRESS_ENV),
 }
 

@@ -135,7 +135,7 @@ class Trust:
             out["capture_to_retake"] = self.retake
         if self.expected_devices:
             out["devices_the_host_used"] = self.expected_devices
-        if self.placement.where not in ("gpu", "tpu"):
+        if self.placement.where not in ("gpu", "tpu", "unknown"):
             out["placement"] = self.placement.to_json()
         if self.one_step:
             out["single_step"] = {"typical": not self.single_step_atypical, "atypical_because": self.single_step_atypical}

@@ -138,7 +138,7 @@ def of_the_step(activity: HostActivity, mask: np.ndarray, steps: Steps, grouped_
 class Placement:
     """Where the model's work ran, with the host ops that say so."""
 
-    where: str                      # gpu | tpu | cpu_only | host_despite_gpu | gpu_trace_lost
+    where: str                      # gpu | tpu | cpu_only | host_despite_gpu | gpu_trace_lost | unknown
     host_op_percent: float = 0.0    # host compute-op time (union) as a share of step time
     host_op_ms_per_step: float = 0.0
     long_op_share: float = 0.0      # share of host op time in ops lasting HOST_COMPUTE_OP_PS or more
@@ -198,7 +198,10 @@ def _host_ops(model: SessionModel, steps: Steps) -> tuple[float, float, float, l
 
 
 def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
-    """Decide where the model ran (see the module docstring)."""
+    """Decide where the model ran (see the module docstring); unknown when no host or device
+    could be read at all (every file unreadable): nothing says whether it had a GPU."""
+    if not model.hosts and not model.devices:
+        return Placement("unknown")
     if model.active_gpus:
         return Placement("gpu")
     if any(d.device.kind == "tpu" and len(d) for d in model.devices):

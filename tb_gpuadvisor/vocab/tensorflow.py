@@ -88,6 +88,12 @@ SUMMARY_WRITER = re.compile(r"(^|: )(WriteSummary|FlushSummaryWriter|CloseSummar
 BUFFER_STAGES = frozenset({"Model", "Root", "Prefetch", "MaxIntraOpParallelism", "PrivateThreadPool"})
 # tf.data stages that run their function on several elements at once.
 PARALLEL_STAGES = ("ParallelMap", "MapAndBatch", "ParallelBatch", "ParallelInterleave")
+# Sources of a pipeline held in memory (from_tensor_slices, from_tensors, range) and stage kinds
+# that read files (TFRecordDataset, TextLineDataset, FixedLengthRecordDataset, list_files, and
+# interleave, which is how files are read in parallel).
+IN_MEMORY_SOURCES = frozenset({"TensorSlice", "FromTensor", "Range"})
+FILE_STAGES = ("TFRecord", "TextLine", "FixedLengthRecord", "ListFiles", "MatchingFiles", "Interleave",
+               "ParallelInterleave")
 # Stage kinds of a prefetch, of a sequential map, and of a map tf.data fused with its batch.
 PREFETCH_STAGE = "Prefetch"
 SEQUENTIAL_MAP_STAGES = ("Map", "MapV2")
