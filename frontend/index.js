@@ -211,9 +211,8 @@ class AdvisorApp {
     const context = {
       run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms, timeOriginMs: report.time_origin_ms,
     };
-    const imbalance = (report.findings || []).find((f) => f.check === 'multi_gpu_imbalance');
-    const straggler = imbalance && imbalance.metrics ? imbalance.metrics.straggler_device : null;
-    const deviceChart = views.deviceChart(report.breakdown, typeof straggler === 'string' ? straggler : null);
+    // The device a check marks (report.marked_device: the straggler), as the report names it.
+    const deviceChart = views.deviceChart(report.breakdown, report.marked_device || null);
     this.show(
       views.errorsView(report),
       views.headerView(report),

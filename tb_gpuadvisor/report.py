@@ -242,6 +242,17 @@ def _located(evidence: list[Evidence], model: SessionModel) -> list[Evidence]:
     return out
 
 
+def _marked_device(ranked: list[Finding]) -> str | None:
+    """The device the tab's per-GPU chart marks: named by the first finding, in rank order, of a
+    check that declares one (``Chart``), None when none does."""
+    for finding in ranked:
+        check = declared(finding.check)
+        value = finding.metrics.get(check.chart.marked_device) if check and check.chart else None
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def finish(out: dict, findings: list[Finding], errors: list[dict], analysis: Analysis) -> dict:
     """Rank the findings, make their savings add up, and name the first fix. ANALYSIS is the
     session's own, or what multihost.merge joins from its hosts (the same interface)."""
@@ -253,6 +264,9 @@ def finish(out: dict, findings: list[Finding], errors: list[dict], analysis: Ana
         errors = errors + [{"message": f"what-if replay failed: {err!r}"}]
     out["findings"] = [dict(f.to_json(), rank=i + 1) for i, f in enumerate(ranked)]
     out["first_fix"] = _first_fix(ranked, analysis.mean_step_ms)
+    marked = _marked_device(ranked)
+    if marked is not None:
+        out["marked_device"] = marked
     out["errors"] = errors
     out["warnings"] = out.pop("warnings")       # after the errors, as the contract lists them
     return out

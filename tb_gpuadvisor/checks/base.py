@@ -159,6 +159,14 @@ def join_per_gpu(primary: Any, parts: list[tuple[Any, Any]], kind: type,
 
 
 @dataclass(frozen=True)
+class Chart:
+    """What the tab's charts take from the check's finding: MARKED_DEVICE, the metric naming the
+    device the per-GPU chart marks (the straggler); the report gives it as ``marked_device``."""
+
+    marked_device: str
+
+
+@dataclass(frozen=True)
 class PerHostJoin:
     """What the many-host merge does with a per-host check's findings beyond taking one host's:
     SUMMED, the metrics that add up over the hosts (counts of the capture); UNREADABLE(finding,
@@ -187,6 +195,7 @@ class Check:
     # (PyTorch's model.eval()) is not listed on another framework's report.
     frameworks: tuple[str, ...] = ()
     per_host: PerHostJoin = PerHostJoin()
+    chart: Chart | None = None
 
     def applies_to(self, framework: str) -> bool:
         return not self.frameworks or framework in self.frameworks
@@ -222,7 +231,7 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
              cross_host: CrossHost | None = None, worst_host: bool = False,
              frameworks: tuple[str, ...] = (), per_host: PerHostJoin = PerHostJoin(),
-             ) -> Callable[[CheckFunction], CheckFunction]:
+             chart: Chart | None = None) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
     if aspect not in ASPECTS:
@@ -235,7 +244,7 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
             raise ValueError(f"check {check_id!r} registered twice")
         REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
                                    explains, explains_order, compared, cross_host, worst_host, frameworks,
-                                   per_host)
+                                   per_host, chart)
         return function
 
     return decorate

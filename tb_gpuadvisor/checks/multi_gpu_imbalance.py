@@ -59,7 +59,8 @@ from tb_gpuadvisor.checks.fixes import (
     DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, TORCH_DDP_DOC, Remedy,
 )
 from tb_gpuadvisor.checks.base import (
-    Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, measured_parts, register, severity_by_threshold,
+    Chart, Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, measured_parts, register,
+    severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.attribution.replay import Scenario
@@ -269,6 +270,7 @@ def judge_joined(r: Replicas, scale) -> Finding | None:
                            what="every replica's work balanced to the mean, the straggler's wait removed",
                            across_hosts=True),
           aspect="replicas", explains="communication", compared=Compared("imbalance_percent"),
+          chart=Chart(marked_device="straggler_device"),
           cross_host=CrossHost(measure, join, judge_joined,
                                "every host's replicas stacked per session step; judged with the balance all hosts allow"))
 def check(analysis: Analysis) -> Finding:
