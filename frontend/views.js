@@ -717,8 +717,6 @@ export function findingsView(report, context) {
 
 // -- compare ---------------------------------------------------------------------------------
 
-const STATUS_ORDER = ['worse', 'new', 'better', 'fixed', 'unchanged'];
-
 export function compareView(result, labels) {
   const section = h('section', {class: 'compare', 'aria-label': 'Comparison', 'data-testid': 'compare'});
   const delta = Number(result.step_time_delta_ms);
@@ -742,8 +740,8 @@ export function compareView(result, labels) {
       typeof result.noise_band === 'number' ? h('div', {class: 'muted small', 'data-testid': 'noise-band',
         text: result.step_status === 'unchanged' ? `within the noise band (±${fmtMs(result.noise_band)})` :
           `beyond the noise band (±${fmtMs(result.noise_band)})`}) : null)));
-  const checks = [...(result.checks || [])].sort((a, b) =>
-    STATUS_ORDER.indexOf(a.status) - STATUS_ORDER.indexOf(b.status));
+  // The comparison's order (compare.STATUSES: changes first), as given.
+  const checks = result.checks || [];
   const unit = result.unit === 'ms/example' ? '/example' : '/step';
   const rows = checks.map((check) => {
     const metric = check.main_metric;

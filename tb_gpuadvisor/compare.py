@@ -45,6 +45,7 @@ NOISE_FLOOR_PERCENT = 1.0   # of the longer mean step: timer and scheduling jitt
 # other processes) however steady each capture is, so a smaller change of the step is no evidence.
 STEP_NOISE_FLOOR_PERCENT = 10.0
 
+# The order of the checks in a comparison (changes first), for the CLI and the tab alike.
 STATUSES = ("new", "worse", "better", "fixed", "unchanged")
 # Where the primary device's step went (breakdown.per_device, ms per step), for "what grew": its
 # kernel compute, then the parts checks declare (Compared.device_parts), then copies and idle.
@@ -229,6 +230,7 @@ def compare_sessions(base: dict, new: dict) -> dict:
             "savings_delta_ms": round(_savings(n) - _savings(b), 3),
             "title": (n or b)["title"],
         })
+    checks.sort(key=lambda c: STATUSES.index(c["status"]))     # stable: BASE's order within a status
     base_ms, new_ms = base_steps.get("mean_ms"), new_steps.get("mean_ms")
     comparable = bool(base_ms and new_ms)
     delta_ms = round(new_ms - base_ms, 3) if comparable else None
@@ -314,10 +316,6 @@ def _change(check: dict, unit: str, arrow: str) -> str:
     return " ".join(parts)
 
 
-def _ordered(result: dict) -> list[dict]:
-    return sorted(result["checks"], key=lambda c: STATUSES.index(c["status"]))
-
-
 def _severity_change(check: dict, arrow: str) -> str:
     """"ok -> warning"; the same severity on both sides once ("not_applicable")."""
     base, new = check["base_severity"] or "-", check["new_severity"] or "-"
@@ -330,7 +328,7 @@ def render_comparison_text(result: dict) -> str:
     head = f"{_label(result['base'])} -> {_label(result['new'])}"
     lines = [head, _step_line(result), *filter(None, [_device_line(result)]),
              f"Regressions: {result['regressions']}", ""]
-    checks = _ordered(result)
+    checks = result["checks"]
     rows = [(c["status"], c["check"], _severity_change(c, "->"), _change(c, result["unit"], "->")) for c in checks]
     widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
     for c, row in zip(checks, rows):
@@ -350,7 +348,7 @@ def render_comparison_markdown(result: dict) -> str:
              f"**Regressions: {result['regressions']}**", "",
              f"| status | check | severity | time ({result['unit']}) and share | saving change (ms/step) |",
              "|---|---|---|---|---|"]
-    for c in _ordered(result):
+    for c in result["checks"]:
         note = f"<br>why: {c['note']}" if c.get("note") else ""
         lines.append(f"| {c['status']} | `{c['check']}` | {_severity_change(c, '→')} | "
                      f"{_change(c, result['unit'], '→')}{note} | {c['savings_delta_ms']:+.2f} |")
