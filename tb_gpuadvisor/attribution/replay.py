@@ -196,7 +196,11 @@ def _releases(host: HostModel, call: np.ndarray, step: np.ndarray, start: np.nda
     own = running - np.maximum(start, before)       # the part of the event past what ran before it
     np.maximum(own, 0, out=own)
     linked = call >= 0
-    launch_end = np.where(linked, host.activity.end_ps[np.clip(call, 0, None)], -1)
+    at = np.clip(call, 0, None)
+    # A call that put several events on the device (a CUDA graph replay) released them as it began:
+    # its kernels start while it still runs, and after the first only device order holds them back.
+    graph = linked & (np.bincount(call[linked], minlength=len(host.activity.end_ps))[at] > 1)
+    launch_end = np.where(linked, np.where(graph, host.activity.start_ps[at], host.activity.end_ps[at]), -1)
     # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
     anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
     del before
