@@ -76,3 +76,19 @@ def test_precision_saving_on_the_a100_tracediff_test_trace_follows_its_host_wait
     assert gains.size == 6
     assert sorted(gains)[-2:] == pytest.approx([17.84, 18.53], abs=0.5)
     assert 5.0 < gains.mean() < 8.0
+
+
+def test_memcpy_on_the_a100_tracediff_test_trace_names_its_device_to_device_copies(corpus):
+    """Hand check on the raw JSON: per step the V100 runs 774 ``Memcpy DtoD (Device -> Device)``
+    copies (15.49 ms, 14.45 ms of it with no kernel alongside, of 16.08 ms of exposed copy time),
+    launched by ``cudaMemcpyAsync`` inside ``aten::copy_`` under ``CompiledFunction`` and
+    ``CompiledFunctionBackward``; its ``cudaGraphLaunch`` calls each put many kernels on the GPU.
+    Its host-to-device copies come from pinned memory. So the fix is the CUDA graphs' input
+    copies, not pinning memory or fewer ``.item()`` reads."""
+    from tb_gpuadvisor.multihost import build_report
+
+    (session,) = build_report(find_sessions(str(corpus / "pytorch-a100-tracediff/test")))["sessions"]
+    memcpy = next(f for f in session["findings"] if f["check"] == "memcpy")
+    assert "14.45 ms of its exposed copy time per step are device-to-device copies (774 a step" in memcpy["summary"]
+    assert "CompiledFunction" in memcpy["summary"]
+    assert "CUDA graphs" in memcpy["fixes"][0]["text"] and ".item()" not in memcpy["fixes"][0]["text"]
