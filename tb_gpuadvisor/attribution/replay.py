@@ -147,6 +147,14 @@ _LAUNCHING = np.array([HostEventKind.LAUNCH, HostEventKind.FIRST_USE], np.int8)
 _COPIES = np.array([kind for kind in COPY_KINDS if kind != DeviceEventKind.MEMSET], np.int8)
 
 
+def shared_launches(call: np.ndarray) -> np.ndarray:
+    """Per event, whether its launch call (CALL: a row, -1 for none) launched other events too: a
+    CUDA graph replay. Sorted, not counted per row: the host table can be far longer than CALL."""
+    ordered = np.sort(call[call >= 0])
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    return np.isin(call, repeated) if repeated.size else np.zeros(call.shape, bool)
+
+
 def _launch_calls(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray) -> np.ndarray:
     """For the events ROWS of ``dev``, the row of the host launch call with its correlation id
     (-1: none), from the join trust made (``steps.launch_rows``: the first host event with the id)."""
@@ -199,7 +207,7 @@ def _releases(host: HostModel, call: np.ndarray, step: np.ndarray, start: np.nda
     at = np.clip(call, 0, None)
     # A call that put several events on the device (a CUDA graph replay) released them as it began:
     # its kernels start while it still runs, and after the first only device order holds them back.
-    graph = linked & (np.bincount(call[linked], minlength=len(host.activity.end_ps))[at] > 1)
+    graph = shared_launches(call)
     launch_end = np.where(linked, np.where(graph, host.activity.start_ps[at], host.activity.end_ps[at]), -1)
     # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
     anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)

@@ -30,7 +30,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.attribution.replay import Scenario, shared_launches
 from tb_gpuadvisor.checks.base import (
     Compared, Evidence, Finding, Fix, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
@@ -149,7 +149,7 @@ def _device_copies(analysis: Analysis, dev: DeviceActivity, exposed: iv.Interval
         return 0.0, 0.0, "", False
     ms = analysis.ms_per_step(int(iv.per_bin_total(exposed, dev.start_ps[rows], dev.end_ps[rows]).sum()))
     call = launch_rows(analysis.primary_host.activity, dev)
-    graphs = bool(np.any(np.bincount(call[call >= 0]) > 1)) if np.any(call >= 0) else False
+    graphs = bool(shared_launches(call).any())
     op = dev.launch_op[rows] if dev.launch_op.size else np.full(rows.size, -1)
     ids, counts = np.unique(op[op >= 0], return_counts=True)
     top = ", ".join(f"{dev.launch_ops[i]} {c / analysis.steps_count:.0f}"
