@@ -13,9 +13,13 @@ Each device's in-step events form a dependency chain, rebuilt from the capture:
   by that launch; one whose launch returned later, or without a launch, by nothing
   but device order. Without launch records, a device gap longer than
   ``ANCHOR_GAP_PS`` anchors the event;
-- **synchronisation**: the host waits for the device in synchronize calls and for
-  device-to-host copies; what it releases after such a wait moves with the device: it
-  resumes when both it reached the wait and the device reached the point waited for;
+- **synchronisation**: the host waits for the device in synchronize calls (not in a
+  stream's wait for an event, which holds only that stream), in PyTorch's blocking copies
+  (``.item()``, ``.cpu()``, pageable ``.to(device)``: a copy whose call returned only once it
+  had begun) and for device-to-host copies; what it releases after such a wait moves with
+  the device: it resumes when both it reached the wait and the device reached the point
+  waited for. A call that launched several events (a CUDA graph replay, which the adapter
+  marks as first use when it takes a millisecond or more) released them as it began;
 - **replicas**: collectives join the replicas of a step, so a step ends when its
   slowest device ends (the gain of a step is the smallest gain of its devices), and
   a straggler's extra work is what the others wait for inside their collectives.
