@@ -37,29 +37,64 @@ _INFLATE_CHUNK = 16 << 20
 _RUN = 32 << 20         # bytes of JSON events decoded at once by msgspec
 _SEEK = 4 << 20         # how far past a run's end to look for the next event
 _HEAD = 1 << 20         # where the traceEvents key must be for a trace to be cut into runs
+_SNIFF = 4096           # where a bare array's "[" must be
 
 
-def inflate(data: "bytearray | np.ndarray") -> "bytearray | np.ndarray":
-    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error).
-    DATA is any buffer of bytes (the reader hands over a numpy array of the file)."""
+class Truncated(CaptureError):
+    """The text ends before the trace does (a gzip stream or JSON document cut short): a file
+    the profiler may still be writing."""
+
+
+# Kineto's JSON inflates 14-26x from gzip (the corpus); a stream that inflates more than this
+# many times its size, once past INFLATION_FLOOR bytes, is a decompression bomb (deflate itself
+# allows about 1030x), refused whatever memory the budget would allow.
+MAX_INFLATION = 128
+INFLATION_FLOOR = 256 << 20
+
+
+def inflate(data: "bytearray | np.ndarray", limit: int | None = None,
+            name: str = "this gzip file") -> "bytearray | np.ndarray":
+    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is a
+    Truncated error).  DATA is any buffer of bytes (the reader hands over a numpy array of the
+    file).  The text is never let past LIMIT bytes, nor past MAX_INFLATION times DATA: the
+    inflation stops there, before the bytes are in memory, with a one-line refusal naming NAME."""
     if bytes(memoryview(data)[:2]) != GZIP_MAGIC:
         return data
+    view = memoryview(data).cast("B")
+    most = max(INFLATION_FLOOR, MAX_INFLATION * len(view))
+    room = most if limit is None else min(limit, most)
     out = bytearray()
     inflater = _gzip.decompressobj(16 + zlib.MAX_WBITS)
-    view = memoryview(data)
     try:
         for start in range(0, len(view), _INFLATE_CHUNK):
-            out += inflater.decompress(view[start:start + _INFLATE_CHUNK])
-            while inflater.unconsumed_tail:
-                out += inflater.decompress(inflater.unconsumed_tail)
-        out += inflater.flush()
+            pending = view[start:start + _INFLATE_CHUNK]
+            while pending and not inflater.eof:
+                # At most one chunk out per call: one 16 MB chunk of a bomb inflates to 16 GB.
+                out += inflater.decompress(pending, min(_INFLATE_CHUNK, room + 1 - len(out)))
+                if len(out) > room:
+                    raise CaptureError(_too_large(name, len(view), room, most, limit))
+                pending = inflater.unconsumed_tail
+            if inflater.eof:
+                break
     except (zlib.error, _gzip.error) as err:
         raise CaptureError(f"the gzip stream is corrupt ({err})") from None
     finally:
         view.release()
     if not inflater.eof:
-        raise CaptureError("the gzip file is truncated (its stream ends early)")
+        raise Truncated("the gzip file is truncated (its stream ends early)")
     return out
+
+
+def _too_large(name: str, size: int, room: int, most: int, limit: int | None) -> str:
+    """Why NAME, a gzip stream of SIZE bytes, was refused once its text passed ROOM bytes."""
+    if limit is None or most <= limit:
+        return (f"refused: {name} ({size / 2**20:.1f} MiB) inflates to more than {room / 2**20:.0f} MiB, "
+                f"{MAX_INFLATION}x its size where profiler traces inflate about 20x: a decompression "
+                "bomb or not a trace; it was not inflated further")
+    return (f"refused: {name} ({size / 2**20:.1f} MiB) inflates to more than {room / 2**20:.0f} MiB of "
+            "JSON, the most the memory available for it allows (free memory or "
+            "TB_GPUADVISOR_MEMORY_LIMIT_MB); it was not inflated further: profile fewer steps "
+            "(torch.profiler.schedule(active=...)) or analyse it on a machine with more memory")
 
 
 @dataclass
@@ -243,17 +278,24 @@ def _base_ns(value) -> int:
         return 0
 
 
+def _bare(text: "LocalFile | _Buffer") -> bool:
+    """Whether TEXT is a bare JSON array of events (the Chrome trace format allows it; PyTorch's
+    profiler wrote it until 2021) rather than an object holding ``traceEvents``."""
+    return bytes(text.read(0, min(_SNIFF, len(text)))).lstrip()[:1] == b"["
+
+
 def _msgspec(text: "LocalFile | _Buffer") -> Columns:
     """Columns through msgspec: a large trace a run of events at a time, else (or when a cut
     was not between two events) in one go."""
+    bare = _bare(text)
     if len(text) >= 2 * _RUN:
         try:
-            return _typed(_documents(text))
+            return _typed(_documents(text, bare))
         except msgspec.MsgspecError:
             pass
     whole = text.read(0, len(text))
     try:
-        return _typed(iter([("trace", whole)]))
+        return _typed(iter([("events" if bare else "trace", whole)]))
     except msgspec.ValidationError:
         # Valid JSON of another shape (a field of an unexpected type): the generic
         # path says precisely what is wrong, or reads it.
@@ -352,17 +394,19 @@ class _Buffer:
         view[:] = self.view[start:start + len(view)]
 
 
-def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
+def _documents(data: "LocalFile | _Buffer", bare: bool = False) -> Iterator[tuple[str, Any]]:
     """DATA as JSON documents to decode one after another: the trace up to a first cut (closed
     after it), runs of about _RUN bytes of whole events, and the rest (reopened before it); the
-    whole trace when no cut is found.  Each is copied only when its turn comes.
+    whole trace when no cut is found.  Each is copied only when its turn comes.  A BARE array of
+    events is cut the same way, each piece an array of events.
 
     A cut is only a guess at where one event ends and the next begins (``}, {``); each piece is
     then decoded whole.  A guess that falls inside a string or inside a nested object leaves its
     piece unterminated or unbalanced, which fails to decode, and the caller then decodes the
     file in one go: a wrong cut costs time, never a wrong column."""
     size = len(data)
-    key = bytes(data.read(0, min(_HEAD, size))).find(b'"traceEvents"')
+    key = bytes(data.read(0, min(_HEAD, size))).find(b"[" if bare else b'"traceEvents"')
+    whole, head, tail = ("events", b"]", b"[") if bare else ("trace", b"]}", b'{"traceEvents":[')
     cuts = []                                       # (end of an event + 1, start of the next)
     at = key + _RUN
     while key >= 0 and at + _RUN < size:
@@ -373,9 +417,9 @@ def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
         cuts.append((at + found.start() + 1, at + found.end() - 1))
         at += found.end() + _RUN
     if not cuts:
-        yield "trace", data.read(0, size)
+        yield whole, data.read(0, size)
         return
-    yield "trace", b"".join((data.read(0, cuts[0][0]), b"]}"))
+    yield whole, b"".join((data.read(0, cuts[0][0]), head))
     # The runs between are copied, bracketed, into one reused buffer: a fresh one per run
     # would fault in 32 MB of new pages each time.
     buffer = bytearray(2 + max((end - start for (_, start), (end, _) in zip(cuts, cuts[1:])), default=0))
@@ -385,11 +429,14 @@ def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
         into[0], into[n + 1] = ord("["), ord("]")
         data.read_into(start, into[1:n + 1])
         yield "events", into[:n + 2]
-    yield "trace", b"".join((b'{"traceEvents":[', data.read(cuts[-1][1], size)))
+    yield whole, b"".join((tail, data.read(cuts[-1][1], size)))
 
 
 def _from_dicts(trace) -> Columns:
-    """Columns from a trace parsed into dicts (orjson or the standard library)."""
+    """Columns from a trace parsed into dicts (orjson or the standard library): an object holding
+    ``traceEvents``, or a bare array of events."""
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents", []), list):
         raise CaptureError("this JSON is not a Chrome trace (no traceEvents list)")
     events = trace.get("traceEvents", [])
@@ -455,5 +502,20 @@ def decode(data: "bytearray | np.ndarray | LocalFile", backend: str | None = Non
         raise
     except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is probably "
-                           "truncated (was the profiler still writing it?) or corrupt") from None
+        if _ends_early(err, text):
+            raise Truncated(f"the trace JSON ends early ({first[:200]}): the file is truncated, or the "
+                            "profiler is still writing it") from None
+        raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is corrupt") from None
+
+
+def _ends_early(err: Exception, text: "LocalFile | _Buffer") -> bool:
+    """Whether a decoder's parse error ERR says that TEXT ended before its JSON did."""
+    message = str(err)
+    if "truncated" in message or "end of data" in message or message.startswith("Unterminated string"):
+        return True
+    at = getattr(err, "pos", None)      # json's and orjson's JSONDecodeError: where it stopped
+    if at is None:
+        return False
+    end = len(text)
+    last = bytes(text.read(max(end - _SNIFF, 0), end))
+    return at >= end - (len(last) - len(last.rstrip()))     # at the end, or in the blanks after it

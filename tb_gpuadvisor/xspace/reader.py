@@ -33,6 +33,11 @@ class CaptureError(Exception):
     """A capture file that cannot be read; the message says why, for the user."""
 
 
+class BeingWritten(CaptureError):
+    """A capture file the profiler is still writing: not an error of the file, and read again
+    once it is complete (the tab answers "being written" meanwhile)."""
+
+
 @dataclass
 class SpaceIndex:
     """Where each plane lies in the file, and the space's own messages."""
