@@ -3,7 +3,9 @@ never take the process down and never hide a good host."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -315,3 +317,160 @@ def test_queue_is_bounded_and_abandoned_jobs_are_dropped(tmp_path, monkeypatch):
         assert [ref.run for ref in analyzer.calls] == ["run0"]
     finally:
         svc.close()
+
+
+# -- issue 34: nothing a PyTorch logdir holds takes TensorBoard down --------------------------------
+
+_PEAK_CHILD = """
+import json, resource, runpy, sys
+sys.path.insert(0, {tests!r})
+mode, logdir = {mode!r}, {logdir!r}
+if mode == "cli":
+    sys.argv = ["tb-gpuadvisor", "analyze", logdir, "--format", "json"]
+    try:
+        runpy.run_module("tb_gpuadvisor.cli", run_name="__main__")
+    except SystemExit as done:
+        print("rc", done.code, file=sys.stderr)
+else:       # the plugin's routes in TensorBoard's WSGI app, as the tab asks them
+    from test_plugin import PLUGIN_ROOT, make_client, make_flags, wait_for_report
+    client = make_client(make_flags(logdir=logdir))
+    answers = {{}}
+    for item in json.loads(client.get(PLUGIN_ROOT + "/runs").data):
+        url = PLUGIN_ROOT + f"/report?run={{item['run']}}&session={{item['session']}}"
+        response = wait_for_report(client, url, timeout=300)
+        answers[item["run"]] = [response.status_code, json.loads(response.data)]
+    print(json.dumps(answers))
+print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)
+"""
+
+
+def bomb_logdir(root: Path, mib: int) -> Path:
+    """A logdir of two PyTorch runs: "bomb", a worker0.<ms>.pt.trace.json.gz of a few KiB per
+    GiB that inflates to a valid trace of MIB MiB of spaces and one event (issue 34's file), and
+    "good", a real-shaped trace beside it."""
+    from synth_kineto import kineto_trace, write_trace
+    from test_kineto_json import _gzip_of_spaces
+
+    (root / "bomb").mkdir(parents=True)
+    (root / "bomb" / "worker0.1700000000000.pt.trace.json.gz").write_bytes(_gzip_of_spaces(mib))
+    write_trace(root / "good" / "worker0.1700000000000.pt.trace.json.gz", kineto_trace(steps=4))
+    return root
+
+
+def peak_of(mode: str, logdir: Path, limit_mb: int | None) -> tuple[int, str, str]:
+    """(peak RSS bytes, stdout, stderr) of analysing LOGDIR in a child: "cli" (tb-gpuadvisor
+    analyze) or "tab" (every run's report through the plugin's routes)."""
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    env.pop("TB_GPUADVISOR_MEMORY_LIMIT_MB", None)
+    if limit_mb is not None:
+        env["TB_GPUADVISOR_MEMORY_LIMIT_MB"] = str(limit_mb)
+    script = _PEAK_CHILD.format(tests=str(TESTS), mode=mode, logdir=str(logdir))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    peak = int(result.stderr.split("peak ")[-1].split()[0])
+    return peak, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> Path:
+    # 512 MiB of spaces in 0.5 MiB of gzip: the 6 GiB file of the issue scaled to a 300 MB limit.
+    return bomb_logdir(tmp_path_factory.mktemp("bomb"), 512)
+
+
+BOMB_LIMIT_MB = 300
+
+
+def test_pytorch_inflation_bomb_is_refused_by_the_cli_under_the_limit(bomb):
+    """The CLI refuses the bomb in one line naming the file and the limit, exits 2 for it... and
+    never holds more than 1.2x the limit (the 6 GiB original peaked at 12.6 GB)."""
+    peak, out, err = peak_of("cli", bomb, BOMB_LIMIT_MB)
+    assert peak < 1.2 * (BOMB_LIMIT_MB << 20), peak
+    sessions = {s["run"]: s for s in json.loads(out)["sessions"]}
+    (error,) = sessions["bomb"]["errors"]
+    assert error["message"].startswith("refused: worker0.1700000000000.pt.trace.json.gz (0.5 MiB) inflates to more than")
+    assert "TB_GPUADVISOR_MEMORY_LIMIT_MB" in error["message"] and "\n" not in error["message"]
+    assert not sessions["good"]["errors"] and sessions["good"]["steps"]["count"] == 4
+    assert "rc 2" in err and err.count("could not be analysed") == 1
+
+
+def test_pytorch_inflation_bomb_in_the_tab_is_one_error_and_the_other_run_is_served(bomb):
+    peak, out, _ = peak_of("tab", bomb, BOMB_LIMIT_MB)
+    assert peak < 1.2 * (BOMB_LIMIT_MB << 20), peak
+    answers = json.loads(out)
+    assert answers["bomb"][0] == 200 and answers["bomb"][1]["errors"][0]["message"].startswith("refused:")
+    assert answers["good"][0] == 200 and not answers["good"][1]["errors"]
+    assert answers["good"][1]["steps"]["count"] == 4
+
+
+def _pieces(trace: dict, count: int) -> list[bytes]:
+    text = json.dumps(trace, indent=1).encode()
+    cuts = [len(text) * i // count for i in range(count + 1)]
+    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_trace_written_in_pieces_while_the_tab_polls_ends_as_its_report(tmp_path, gz):
+    """torch.profiler writes a trace while training goes on and TensorBoard is open: written in 10
+    pieces (0.3 s apart) while the tab polls its report, every answer is 202 (being written, or
+    analysing) until the last piece, then its report: never an error, never a restart."""
+    import gzip as gzip_module
+
+    from synth_kineto import kineto_trace
+    from test_plugin import wait_for_report
+
+    name = "worker0.1700000000000.pt.trace.json" + (".gz" if gz else "")
+    path = tmp_path / "run" / name
+    path.parent.mkdir()
+    pieces = _pieces(kineto_trace(steps=4, kernels=40), 10)
+    if gz:
+        pieces = _pieces_of(gzip_module.compress(b"".join(pieces)), 10)
+    path.write_bytes(b"")
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    done = threading.Event()
+
+    def write() -> None:
+        with open(path, "ab") as out:
+            for piece in pieces:
+                time.sleep(0.3)
+                out.write(piece)
+                out.flush()
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen: list[tuple[int, dict]] = []
+    while not done.is_set():
+        (item,) = json.loads(client.get(PLUGIN_ROOT + "/runs").data)
+        response = client.get(PLUGIN_ROOT + f"/report?run=run&session={item['session']}")
+        seen.append((response.status_code, json.loads(response.data)))
+        time.sleep(0.05)
+    writer.join()
+    final = wait_for_report(client, PLUGIN_ROOT + f"/report?run=run&session={item['session']}", timeout=30)
+    body = json.loads(final.data)
+    assert final.status_code == 200 and body["errors"] == [] and body["steps"]["count"] == 4
+    assert {code for code, _ in seen} <= {200, 202}
+    assert any(answer["progress"]["stage"] == "writing" for code, answer in seen if code == 202)
+    assert all(code == 202 for code, _ in seen[:-1]), [a["errors"] for c, a in seen if c != 202][:1]
+
+
+def _pieces_of(data: bytes, count: int) -> list[bytes]:
+    cuts = [len(data) * i // count for i in range(count + 1)]
+    return [data[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def test_the_cli_says_a_trace_is_being_written_in_one_line_and_exits_2(tmp_path):
+    from synth_kineto import kineto_trace
+
+    path = tmp_path / "run" / "worker0.pt.trace.json"
+    path.parent.mkdir()
+    path.write_bytes(b"".join(_pieces(kineto_trace(), 10)[:6]))
+    result = subprocess.run([sys.executable, "-m", "tb_gpuadvisor.cli", "analyze", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert re.search(r"worker0: being written: the trace ends early and the file changed \d s ago; .* finished it$", line)
+    os.utime(path, (time.time() - 3600,) * 2)      # an hour later it is a truncated file, and says so
+    from tb_gpuadvisor.adapters.kineto import read
+
+    with pytest.raises(CaptureError, match="ends early") as err:
+        read(str(path), "worker0")
+    assert type(err.value) is CaptureError or "being written" not in str(err.value)

@@ -59,7 +59,7 @@ def read(path: str, host: str, opener: Opener | None = None, budget: int | None 
     except CaptureError as err:
         writing = _still_written(path, before, err)
         if writing:
-            raise BeingWritten(f"being written: {writing}; it is read again once the profiler is done") from None
+            raise BeingWritten(f"being written: {writing}; it can be read once the profiler has finished it") from None
         raise
     return build(cols, host)
 
@@ -74,16 +74,19 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 def _still_written(path: str, before: tuple[int, int] | None, err: CaptureError) -> str | None:
     """Why the trace at PATH, which failed to read with ERR, is one the profiler is still
-    writing (it changed since BEFORE, or it ends early and changed within WRITING_S), else None."""
+    writing (it changed since BEFORE, or it is empty or ends early and changed within
+    WRITING_S), else None."""
     after = _stamp(path)
     if before is None or after is None:
         return None
     if after != before:
         return "the file changed while it was read"
-    age = time.time() - after[1] / 1e9
-    if isinstance(err, Truncated) and age < WRITING_S:
-        return f"the trace ends early and the file changed {max(age, 0):.0f} s ago"
-    return None
+    age = max(time.time() - after[1] / 1e9, 0)
+    if age >= WRITING_S:
+        return None
+    if after[0] == 0:
+        return f"the file is empty and changed {age:.0f} s ago"
+    return f"the trace ends early and the file changed {age:.0f} s ago" if isinstance(err, Truncated) else None
 
 
 def _remote_size(path: str, opener: Opener) -> int:
