@@ -474,3 +474,136 @@ def test_the_cli_says_a_trace_is_being_written_in_one_line_and_exits_2(tmp_path)
     with pytest.raises(CaptureError, match="ends early") as err:
         read(str(path), "worker0")
     assert type(err.value) is CaptureError or "being written" not in str(err.value)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def churn(logdir: Path, clients: int, seconds: float, runs: int = 8, seed: int = 0) -> dict:
+    """CLIENTS threads asking the plugin's routes (TensorBoard's WSGI app, one app for all) for the
+    runs list and random runs' reports for SECONDS, while another thread rewrites the PyTorch
+    traces of RUNS runs in place, replaces them, tears them (half written), deletes and recreates
+    them.  Returns the answers' status codes (counted), the error messages of the 200 answers,
+    and the process's RSS sampled every half second."""
+    import collections
+    import random
+
+    from synth_kineto import kineto_trace
+    from tensorboard.backend import application
+    from werkzeug import test as werkzeug_test
+    from werkzeug import wrappers
+
+    from tb_gpuadvisor import loader
+
+    texts = [json.dumps(kineto_trace(steps=s, kernels=k)).encode() for s, k in ((4, 20), (6, 40), (3, 80))]
+    paths = [logdir / f"run{i:02d}" / "worker0.1700000000000.pt.trace.json" for i in range(runs)]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(texts[0])
+    app = application.TensorBoardWSGIApp(make_flags(logdir=str(logdir)), [loader.GpuAdvisorLoader()])
+    deadline = time.monotonic() + seconds
+    codes: collections.Counter = collections.Counter()
+    messages: set[str] = set()
+    lock = threading.Lock()
+
+    def mutate() -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            path, text = rng.choice(paths), rng.choice(texts)
+            action = rng.randrange(4)
+            if action == 0 and path.exists():               # rewritten in place, as the profiler does
+                with open(path, "r+b") as out:
+                    out.write(text)
+                    out.truncate()
+            elif action == 1:                               # replaced by a new file
+                spare = path.with_name("worker0.spare")
+                spare.write_bytes(text)
+                os.replace(spare, path)
+            elif action == 2:                               # torn: half written, the rest a moment later
+                path.write_bytes(text[: len(text) // 2])
+                time.sleep(0.05)
+                path.write_bytes(text)
+            else:                                           # deleted, then written again
+                path.unlink(missing_ok=True)
+                time.sleep(0.05)
+                path.write_bytes(text)
+            time.sleep(rng.uniform(0.0, 0.1))
+
+    def ask(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        client = werkzeug_test.Client(app, wrappers.Response)
+        while time.monotonic() < deadline:
+            listed = client.get(PLUGIN_ROOT + "/runs")
+            items = json.loads(listed.data) if listed.status_code == 200 else []
+            run = rng.choice(items)["run"] if items and rng.random() < 0.9 else f"run{rng.randrange(runs + 2):02d}"
+            session = next((i["session"] for i in items if i["run"] == run), "2023_11_14_22_13_20")
+            response = client.get(PLUGIN_ROOT + f"/report?run={run}&session={session}")
+            with lock:
+                codes.update((listed.status_code, response.status_code))
+                if response.status_code == 200:
+                    messages.update(e["message"] for e in json.loads(response.data)["errors"])
+
+    rss: list[int] = []
+    threads = [threading.Thread(target=mutate)] + [threading.Thread(target=ask, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < deadline:
+        rss.append(_rss())
+        time.sleep(0.5)
+    for thread in threads:
+        thread.join(60)
+    return {"codes": dict(codes), "messages": sorted(messages), "rss": rss}
+
+
+def test_churn_of_pytorch_traces_answers_200_202_404_and_keeps_rss_flat(tmp_path):
+    """10 clients for 20 s on 8 PyTorch runs rewritten in place, replaced, torn and deleted under
+    them (issue 34; `PYTHONPATH=.:benchmarks python tests/test_reliability.py churn` is the issue's
+    full version, 50 clients for 3 minutes): every answer is 200, 202 or 404, no analysis fails with an exception,
+    and the RSS of the last third of the run is within 64 MiB of the first third's."""
+    result = churn(tmp_path, clients=10, seconds=20)
+    codes, rss = result["codes"], result["rss"]
+    assert set(codes) <= {200, 202, 404}, codes
+    assert codes.get(200, 0) > 50 and codes.get(202, 0) > 0
+    assert not [m for m in result["messages"] if "analysis failed" in m or "could not be analysed" in m]
+    third = len(rss) // 3
+    assert max(rss[-third:]) - max(rss[:third]) < 64 << 20, [r >> 20 for r in rss]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The issue's full-size runs, by hand: ``bomb`` (issue 34's 6 GiB file, peak RSS of the CLI and
+    of the tab) and ``churn`` (50 clients, 3 minutes)."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("bomb", "churn"))
+    parser.add_argument("--mib", type=int, default=6144, help="bomb: MiB of JSON the gzip file inflates to")
+    parser.add_argument("--limit-mb", type=int, default=2048, help="bomb: TB_GPUADVISOR_MEMORY_LIMIT_MB")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=180)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.what == "bomb":
+            started = time.monotonic()
+            logdir = bomb_logdir(Path(folder), args.mib)
+            size = (logdir / "bomb" / "worker0.1700000000000.pt.trace.json.gz").stat().st_size
+            print(f"bomb: {size / 2**20:.2f} MiB of gzip inflating to {args.mib} MiB, built in "
+                  f"{time.monotonic() - started:.0f} s; limit {args.limit_mb} MB")
+            for mode in ("cli", "tab"):
+                started = time.monotonic()
+                peak, out, err = peak_of(mode, logdir, args.limit_mb)
+                print(f"{mode}: peak RSS {peak / 2**20:.0f} MiB ({peak / (args.limit_mb << 20):.2f}x the limit), "
+                      f"{time.monotonic() - started:.1f} s; {err.strip().splitlines()[0][:300]}")
+        else:
+            result = churn(Path(folder), args.clients, args.seconds)
+            rss = [r >> 20 for r in result["rss"]]
+            print(f"churn: {args.clients} clients, {args.seconds:.0f} s: answers {result['codes']}; "
+                  f"RSS MiB first/middle/last: {rss[0]}/{rss[len(rss) // 2]}/{rss[-1]}, max {max(rss)}")
+            print("error messages of 200 answers:", *result["messages"], sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":     # PYTHONPATH=.:benchmarks python tests/test_reliability.py churn
+    sys.exit(main())
