@@ -9,7 +9,9 @@ trace is parsed into dicts by orjson or, last, the standard library.  All paths 
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -170,15 +172,22 @@ def _floats(values: list) -> np.ndarray:
 
 def _ints(values: list) -> np.ndarray:
     """An int64 column from numbers (-1: absent, or not a number: some runtime calls write their
-    byte count as text); values beyond int64 are a corrupt trace."""
+    byte count as text); values beyond int64 are a corrupt trace.  So is int64's least value: a
+    number below it is read by orjson as the double that rounds to it."""
     try:
-        return np.array(values, np.int64)
+        column = np.array(values, np.int64)
     except (TypeError, ValueError):
-        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else -1 for v in values]
+        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else -1 for v in values]
         return _ints(values)
     except OverflowError:
+        column = None
+    if column is None or (column.size and column.min() == _INT64_MIN):
         raise CaptureError("an event's correlation, device, stream or size is out of range; "
-                           "the trace is corrupt") from None
+                           "the trace is corrupt")
+    return column
+
+
+_INT64_MIN = np.iinfo(np.int64).min
 
 
 def _count(value) -> int | None:
@@ -189,7 +198,7 @@ def _count(value) -> int | None:
 
 
 def _text(value) -> str | None:
-    return None if value is None or isinstance(value, (dict, list)) else str(value)
+    return None if value is None or isinstance(value, (dict, list)) else str(_plain(value))
 
 
 def _comm(collective, in_nelems, out_nelems, dtype, group_size, group_name, group_ranks) -> CommArgs:
@@ -310,6 +319,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     headers, same = [], {}
     allocations = []
     for kind, document in documents:
+        _check_utf8(document)
         if kind == "trace":
             trace = _DECODER.decode(document)
             headers.append(trace)
@@ -362,6 +372,15 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
                                      _int(p.computeMinor), _int(p.numSms))
                     for p in props or []]
     return cols
+
+
+def _check_utf8(document) -> None:
+    """msgspec reads the strings it keeps as UTF-8 but steps over the others unchecked, where the
+    other decoders refuse a text that is not UTF-8 anywhere: so must it.  Traces are nearly all
+    ASCII, which a look at the highest byte settles."""
+    view = np.frombuffer(document, np.uint8)
+    if view.size and view.max() >= 0x80:
+        codecs.utf_8_decode(document, "strict", True)     # UnicodeDecodeError: a ValueError
 
 
 def _memory_part(times: list, fields: list[list]) -> list[np.ndarray]:
@@ -432,6 +451,15 @@ def _documents(data: "LocalFile | _Buffer", bare: bool = False) -> Iterator[tupl
     yield whole, b"".join((tail, data.read(cuts[-1][1], size)))
 
 
+def _plain(value):
+    """VALUE, with a whole number beyond 64 bits as the double it rounds to: orjson reads such
+    numbers as doubles, msgspec and the standard library as exact integers, and every decoder
+    must give the same columns."""
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
+        return float(value)
+    return value
+
+
 def _from_dicts(trace) -> Columns:
     """Columns from a trace parsed into dicts (orjson or the standard library): an object holding
     ``traceEvents``, or a bare array of events."""
@@ -453,13 +481,13 @@ def _from_dicts(trace) -> Columns:
             memory.append(event)
         elif ph == "M" and event.get("name") == "thread_name" and isinstance(event.get("args"), dict):
             if event["args"].get("name"):
-                cols.threads[(event.get("pid"), event.get("tid"))] = str(event["args"]["name"])
+                cols.threads[(_plain(event.get("pid")), _plain(event.get("tid")))] = str(_plain(event["args"]["name"]))
     args = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in complete]
-    cols.name = [str(e.get("name", "")) for e in complete]
-    cols.cat = [str(e.get("cat") or "") for e in complete]
+    cols.name = [str(_plain(e.get("name", ""))) for e in complete]
+    cols.cat = [str(_plain(e.get("cat") or "")) for e in complete]
     ident = lambda v: v if v is None or isinstance(v, (int, str)) else str(v)  # noqa: E731 - hashable ids
-    cols.tid = [ident(e.get("tid")) for e in complete]
-    number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
+    cols.tid = [ident(_plain(e.get("tid"))) for e in complete]
+    number = lambda a, key: _plain(a.get(key)) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
     cols.ts = _floats([e["ts"] for e in complete])
     cols.dur = _floats([number(e, "dur") or 0 for e in complete])
     for column in ("correlation", "device", "stream", "bytes"):
@@ -493,11 +521,18 @@ def decode(data: "bytearray | np.ndarray | LocalFile", backend: str | None = Non
     backend = backend or ("msgspec" if msgspec is not None else "orjson" if orjson is not None else "json")
     try:
         if backend == "msgspec":
-            return _msgspec(text)
+            try:
+                return _msgspec(text)
+            except RecursionError:
+                if orjson is None:
+                    raise
+                # Nesting deeper than Python's recursion limit allows msgspec: orjson's own limit
+                # (1024 levels) decides, so that both read or both refuse the same texts.
+                backend = "orjson"
         whole = text.read(0, len(text))
         if backend == "orjson":
             return _from_dicts(orjson.loads(whole))
-        return _from_dicts(json.loads(bytes(whole)))   # it reads no buffer but bytes
+        return _from_dicts(_json(whole))
     except CaptureError:
         raise
     except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors
@@ -506,6 +541,32 @@ def decode(data: "bytearray | np.ndarray | LocalFile", backend: str | None = Non
             raise Truncated(f"the trace JSON ends early ({first[:200]}): the file is truncated, or the "
                             "profiler is still writing it") from None
         raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is corrupt") from None
+
+
+def _json(whole) -> Any:
+    """WHOLE parsed by the standard library as the other decoders parse it: strictly UTF-8 (it
+    would let encoded surrogates through), no NaN or Infinity, no number beyond a double, and no
+    string holding half of a surrogate pair (which msgspec and orjson refuse)."""
+    text = bytes(whole).decode("utf-8")
+    trace = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    if _SURROGATE_ESCAPE.search(text):
+        json.dumps(trace, ensure_ascii=False).encode("utf-8")      # raises on a lone surrogate
+    return trace
+
+
+# A JSON escape of a surrogate (a lone one is refused by msgspec and orjson).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range ({text[:40]})")
+    return value
 
 
 def _ends_early(err: Exception, text: "LocalFile | _Buffer") -> bool:
