@@ -253,3 +253,26 @@ def test_corpus_traces_inflate_well_within_the_ratio(corpus):
     for path in sorted(corpus.glob("pytorch-*/**/*.pt.trace.json.gz")):
         stored = read_bytes(str(path))
         assert len(inflate(stored)) < 30 * len(stored), path
+
+
+def test_a_remote_trace_is_refused_before_it_is_read_and_a_remote_bomb_before_it_is_inflated(monkeypatch):
+    """A remote plain trace larger than the budget allows is refused from the size its store
+    reports, nothing of it fetched; a remote gzip bomb is fetched (it is small) and inflated only
+    up to what the budget allows."""
+    fsspec = pytest.importorskip("fsspec")
+    from tb_gpuadvisor.adapters.kineto import read
+
+    memory = fsspec.filesystem("memory")
+    plain, bomb = "/issue34/big.pt.trace.json", "/issue34/bomb.pt.trace.json.gz"
+    memory.pipe(plain, _trace([_kernel(k) for k in range(20_000)]))
+    memory.pipe(bomb, _gzip_of_spaces(64))
+    fetched = []
+    real_cat = type(memory).cat_file
+    monkeypatch.setattr(type(memory), "cat_file", lambda self, path, *a, **k: fetched.append(path) or real_cat(self, path, *a, **k))
+    with pytest.raises(kineto_json.CaptureError, match=r"^refused: this \d+ MiB trace needs about"):
+        read(plain, "big", memory, budget=1 << 20)
+    assert fetched == []
+    with pytest.raises(kineto_json.CaptureError, match=r"^refused: bomb\.pt\.trace\.json\.gz \(0\.1 MiB\) inflates to more than 8 MiB"):
+        read(bomb, "bomb", memory, budget=16 << 20)
+    assert read(plain, "big", memory, budget=1 << 30).devices
+    memory.rm("/issue34", recursive=True)
