@@ -607,3 +607,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":     # PYTHONPATH=.:benchmarks python tests/test_reliability.py churn
     sys.exit(main())
+
+
+def test_a_capture_that_changes_while_read_is_being_written_in_the_session(tmp_path, monkeypatch):
+    """XPlane files too: one that changes under the reader is an error entry flagged being_written
+    (the tab answers 202 and reads it again), with the same one-line message."""
+    write_session(tmp_path, "run", "s", {"h": _good()})
+    (path,) = tmp_path.rglob("h.xplane.pb")
+    real_preadv = os.preadv
+
+    def preadv_then_grow(fd, buffers, offset):
+        with open(path, "ab") as out:
+            out.write(b"\x00")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv_then_grow)
+    (error,) = load_session(find_sessions(str(tmp_path))[0]).errors
+    assert error["being_written"] is True and error["message"].startswith("the file changed while it was read")

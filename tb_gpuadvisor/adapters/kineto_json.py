@@ -3,8 +3,11 @@
 msgspec decodes straight into typed structs that keep only the fields the model reads (the
 other args, shapes and stacks are skipped while parsing, never held); without msgspec the
 trace is parsed into dicts by orjson or, last, the standard library.  All paths give the same
-``Columns``.  The choice was measured (benchmarks/README.md, "Kineto JSON decoders").
-``.gz`` files are inflated chunk by chunk into one buffer.
+``Columns``, and read or refuse the same texts (benchmarks/fuzz.py).  The choice was measured
+(benchmarks/README.md, "Kineto JSON decoders").  A trace is an object holding ``traceEvents``
+or, as the Chrome trace format allows and older profilers wrote, a bare array of events.
+``.gz`` files are inflated chunk by chunk into one buffer, never past the memory the caller
+allows nor past MAX_INFLATION times their size.
 """
 
 from __future__ import annotations
