@@ -383,7 +383,10 @@ def _check_utf8(document) -> None:
     ASCII, which a look at the highest byte settles."""
     view = np.frombuffer(document, np.uint8)
     if view.size and view.max() >= 0x80:
-        codecs.utf_8_decode(document, "strict", True)     # UnicodeDecodeError: a ValueError
+        check = codecs.getincrementaldecoder("utf-8")()     # a chunk's text at a time, never the whole
+        for start in range(0, view.size, _INFLATE_CHUNK):
+            check.decode(view[start:start + _INFLATE_CHUNK].data)  # UnicodeDecodeError: a ValueError
+        check.decode(b"", final=True)
 
 
 def _memory_part(times: list, fields: list[list]) -> list[np.ndarray]:
