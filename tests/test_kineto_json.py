@@ -276,3 +276,37 @@ def test_a_remote_trace_is_refused_before_it_is_read_and_a_remote_bomb_before_it
         read(bomb, "bomb", memory, budget=16 << 20)
     assert read(plain, "big", memory, budget=1 << 30).devices
     memory.rm("/issue34", recursive=True)
+
+
+def _analysed(tmp_path, trace) -> dict:
+    from tb_gpuadvisor.discovery import find_sessions
+    from tb_gpuadvisor.multihost import analyze_session
+
+    path = tmp_path / "run" / "worker0.pt.trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(trace))
+    return analyze_session(find_sessions(str(tmp_path))[0])
+
+
+def test_a_bare_array_trace_of_the_old_categories_is_pytorch_with_its_steps(tmp_path):
+    """Issue 38.5: torch.profiler's 2020 form, a bare array with "Operator"/"Runtime"/"Kernel"
+    categories and string tids ("stream 7"), reads as PyTorch with its 3 ProfilerStep#N steps."""
+    from synth_kineto import kineto_trace
+
+    events = kineto_trace(steps=3, kernels=4, old=True)["traceEvents"]
+    for event in events:
+        if event.get("cat") == "Kernel":
+            event["tid"] = f"stream {event['args']['stream']}"
+    session = _analysed(tmp_path, events)
+    assert session["errors"] == [] and session["framework"] == "pytorch"
+    assert session["steps"]["count"] == 3 and session["steps"]["source"] == "profiler_step"
+
+
+def test_a_kineto_trace_without_ops_is_pytorch(tmp_path):
+    """A trace of CUDA activity only (no CPU op: profile(activities=[CUDA])) holds runtime calls
+    and kernels whose names no framework owns; its format says it is PyTorch's."""
+    from synth_kineto import kineto_trace
+
+    trace = kineto_trace(steps=3, kernels=4, old=True)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "Operator"]
+    assert _analysed(tmp_path, trace)["framework"] == "pytorch"

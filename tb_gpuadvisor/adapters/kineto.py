@@ -271,8 +271,9 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
+    # A Kineto trace is PyTorch's even when it holds no op (a capture of CUDA activity only).
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
-                       _sampled(correlation[host_rows[runtime]]))
+                       _sampled(correlation[host_rows[runtime]]), framework=pytorch.FRAMEWORK)
 
 
 class _CollectiveScopes:
