@@ -27,6 +27,7 @@ import re
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,13 +237,16 @@ def kineto_mutate(data: bytes, rng: random.Random) -> bytes:
 
 def kineto_outcome(data: bytes, backend: str) -> object:
     """What the Kineto reader makes of DATA through BACKEND: its columns once the host tables are
-    built, "error" for a CaptureError, or ("raised", what) for anything else: the bug this hunts."""
+    built, "error" for a CaptureError, or ("raised", what) for anything else, a RuntimeWarning
+    included: the bug this hunts."""
     from tb_gpuadvisor.adapters.kineto import build
     from tb_gpuadvisor.adapters.kineto_json import decode
 
     try:
-        cols = decode(bytearray(data), backend)
-        build(cols, "h")
+        with warnings.catch_warnings():         # numpy's warnings (a cast out of range) are bugs too
+            warnings.simplefilter("error", RuntimeWarning)
+            cols = decode(bytearray(data), backend)
+            build(cols, "h")
     except CaptureError:
         return "error"
     except Exception as err:        # noqa: BLE001 - anything else is the bug this hunts

@@ -125,11 +125,13 @@ _KERNEL = _text(_kernel_trace())
     _KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "note": "\\ud800"'),
     _KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "note": "\\ud83d\\ude00"'),
     _text(_kernel_trace(name="<script>" * 300_000)),
+    _text({"traceEvents": [*_kernel_trace()["traceEvents"], {"ph": "i", "name": "[memory]", "ts": 1e300,
+                                                             "args": {"Device Type": 1, "Device Id": 0}}]}),
     _KERNEL[:-40],
     _text(_kernel_trace())[:-2] + b"]",
 ], ids=["nan", "infinity", "1e400", "below-int64", "beyond-u64", "big-name-tid", "types", "arg-types",
         "duplicate-keys", "deep-100", "deep-1000", "deep-1019", "deep-1020", "deep-1021", "deep-5000",
-        "not-utf8", "encoded-surrogate", "lone-surrogate", "surrogate-pair", "megabyte-name", "cut", "wrong-close"])
+        "not-utf8", "encoded-surrogate", "lone-surrogate", "surrogate-pair", "megabyte-name", "memory-event-far-away", "cut", "wrong-close"])
 def test_both_json_decoders_agree_on_hostile_traces(data):
     """Each class of issue 34's fuzz target, once, on both decoders (msgspec with orjson, and
     msgspec alone with the standard library): the same columns or both a CaptureError, never

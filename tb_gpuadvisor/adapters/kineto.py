@@ -192,7 +192,9 @@ def _memory(cols: Columns, host: str, first: float) -> MemoryRecords:
     reserved but not allocated is the allocator's cache (its ``bytes_available``, and as a
     share of reserved its ``fragmentation``), timed from FIRST as the events are.  Empty when the
     trace has none."""
-    keep = (cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0) & np.isfinite(cols.mem_ts)
+    # An event time too far from the others to be one of this trace's (a corrupt one) is left out.
+    keep = ((cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0)
+            & (np.abs(cols.mem_ts - first) * 1e6 < MAX_PS))
     rows = np.flatnonzero(keep)
     rows = rows[np.argsort(cols.mem_ts[rows], kind="stable")]
     device = cols.mem_device[rows]
