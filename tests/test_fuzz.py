@@ -117,6 +117,7 @@ _KERNEL = _text(_kernel_trace())
     _text(_kernel_trace(name=2**70, tid=-2**64)),
     _text(_kernel_trace(ts="1000", dur=[1], args="none")),
     _text(_kernel_trace(correlation={"a": 1}, device=True, stream=None)),
+    _text(_kernel_trace(device="12", tid=-2**63 - 1, pid=2**63)),
     _KERNEL.replace(b'"ts": 1000.5', b'"ts": 1, "ts": 2').replace(b'"traceEvents"', b'"traceEvents": [], "traceEvents"'),
     *(_KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "deep": ' + b"[" * depth + b"]" * depth)
       for depth in (100, 1000, 1019, 1020, 1021, 5000)),
@@ -129,7 +130,7 @@ _KERNEL = _text(_kernel_trace())
                                                              "args": {"Device Type": 1, "Device Id": 0}}]}),
     _KERNEL[:-40],
     _text(_kernel_trace())[:-2] + b"]",
-], ids=["nan", "infinity", "1e400", "below-int64", "beyond-u64", "big-name-tid", "types", "arg-types",
+], ids=["nan", "infinity", "1e400", "below-int64", "beyond-u64", "big-name-tid", "types", "arg-types", "numeric-text-and-ids-past-int64",
         "duplicate-keys", "deep-100", "deep-1000", "deep-1019", "deep-1020", "deep-1021", "deep-5000",
         "not-utf8", "encoded-surrogate", "lone-surrogate", "surrogate-pair", "megabyte-name", "memory-event-far-away", "cut", "wrong-close"])
 def test_both_json_decoders_agree_on_hostile_traces(data):

@@ -18,7 +18,7 @@ import math
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Annotated, Any, Iterator, Union
 
 import numpy as np
 
@@ -175,15 +175,19 @@ def _floats(values: list) -> np.ndarray:
 
 def _ints(values: list) -> np.ndarray:
     """An int64 column from numbers (-1: absent, or not a number: some runtime calls write their
-    byte count as text); values beyond int64 are a corrupt trace.  So is int64's least value: a
-    number below it is read by orjson as the double that rounds to it."""
-    try:
-        column = np.array(values, np.int64)
-    except (TypeError, ValueError):
-        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else -1 for v in values]
-        return _ints(values)
-    except OverflowError:
-        column = None
+    byte count as text, and text is never parsed, whichever decoder read it); values beyond
+    int64 are a corrupt trace.  So is int64's least value: a number below it is read by orjson
+    as the double that rounds to it."""
+    column = np.array(values)       # int64 for whole numbers, float64 with fractions, else text or objects
+    kind = column.dtype.kind
+    if kind in "ib" or (kind == "f" and np.isfinite(column).all() and np.abs(column).max(initial=0) < 2.0**63):
+        column = column.astype(np.int64)
+    else:
+        kept = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else -1 for v in values]
+        try:
+            column = np.array(kept, np.int64)
+        except OverflowError:
+            column = None
     if column is None or (column.size and column.min() == _INT64_MIN):
         raise CaptureError("an event's correlation, device, stream or size is out of range; "
                            "the trace is corrupt")
@@ -227,7 +231,8 @@ _MEMORY_FIELDS = ("allocated", "reserved", "mem_bytes", "device_type", "device_i
 
 
 if msgspec is not None:
-    _Id = Union[int, str, None]
+    # An id beyond 64 bits is read by the generic path (see _plain), as orjson reads it.
+    _Id = Union[Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)], str, None]
     _Num = Union[int, float, None]
     _Arg = Union[int, float, str]   # an explicit null is another shape: the generic path reads it
 
