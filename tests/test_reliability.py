@@ -468,6 +468,14 @@ def test_the_cli_says_a_trace_is_being_written_in_one_line_and_exits_2(tmp_path)
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert re.search(r"worker0: being written: the trace ends early and the file changed \d s ago; .* finished it$", line)
+    from schema_check import validate
+
+    from tb_gpuadvisor.schema import report_schema
+
+    as_json = subprocess.run([sys.executable, "-m", "tb_gpuadvisor.cli", "analyze", str(tmp_path), "--format", "json"],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    report = json.loads(as_json.stdout)
+    assert validate(report, report_schema()) == [] and report["sessions"][0]["errors"][0]["being_written"] is True
     os.utime(path, (time.time() - 3600,) * 2)      # an hour later it is a truncated file, and says so
     from tb_gpuadvisor.adapters.kineto import read
 
