@@ -309,4 +309,7 @@ def test_a_kineto_trace_without_ops_is_pytorch(tmp_path):
 
     trace = kineto_trace(steps=3, kernels=4, old=True)
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "Operator"]
-    assert _analysed(tmp_path, trace)["framework"] == "pytorch"
+    session = _analysed(tmp_path, trace)
+    assert session["framework"] == "pytorch" and session["errors"] == []
+    kernels_only = [e for e in trace["traceEvents"] if e.get("cat") == "Kernel"]
+    assert _analysed(tmp_path / "alone", {"traceEvents": kernels_only})["errors"] == []

@@ -273,9 +273,11 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
-    # A Kineto trace is PyTorch's even when it holds no op (a capture of CUDA activity only).
+    # A Kineto trace is PyTorch's even when it holds no op (a capture of CUDA activity only: its
+    # runtime calls); one without any host event is left to the names (no steps to take from it).
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
-                       _sampled(correlation[host_rows[runtime]]), framework=pytorch.FRAMEWORK)
+                       _sampled(correlation[host_rows[runtime]]),
+                       framework=pytorch.FRAMEWORK if host_rows.size else None)
 
 
 class _CollectiveScopes:
