@@ -17,7 +17,7 @@ from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, DeviceEventKind, HostActivity, HostEventKind, HostModel,
     MemoryRecords, SessionModel, Steps, PS_PER_MS, PS_PER_US,
 )
-from tb_gpuadvisor.xspace.reader import CaptureError
+from tb_gpuadvisor.xspace.reader import BeingWritten, CaptureError
 
 
 # Peak memory of an analysis, measured by benchmarks/bench.py: about 3-4x the capture size.
@@ -122,7 +122,8 @@ def load_session(ref: SessionRef) -> SessionModel:
     for host, path, result in zip(ref.hosts, paths, results):
         if isinstance(result, CaptureError):
             # The file name, not the server path: reports are served to browsers.
-            errors.append({"host": host, "file": os.path.basename(path), "message": str(result)})
+            errors.append({"host": host, "file": os.path.basename(path), "message": str(result),
+                           **({"being_written": True} if isinstance(result, BeingWritten) else {})})
         else:
             captures.append((result, path))
     captures = _same_clock(captures, errors)

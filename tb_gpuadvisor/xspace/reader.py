@@ -33,6 +33,11 @@ class CaptureError(Exception):
     """A capture file that cannot be read; the message says why, for the user."""
 
 
+class BeingWritten(CaptureError):
+    """A capture file the profiler is still writing: not an error of the file, and read again
+    once it is complete (the tab answers "being written" meanwhile)."""
+
+
 @dataclass
 class SpaceIndex:
     """Where each plane lies in the file, and the space's own messages."""
@@ -186,7 +191,7 @@ class LocalFile:
         except OSError as err:
             raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
         if got != len(view) or (after.st_size, after.st_mtime_ns) != self._stamp:
-            raise CaptureError(_CHANGED)
+            raise BeingWritten(_CHANGED)
 
     def read(self, start: int, stop: int) -> memoryview:
         """The bytes of [START, STOP) in a fresh buffer (drop it to free them)."""
@@ -367,5 +372,5 @@ def _read_remote(path: str, fs: Opener) -> np.ndarray:
         data[got:got + len(chunk)] = np.frombuffer(chunk, np.uint8)
         got += len(chunk)
     if got != size or _fresh_stamp(fs, path) != before:
-        raise CaptureError(_CHANGED)
+        raise BeingWritten(_CHANGED)
     return data
