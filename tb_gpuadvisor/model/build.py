@@ -17,6 +17,7 @@ import numpy as np
 
 from tb_gpuadvisor import cores
 from tb_gpuadvisor.arrays import map_small_ints, narrow_ids
+from tb_gpuadvisor.heap import fresh_buffer
 from tb_gpuadvisor.model import classify
 from tb_gpuadvisor.model.timeline import (
     Device, DeviceActivity, HostActivity, HostEventKind, MemoryRecords,
@@ -512,7 +513,7 @@ class _ReadBuffers(threading.local):
     def fitting(self, size: int) -> np.ndarray:
         if self.data is None or self.data.size < size:
             self.data = None                # the old buffer goes before the new one is made
-            self.data = np.empty(size, np.uint8)
+            self.data = fresh_buffer(size)
         return self.data
 
     def _large(self) -> bool:
