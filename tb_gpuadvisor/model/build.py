@@ -531,11 +531,12 @@ class _ReadBuffers(threading.local):
 
 
 def _read_plane(capture: CaptureFile, span: tuple[int, int], host: str, admission: "_Admission",
-                buffers: _ReadBuffers) -> _DevicePlane | _HostPlane | None:
-    """Read, admit and decode one plane (into the thread's reused buffer), and turn it into
-    tables right away, in a worker thread, timed from the plane's own origin."""
+                buffers: _ReadBuffers, parts: int) -> _DevicePlane | _HostPlane | None:
+    """Read, admit and decode one plane (into the thread's reused buffer; its lines in PARTS
+    parts on as many threads), and turn it into tables right away, in a worker thread, timed from
+    the plane's own origin."""
     data = admission.admitted(capture.read(span, buffers.fitting(span[1] - span[0])))
-    dp = decode_plane(data, _wanted_stats, at=span[0], release=buffers.scratch(data))
+    dp = decode_plane(data, _wanted_stats, at=span[0], release=buffers.scratch(data), parts=parts)
     del data
     buffers.decoded()
     if dp is None:
@@ -635,6 +636,17 @@ class _Admission:
 MOST_THREADS = 2
 
 
+def _decode_parts(spans: list[tuple[int, int]], threads: int) -> list[int]:
+    """In how many parts each plane's lines are decoded: THREADS for a plane larger than half a
+    thread's share of the planes' bytes, else 1. A plane that large (a host plane is 40-70% of
+    a GPU capture, all of a CPU-only one) would otherwise decode on one core while the others
+    run out of smaller planes; the smaller ones keep one thread each, as splitting them buys
+    nothing when every thread has planes to decode."""
+    sizes = [stop - start for start, stop in spans]
+    share = sum(sizes) / max(threads, 1)
+    return [threads if threads > 1 and size > share / 2 else 1 for size in sizes]
+
+
 def read_host(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
     """Build one host's tables from its capture file.
 
@@ -649,9 +661,11 @@ def read_host(path: str, host: str, opener: Opener | None = None, budget: int | 
         # The largest planes first, so that the last to finish is a small one.
         largest = sorted(range(len(spans)), key=lambda i: spans[i][0] - spans[i][1])
         buffers = _ReadBuffers()
-        with ThreadPoolExecutor(max_workers=cores.threads(MOST_THREADS)) as pool:
-            done = dict(zip(largest, pool.map(lambda i: _read_plane(capture, spans[i], host, admission, buffers),
-                                              largest)))
+        threads = cores.threads(MOST_THREADS)
+        parts = _decode_parts(spans, threads)
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            done = dict(zip(largest, pool.map(
+                lambda i: _read_plane(capture, spans[i], host, admission, buffers, parts[i]), largest)))
         planes = [p for p in (done[i] for i in range(len(spans))) if p is not None]
     device_planes = [p for p in planes if isinstance(p, _DevicePlane)]
     host_planes = [p for p in planes if isinstance(p, _HostPlane)]
