@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import mmap
 import os
-
-import numpy as np
 
 # glibc's malloc: a process that sets a trim threshold (Dask's workers set MALLOC_TRIM_THRESHOLD_
 # to 64 KiB so they hand memory back) also loses the adaptive mmap threshold, and then every
@@ -100,23 +97,3 @@ def return_freed_memory_if_worth() -> bool:
     if hasattr(libc, "mallinfo2") and libc.mallinfo2().fordblks < WORTH_TRIMMING:
         return False
     return bool(libc.malloc_trim(0))
-
-
-# Buffers of at least this size are mapped on their own with transparent huge pages asked for.
-HUGE_BUFFER_BYTES = 32 << 20
-
-
-def fresh_buffer(size: int) -> np.ndarray:
-    """An uninitialised uint8 buffer of SIZE bytes to read a large plane into. Where the kernel
-    gives transparent huge pages only when asked (``madvise`` mode), a large one is its own
-    anonymous mapping that asks for them: a 2 MB page faults in once where 4 KB pages fault 512
-    times, and the faults were most of the read (a 495 MB host plane read in 0.29-0.32 s instead
-    of 0.73-1.2 s, in turn). The mapping goes when the array does."""
-    if size < HUGE_BUFFER_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(size, np.uint8)
-    mapping = mmap.mmap(-1, size)
-    try:
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:         # a kernel without transparent huge pages: plain pages, as np.empty
-        pass
-    return np.frombuffer(mapping, np.uint8)
