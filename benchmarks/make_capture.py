@@ -180,6 +180,9 @@ SHAPES: dict[str, dict] = {
     # a host plane larger than all GPU planes together (as in real TensorFlow captures):
     # 4 GPUs and host events about 60 bytes each.
     "host": {"gpus": 4, "host_extra_stats": 2},
+    # a host plane twice the GPU planes together, as in real TensorFlow GPU captures (2-3x):
+    # host events of ~120 bytes (8 more stats each), 4 GPUs.
+    "tf": {"gpus": 4, "host_extra_stats": 8},
     # every event carries 8 more stats (host and devices), most of them skipped by the decoder.
     "stats": {"gpus": 8, "host_extra_stats": 8, "device_extra_stats": 8},
     # long steps: 10x the kernels (and host launches) per step and 10x as long, a tenth of the steps.

@@ -168,23 +168,25 @@ def _plane_sizes(path: str) -> dict[str, tuple[int, int, int]]:
 
 def test_capture_shapes_hold_what_they_are_named_for(tmp_path: Path) -> None:
     """Each benchmark shape (make_capture.SHAPES) at ~3 MB: the host shape's host plane outweighs
-    its GPU planes together, the stats shape carries 8 more stats per event than the benchmark's,
+    its GPU planes together, the tf shape's holds twice their bytes, the stats shape carries 8
+    more stats per event than the benchmark's,
     the planes shape has 32 GPU planes; every one parses and is analysed."""
     import make_capture
     import shapes
     found = {}
-    for shape in ("bench", "host", "stats", "planes"):
+    for shape in ("bench", "host", "tf", "stats", "planes"):
         found[shape] = _plane_sizes(shapes.build(tmp_path, shape, 3)["path"])
     assert shapes.build(tmp_path, "bench", 3)["path"]      # built once, then reused
     gpu = lambda sizes, i: sum(v[i] for k, v in sizes.items() if k.startswith("/device:GPU"))  # noqa: E731
     host = lambda sizes, i: sizes["/host:CPU"][i]  # noqa: E731
     assert host(found["host"], 0) > gpu(found["host"], 0) and host(found["bench"], 0) < gpu(found["bench"], 0)
     assert 55 < host(found["host"], 0) / host(found["host"], 1) < 65          # bytes per host event
+    assert host(found["tf"], 0) > 1.8 * gpu(found["tf"], 0)                      # 2x, as real TF captures
     per_event = {s: (host(found[s], 2) + gpu(found[s], 2)) / (host(found[s], 1) + gpu(found[s], 1))
                  for s in ("bench", "stats")}
     assert per_event["stats"] - per_event["bench"] == pytest.approx(8, abs=0.01)
     assert sum(name.startswith("/device:GPU") for name in found["planes"]) == 32
-    assert set(make_capture.SHAPES) == {"bench", "host", "stats", "long", "planes"}
+    assert set(make_capture.SHAPES) == {"bench", "host", "tf", "stats", "long", "planes"}
 
 
 def test_shapes_table_in_turn_with_stage_times(tmp_path: Path) -> None:

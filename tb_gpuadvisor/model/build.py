@@ -649,16 +649,22 @@ class _Admission:
 MOST_THREADS = 2
 
 
+# A plane is decoded in parts when it holds this much more than one decode thread's share of the
+# capture's plane bytes.
+SPLIT_OVER_SHARE = 1.2
+
+
 def _decode_parts(spans: list[tuple[int, int]], threads: int) -> list[int]:
-    """In how many parts each plane's lines are decoded: THREADS for a plane larger than one
-    thread's share of the planes' bytes, else 1. Such a plane (a host plane larger than the GPU
-    planes together, as real TensorFlow captures have; the only plane of a CPU-only capture)
-    would decode on one core while the others run out of planes. A smaller one keeps one thread:
-    joining the parts' columns faults their pages in a second time (a 495 MB host plane: 0.92
-    instead of 0.75 s of CPU), which buys nothing while every thread has planes to decode."""
+    """In how many parts each plane's lines are decoded: THREADS for a plane well over one
+    thread's share of the planes' bytes (SPLIT_OVER_SHARE), else 1. Such a plane (a host plane
+    2-3x the GPU planes together, as real TensorFlow captures have; the only plane of a CPU-only
+    capture) would decode on one core while the others run out of planes. A plane near its
+    share keeps one thread: the others' planes fill the other cores anyway, and joining the parts'
+    columns faults their pages in a second time (the 495 MB host plane of a 978 MB capture, 51%
+    of it: 0.92 instead of 0.75 s of CPU; in the whole decode 0.5 s more CPU, no less wall)."""
     sizes = [stop - start for start, stop in spans]
     share = sum(sizes) / max(threads, 1)
-    return [threads if threads > 1 and size > share else 1 for size in sizes]
+    return [threads if threads > 1 and size > SPLIT_OVER_SHARE * share else 1 for size in sizes]
 
 
 def read_host(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
