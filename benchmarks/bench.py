@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,8 @@ class Measurement:
     detail: str = ""
     inner: dict = dataclasses.field(default_factory=dict)  # what the child reported
     cpu_s: float = 0.0    # user + system time of the child (and the children it reaped)
+    # Stage -> [wall s, CPU s] from the child's TB_GPUADVISOR_TIMINGS lines (summed over hosts).
+    stages: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -134,14 +137,28 @@ def measure(cmd: list[str], *, timeout_s: float, mem_limit_mb: float | None = No
     inner = {}
     if result_file is not None and result_file.exists():
         inner = json.loads(result_file.read_text())
+    stages = stage_times(stderr)
     if killed:
-        return Measurement(killed.split(":")[0], wall, peak, killed, inner, cpu)
+        return Measurement(killed.split(":")[0], wall, peak, killed, inner, cpu, stages)
     if proc.returncode != 0:
         how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
                else f"exit {proc.returncode}")
         tail = stderr.strip().splitlines()[-1:] or [""]
-        return Measurement("failed", wall, peak, f"{how}: {tail[0][:200]}", inner, cpu)
-    return Measurement("ok", wall, peak, "", inner, cpu)
+        return Measurement("failed", wall, peak, f"{how}: {tail[0][:200]}", inner, cpu, stages)
+    return Measurement("ok", wall, peak, "", inner, cpu, stages)
+
+
+_TIMING = re.compile(r"tb-gpuadvisor timing: (\S+)\s+([\d.]+) s wall\s+([\d.]+) s cpu")
+
+
+def stage_times(stderr: str) -> dict[str, list[float]]:
+    """Stage -> [wall s, CPU s] of the TB_GPUADVISOR_TIMINGS lines in STDERR, summed per stage."""
+    stages: dict[str, list[float]] = {}
+    for name, wall, cpu in _TIMING.findall(stderr):
+        total = stages.setdefault(name, [0.0, 0.0])
+        total[0] += float(wall)
+        total[1] += float(cpu)
+    return stages
 
 
 # --- the child processes --------------------------------------------------------------------

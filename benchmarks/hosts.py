@@ -48,7 +48,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402
-from make_capture import CaptureInfo, make_capture  # noqa: E402
+from make_capture import SHAPES, CaptureInfo, make_capture  # noqa: E402
 
 RESULTS = bench.RESULTS
 SESSION = "2024_01_01_00_00_00"
@@ -141,11 +141,12 @@ def best_of(runs: list[dict]) -> dict:
 
 # --- sessions ---------------------------------------------------------------------------------
 
-def build_host(workdir: Path, size_mb: float = HOST_MB) -> CaptureInfo:
-    """The one host capture every session links to (rebuilt each time: it takes a second)."""
+def build_host(workdir: Path, size_mb: float = HOST_MB, shape: str | None = None) -> CaptureInfo:
+    """The one host capture every session links to (rebuilt each time: it takes a second); of
+    one of make_capture's SHAPES when SHAPE is given, else 2 GPUs of the benchmark's kind."""
     shutil.rmtree(workdir / "host", ignore_errors=True)
-    return make_capture(workdir / "host", size_mb, gpus=HOST_GPUS, kernels_per_step=KERNELS_PER_STEP,
-                        session=SESSION, host="host")
+    kwargs = dict(SHAPES[shape]) if shape else {"gpus": HOST_GPUS, "kernels_per_step": KERNELS_PER_STEP}
+    return make_capture(workdir / "host", size_mb, kwargs.pop("gpus"), session=SESSION, host="host", **kwargs)
 
 
 def link_session(host: Path, hosts: int, root: Path) -> Path:
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=lambda s: bench._numbers(s, int), default=list(DEFAULT_HOSTS),
                    help="session sizes in hosts (default 1,4,16,64)")
     p.add_argument("--host-mb", type=float, default=HOST_MB, help="size of the one host capture")
+    p.add_argument("--shape", choices=sorted(SHAPES), help="make_capture's shape of the host capture")
     p.add_argument("--workdir", type=Path, help="where the capture and sessions go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp workdir")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for each run")
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = DaskCluster() if args.dask and not dask_note else None
     rows = []
     try:
-        host = build_host(workdir, args.host_mb)
+        host = build_host(workdir, args.host_mb, args.shape)
         print(f"# host: {host.bytes / bench.MB:.1f} MB, {host.steps} steps, {host.events:,} events"
               f"{'; dask: ' + dask_note if dask_note else ''}", flush=True)
         print("| " + " | ".join(HEADER) + " |", flush=True)

@@ -3,7 +3,9 @@
 Each measurement runs in a fresh process, which reports its own peak RSS (ru_maxrss):
   - ``decode``: the JSON decoders alone on the inflated text (msgspec typed, orjson, json);
   - ``read``: the Kineto adapter (read, inflate, decode, build the host tables);
-  - ``analyze``: the whole report of the session (``build_report``, one local process).
+  - ``analyze``: the whole report of the session (``build_report``, one local process);
+  - ``json_load``: a bare ``json.load`` of the same file (the standard library, every field
+    made a Python object), the yardstick of issue 32: the whole report within 1.2x of it.
 
 Inputs: every ``*.pt.trace.json[.gz]`` of the corpus, and a generated trace made by tiling one
 corpus trace (its events repeated, shifted in time and correlation id) up to ``--gb``.
@@ -46,6 +48,9 @@ def _child(mode: str, path: str, backend: str = "") -> dict:
         "if mode == 'decode':\n"
         "    data = inflate(read_bytes(path)); t, cpu = time.perf_counter(), time.process_time()\n"
         "    decode(data, backend)\n"
+        "elif mode == 'json_load':\n"
+        "    import gzip, json\n"
+        "    json.load(gzip.open(path) if path.endswith('.gz') else open(path, 'rb'))\n"
         "elif mode == 'read':\n"
         "    read(path, 'h')\n"
         "else:\n"
@@ -121,6 +126,10 @@ def measure(path: Path, modes: tuple[str, ...]) -> dict:
             row[f"{mode}_rss_x"] = got["peak_mb"] * 2**20 / size
             # What the work itself added to the peak, above the interpreter with its imports.
             row[f"{mode}_added_x"] = (got["peak_mb"] - got["ready_mb"]) * 2**20 / size
+            row[f"{mode}_cpu_s"] = got["cpu_seconds"]
+    if "analyze" in modes and "json_load" in modes:
+        row["analyze_over_json_load_wall"] = row["analyze_s"] / row["json_load_s"]
+        row["analyze_over_json_load_cpu"] = row["analyze_cpu_s"] / row["json_load_cpu_s"]
     return row
 
 
@@ -130,20 +139,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.0, help="size of the tiled trace (0: none)")
     parser.add_argument("--skip-corpus", action="store_true")
+    parser.add_argument("--modes", default="decode,read,analyze,json_load",
+                        help="what to measure, of decode, read, analyze, json_load")
+    parser.add_argument("--keep", type=Path, help="folder to write the tiled trace in and keep (reused)")
     args = parser.parse_args()
+    modes = tuple(m for m in args.modes.split(",") if m)
     rows = []
     if not args.skip_corpus:
         for path in sorted(CORPUS.glob("pytorch-*/**/*.pt.trace.json*")):
-            rows.append(measure(path, ("decode", "read", "analyze")))
+            rows.append(measure(path, modes))
             print(json.dumps(rows[-1]), flush=True)
     if args.gb > 0:
         with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp) / "tiled"
-            folder.mkdir()
-            started = time.perf_counter()
-            path = tile(CORPUS / TILE_SOURCE, folder / "worker0.pt.trace.json", args.gb)
-            print(f"tiled {json_size(path) / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", flush=True)
-            rows.append(measure(path, ("decode", "read", "analyze")))
+            folder = args.keep / f"tiled-{args.gb:g}" if args.keep else Path(tmp) / "tiled"
+            path = folder / "worker0.pt.trace.json"
+            if not path.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                started = time.perf_counter()
+                tile(CORPUS / TILE_SOURCE, path.with_suffix(".part"), args.gb).rename(path)
+                print(f"tiled {json_size(path) / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", flush=True)
+            rows.append(measure(path, modes))
             print(json.dumps(rows[-1]), flush=True)
 
 

@@ -38,7 +38,7 @@ for _path in (_REPO, _REPO / "tests"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from tb_gpuadvisor.input.xplane.schema import XLine, XPlane  # noqa: E402
+from tb_gpuadvisor.input.xplane.schema import XLine, XPlane, XStat  # noqa: E402
 from synth import PS_PER_MS, STEPS_LINE_ID, build_training_session, iter_events, session_dir  # noqa: E402
 
 OFFSET_BASE_PS = 1 << 42  # ~4.4 s; offsets stay 7-byte varints up to 2**49 ps
@@ -85,10 +85,11 @@ class _LineTemplate:
 class _Encoder:
     """Encodes the events of a one-step line with holes for varying values."""
 
-    def __init__(self, plane: XPlane, step_ps: int, corr_stride: int) -> None:
+    def __init__(self, plane: XPlane, step_ps: int, corr_stride: int, extra: bytes = b"") -> None:
         self.stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         self.step_ps = step_ps
         self.corr_stride = corr_stride
+        self.extra = extra      # encoded stats appended to every event (see _extra_stats)
 
     def line(self, line: XLine) -> _LineTemplate:
         buf = bytearray()
@@ -118,6 +119,7 @@ class _Encoder:
                 else:
                     local.append((kind, len(body), STEP_BASE + value, 1))
                 body += bytes(_WIDTH[kind])
+            body += self.extra
             prefix = _key(4, 2) + _varint(len(body))
             start = len(buf) + len(prefix)
             for kind, pos, base, inc in local:
@@ -151,6 +153,45 @@ def _fill(block: np.ndarray, holes, first_step: int) -> None:
             block[:, pos + i] = byte.astype(np.uint8)
 
 
+def _extra_stats(plane: XPlane, count: int) -> bytes:
+    """COUNT more stats for every event of PLANE, of names the analysis does not read (as the
+    profiler's context, device and queue ids are), registered in the plane's stat metadata:
+    alternately an int and a short string, about 10 bytes each on the wire."""
+    out = b""
+    first = max(plane.stat_metadata, default=0) + 1
+    for i in range(count):
+        sid = first + i
+        plane.stat_metadata[sid].id = sid
+        plane.stat_metadata[sid].name = f"bench_extra_{i}"
+        stat = XStat(metadata_id=sid)
+        if i % 2:
+            stat.str_value = f"v{i:04d}"
+        else:
+            stat.int64_value = 100_000 + i
+        payload = stat.SerializeToString()
+        out += _key(4, 2) + _varint(len(payload)) + payload
+    return out
+
+
+# The benchmark's capture shapes (issue 32): keyword arguments of make_capture for each.
+SHAPES: dict[str, dict] = {
+    # 8 GPUs, 1000 kernels a step each; the host plane is 41% of the file, 38-39 bytes an event.
+    "bench": {"gpus": 8},
+    # a host plane larger than all GPU planes together (as in real TensorFlow captures):
+    # 4 GPUs and host events about 60 bytes each.
+    "host": {"gpus": 4, "host_extra_stats": 2},
+    # a host plane twice the GPU planes together, as in real TensorFlow GPU captures (2-3x):
+    # host events of ~120 bytes (8 more stats each), 4 GPUs.
+    "tf": {"gpus": 4, "host_extra_stats": 8},
+    # every event carries 8 more stats (host and devices), most of them skipped by the decoder.
+    "stats": {"gpus": 8, "host_extra_stats": 8, "device_extra_stats": 8},
+    # long steps: 10x the kernels (and host launches) per step and 10x as long, a tenth of the steps.
+    "long": {"gpus": 8, "kernels_per_step": 10_000, "step_ms": 300.0},
+    # many small planes: 32 GPUs of 250 kernels a step.
+    "planes": {"gpus": 32, "kernels_per_step": 250},
+}
+
+
 @dataclasses.dataclass
 class CaptureInfo:
     path: Path
@@ -164,8 +205,9 @@ class CaptureInfo:
 def make_capture(out: Path | str, size_mb: float, gpus: int = 1, *, run: str = "run",
                  session: str = "2024_01_01_00_00_00", host: str = "bench-host",
                  kernels_per_step: int | None = None, step_ms: float = 30.0,
-                 seed: int = 0) -> CaptureInfo:
-    """Write a capture of about ``size_mb`` MB into the logdir ``out``."""
+                 seed: int = 0, host_extra_stats: int = 0, device_extra_stats: int = 0) -> CaptureInfo:
+    """Write a capture of about ``size_mb`` MB into the logdir ``out``; every host (device)
+    event carries HOST_EXTRA_STATS (DEVICE_EXTRA_STATS) more stats the analysis does not read."""
     began = time.perf_counter()
     kernels = kernels_per_step or (2000 if gpus <= 1 else 1000)
     template = build_training_session(
@@ -185,10 +227,12 @@ def make_capture(out: Path | str, size_mb: float, gpus: int = 1, *, run: str = "
     per_step = 0
     kernel_templates = 0
     for plane in space.planes:
-        enc = _Encoder(plane, step_ps, corr_stride)
         header = XPlane()
         header.CopyFrom(plane)
         del header.lines[:]
+        extra = _extra_stats(header, host_extra_stats if plane.name.startswith("/host:") else
+                             device_extra_stats if plane.name.startswith("/device:") else 0)
+        enc = _Encoder(header, step_ps, corr_stride, extra)
         lines = [enc.line(line) for line in plane.lines if line.id != STEPS_LINE_ID]
         planes.append((header, lines))
         per_step += sum(t.body.size for t in lines)
@@ -265,10 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", default="2024_01_01_00_00_00")
     parser.add_argument("--host", default="bench-host")
     parser.add_argument("--kernels-per-step", type=int)
+    parser.add_argument("--shape", choices=sorted(SHAPES),
+                        help="one of the benchmark's shapes (sets --gpus and --kernels-per-step)")
     args = parser.parse_args(argv)
-    info = make_capture(args.out, args.size_mb, args.gpus, run=args.run,
-                        session=args.session, host=args.host,
-                        kernels_per_step=args.kernels_per_step)
+    shape = dict(SHAPES[args.shape]) if args.shape else {"gpus": args.gpus, "kernels_per_step": args.kernels_per_step}
+    gpus = shape.pop("gpus")
+    info = make_capture(args.out, args.size_mb, gpus, run=args.run, session=args.session,
+                        host=args.host, **shape)
     print(f"{info.path}: {info.bytes / 1e6:.1f} MB, {info.steps} steps, "
           f"{info.events} events ({info.kernel_events} kernels) in {info.seconds:.1f} s")
     return 0

@@ -168,8 +168,8 @@ export function statusView(text, progress) {
   append(box, [h('span', {class: 'spinner', 'aria-hidden': 'true'}), h('span', {text})]);
   if (progress) {
     const fraction = typeof progress.fraction === 'number' ? progress.fraction : 0;
-    const label = progress.stage === 'queued'
-      ? 'Queued behind other analyses'
+    const label = progress.stage === 'queued' ? 'Queued behind other analyses'
+      : progress.stage === 'writing' ? (progress.message || 'A trace is still being written')
       : `Analyzing ${fmtBytes(progress.bytes) || 'capture'} (${Math.round(fraction * 100)} %)`;
     box.appendChild(h('progress', {max: '1', value: String(fraction), 'aria-label': label}));
     box.appendChild(h('span', {class: 'muted', text: label}));

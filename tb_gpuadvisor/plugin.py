@@ -138,8 +138,9 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, self._static[name], _STATIC_TYPES[os.path.splitext(name)[1]])
 
     def _answer(self, request: wrappers.Request, compute) -> wrappers.Response:
-        """JSON for a report-like result: 200 done, 202 pending, 400/404 on bad names, 422 when a session
-        to compare could not be analysed, 503 when the queue is full or a remote logdir cannot be searched."""
+        """JSON for a report-like result: 200 done, 202 pending (analysing, or a trace the profiler is
+        still writing), 400/404 on bad names, 422 when a session to compare could not be analysed,
+        503 when the queue is full or a remote logdir cannot be searched."""
         try:
             result = compute()
         except service.BadRequest as exc:

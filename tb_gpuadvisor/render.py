@@ -208,9 +208,24 @@ def render_text(report: dict, width: int | None = None, verbose: bool = False) -
     return printable("\n".join(out) + "\n")
 
 
+# What makes text active in GitHub's Markdown, each replaced by its inert spelling: HTML and
+# entities, table cells, code spans, emphasis, links and images ("](" and "][": "[x]" alone is
+# text), bare URLs and "www." (autolinked), and line breaks (a name must not start a heading).
+_MD_INERT = {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "`": "\\`", "*": "\\*",
+             "](": "]\\(", "][": "]\\[", "://": "\\://", "www.": "www\\.", "\n": " "}
+_MD_ACTIVE = re.compile("|".join(re.escape(k) for k in sorted(_MD_INERT, key=len, reverse=True)))
+
+
+def html_escape(text: str) -> str:
+    """TEXT inside a line of HTML (where Markdown is not read, so its escapes would show): no
+    markup, on one line."""
+    return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
 def md_escape(text: str) -> str:
-    return (printable(text).replace("&", "&amp;").replace("|", "\\|").replace("<", "&lt;")
-            .replace(">", "&gt;"))
+    """TEXT (names from a capture inside it) as Markdown that shows it as written and does
+    nothing else: no markup, no link, no image, no line of its own."""
+    return _MD_ACTIVE.sub(lambda m: _MD_INERT[m.group()], printable(text))
 
 
 def _quiet_line(findings: list[dict]) -> str:
@@ -261,12 +276,12 @@ def render_markdown(report: dict) -> str:
         for f in session["findings"]:
             if quiet(f):
                 continue
-            out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{md_escape(f['title'])}</b></summary>", "",
+            out += [f"<details><summary>{_EMOJI[f['severity']]} <b>{html_escape(f['title'])}</b></summary>", "",
                     md_escape(f["summary"]), ""]
             if _confidence(f):
                 out += [f"**Confidence:** {md_escape(_confidence(f))}", ""]
             if f["metrics"]:
-                out.append("Metrics: " + ", ".join(f"`{k}` = {v}" for k, v in f["metrics"].items()))
+                out.append("Metrics: " + ", ".join(f"`{k}` = {md_escape(str(v))}" for k, v in f["metrics"].items()))
                 out.append("")
             for fix in f["fixes"]:
                 out.append(f"- {md_escape(fix['text'])}")

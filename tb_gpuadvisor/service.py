@@ -2,7 +2,8 @@
 
 Routes in `plugin.py` only translate HTTP to calls on `AdvisorService`:
 listing sessions, answering a report (from cache, or "pending" while a worker
-analyzes it) and comparing two sessions.  Everything here works on file paths
+analyzes it or while the profiler is still writing one of its files) and comparing
+two sessions.  Everything here works on file paths
 and dicts, so it is tested without a web server.
 
 Safety: every run/session/host value comes from the URL.  It is checked as a
@@ -46,6 +47,9 @@ INITIAL_BYTES_PER_S = 2e6
 MAX_QUEUED = 16
 # A queued analysis nobody has asked about for this long is dropped when its turn comes.
 ABANDONED_S = 60.0
+# A session with a host file the profiler is still writing is answered "being written" (202),
+# and read again on the first request this long after the last read: never a cached error.
+RECHECK_WRITING_S = 2.0
 
 Analyzer = Callable[[Any], dict]
 _URL_RE = re.compile(r"[a-zA-Z][0-9a-zA-Z.]*://")
@@ -89,6 +93,13 @@ class Pending:
     """An analysis that has not finished yet; `progress` goes to the client."""
 
     progress: dict
+
+
+def _being_written(session: dict) -> str | None:
+    """Why a host file of SESSION is one the profiler is still writing ("worker0: being written: ..."),
+    or None: the report of such a session is not final."""
+    return next((f"{e['host']}: {e['message']}" if e.get("host") else e["message"]
+                 for e in session.get("errors") or [] if e.get("being_written")), None)
 
 
 def roots_from_flags(logdir: str | None, logdir_spec: str | None) -> list[LogRoot]:
@@ -175,6 +186,12 @@ class _Job:
     started: float | None = None
     asked: float = 0.0                  # when a client last asked for it
     task: Future | None = None          # the worker pool's handle, to cancel it while queued
+    finished: float | None = None
+    writing: str | None = None          # why a host file is still being written, for the client
+
+    def stale(self, now: float) -> bool:
+        """Whether this finished analysis met a file still being written long enough ago to read it again."""
+        return self.writing is not None and self.finished is not None and now - self.finished >= RECHECK_WRITING_S
 
     @property
     def size_bytes(self) -> int:
@@ -323,7 +340,7 @@ class AdvisorService:
         now = time.monotonic()
         with self._lock:
             job = self._jobs.get(key)
-            if job is not None and job.fingerprint == stamp:
+            if job is not None and job.fingerprint == stamp and not job.stale(now):
                 self._jobs.move_to_end(key)
                 job.asked = now
                 return job
@@ -359,8 +376,10 @@ class AdvisorService:
             from tb_gpuadvisor.multihost.merge import failed_session
 
             result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
-        elapsed = time.monotonic() - job.started
-        if elapsed > 0.05 and job.size_bytes:
+        job.finished = time.monotonic()
+        job.writing = _being_written(result)
+        elapsed = job.finished - job.started
+        if elapsed > 0.05 and job.size_bytes and job.writing is None:
             with self._lock:
                 self._bytes_per_s = 0.5 * self._bytes_per_s + 0.5 * (job.size_bytes / elapsed)
         job.future.set_result(result)
@@ -399,9 +418,12 @@ class AdvisorService:
 
     def _outcome(self, job: _Job, wait_s: float) -> dict | Pending:
         try:
-            return job.future.result(timeout=wait_s)
+            result = job.future.result(timeout=wait_s)
         except FutureTimeout:
             return Pending(self._progress(job))
+        if job.writing is not None:
+            return Pending(dict(self._progress(job), stage="writing", fraction=0.0, message=job.writing))
+        return result
 
     def _progress(self, job: _Job) -> dict:
         """What the client shows while waiting; `fraction` is an estimate from bytes."""

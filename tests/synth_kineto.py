@@ -27,7 +27,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  silent_us: float = 0.0, lazy_loads: int = 0, compile_us: float = 0.0,
                  final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0,
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
-                 device_properties: dict | None = None, kernel_durations: tuple[float, ...] = ()) -> dict:
+                 device_properties: dict | None = None, kernel_durations: tuple[float, ...] = (),
+                 item_copy: bool = False, graph_us: float = 0.0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -59,7 +60,11 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     OP_CHAINS: the cpu_ops around each kernel's launch, outermost first, in turn (default
     ``("aten::mm",)``), each nested one starting 0.1 us after and ending 0.1 us before its parent;
     DEVICE_PROPERTIES: fields that replace the GPU's deviceProperties (new spellings only).
-    KERNEL_DURATIONS: the kernels' durations in us, in turn (default KERNEL_US for every kernel)."""
+    KERNEL_DURATIONS: the kernels' durations in us, in turn (default KERNEL_US for every kernel).
+    ITEM_COPY: SYNC_US's ``loss.item()`` waits in a blocking ``cudaMemcpyAsync`` of its 4 bytes
+    device-to-host (as ``_local_scalar_dense`` does), not in a ``cudaStreamSynchronize``.
+    GRAPH_US: each step's kernels are one CUDA graph replay (``CompiledFunction`` around a single
+    ``cudaGraphLaunch`` call that long, whose correlation id all of them carry), 6 us apart on the GPU."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -112,7 +117,20 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             gpu_free = t + launch_us + 2 + copy_us
             t += launch_us + 3
             corr += 1
-        for k in range(kernels):
+        if graph_us:
+            step_events += [{"ph": "X", "cat": cat["op"], "name": "CompiledFunction", "pid": 1, "tid": 7, "ts": t,
+                             "dur": graph_us + 2},
+                            {"ph": "X", "cat": cat["runtime"], "name": "cudaGraphLaunch", "pid": 1, "tid": 7,
+                             "ts": t + 1, "dur": graph_us, "args": {"correlation": corr}}]
+            for k in range(kernels if device else 0):
+                start = max(t + 3, gpu_free + 6) if k else max(t + 3, gpu_free)
+                step_events.append({"ph": "X", "cat": cat["kernel"], "pid": 0, "tid": 7, "ts": start,
+                                    "dur": kernel_us, "args": {"device": 0, "stream": 7, "correlation": corr},
+                                    "name": kernel_names[k % len(kernel_names)] if kernel_names else "gemm"})
+                gpu_free = start + kernel_us
+            t += graph_us + 3
+            corr += 1
+        for k in range(0 if graph_us else kernels):
             t += silent_us if k == 0 else 0.0
             op_start = t
             load = 300.0 if s == 0 and k < lazy_loads else 0.0
@@ -172,8 +190,13 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                              "args": {"Total Allocated": 1 << 50, "Total Reserved": 0, "Bytes": 8,
                                       "Device Type": 0, "Device Id": -1, "Addr": 1 << 41}}]
         if sync_us and device:
-            wait_end = max(t + 5, gpu_free)
+            wait_end = max(t + 5, gpu_free + 3 if item_copy else gpu_free)
             frame = {"ph": "X", "cat": "python_function", "pid": 1, "tid": 7}
+            if item_copy:
+                step_events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
+                                    "pid": 0, "tid": 7, "ts": wait_end - 3, "dur": 2,
+                                    "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 4}})
+                gpu_free = wait_end - 1
             step_events += [
                 {**frame, "name": "train.py(42): train_step", "ts": t, "dur": wait_end + 3 - t},
                 {**frame, "name": "torch/_tensor.py(100): __torch_function__", "ts": t + 0.5, "dur": wait_end + 2 - t},
@@ -181,10 +204,12 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  "dur": wait_end + 1 - t},
                 {"ph": "X", "cat": cat["op"], "name": "aten::_local_scalar_dense", "pid": 1, "tid": 7, "ts": t + 1.5,
                  "dur": wait_end + 0.5 - t},
-                {"ph": "X", "cat": cat["runtime"], "name": "cudaStreamSynchronize", "pid": 1, "tid": 7,
-                 "ts": t + 2, "dur": wait_end - t - 2},
+                {"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync" if item_copy else "cudaStreamSynchronize",
+                 "pid": 1, "tid": 7, "ts": t + 2, "dur": wait_end - t - 2,
+                 **({"args": {"correlation": corr}} if item_copy else {})},
                 {**frame, "name": "train.py(50): log_metrics", "ts": wait_end + 4, "dur": sync_us}]
             t = wait_end + 4 + sync_us
+            corr += 1 if item_copy else 0
         if final_sync_us and s == steps - 1:
             wait = max(t + 5, gpu_free) + final_sync_us - t
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaDeviceSynchronize", "pid": 1,

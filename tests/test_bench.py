@@ -150,3 +150,65 @@ def test_many_hosts_table_marks_killed_and_failed_runs() -> None:
            "xprof": run("timeout"), "dask_note": ""}
     assert hosts.table_row(row) == ("4", "96", "100", "12.00", "2.00", "3.00", "-", "-", ">12.00", ">=2.00",
                                     "dask exit 2: no --engine; XProf timeout: killed after 12 s")
+
+
+def _plane_sizes(path: str) -> dict[str, tuple[int, int, int]]:
+    """Plane name -> (bytes, events, stats) of a capture, its events counted, not decoded."""
+    from tb_gpuadvisor.input.xplane.decode import count_events, decode_plane
+    from tb_gpuadvisor.input.xplane.reader import CaptureFile
+    sizes = {}
+    with CaptureFile(path) as capture:
+        for span in capture.index.plane_spans:
+            data = capture.read(span)
+            names: list[str] = []
+            decode_plane(data, lambda plane: names.append(plane.name))      # the shell alone
+            sizes[names[0]] = (span[1] - span[0], *count_events(data))
+    return sizes
+
+
+def test_capture_shapes_hold_what_they_are_named_for(tmp_path: Path) -> None:
+    """Each benchmark shape (make_capture.SHAPES) at ~3 MB: the host shape's host plane outweighs
+    its GPU planes together, the tf shape's holds twice their bytes, the stats shape carries 8
+    more stats per event than the benchmark's,
+    the planes shape has 32 GPU planes; every one parses and is analysed."""
+    import make_capture
+    import shapes
+    found = {}
+    for shape in ("bench", "host", "tf", "stats", "planes"):
+        found[shape] = _plane_sizes(shapes.build(tmp_path, shape, 3)["path"])
+    assert shapes.build(tmp_path, "bench", 3)["path"]      # built once, then reused
+    gpu = lambda sizes, i: sum(v[i] for k, v in sizes.items() if k.startswith("/device:GPU"))  # noqa: E731
+    host = lambda sizes, i: sizes["/host:CPU"][i]  # noqa: E731
+    assert host(found["host"], 0) > gpu(found["host"], 0) and host(found["bench"], 0) < gpu(found["bench"], 0)
+    assert 55 < host(found["host"], 0) / host(found["host"], 1) < 65          # bytes per host event
+    assert host(found["tf"], 0) > 1.8 * gpu(found["tf"], 0)                      # 2x, as real TF captures
+    per_event = {s: (host(found[s], 2) + gpu(found[s], 2)) / (host(found[s], 1) + gpu(found[s], 1))
+                 for s in ("bench", "stats")}
+    assert per_event["stats"] - per_event["bench"] == pytest.approx(8, abs=0.01)
+    assert sum(name.startswith("/device:GPU") for name in found["planes"]) == 32
+    assert set(make_capture.SHAPES) == {"bench", "host", "tf", "stats", "long", "planes"}
+
+
+def test_shapes_table_in_turn_with_stage_times(tmp_path: Path) -> None:
+    """shapes.py on one small capture, this checkout against itself: every run's stage times are
+    read from its TB_GPUADVISOR_TIMINGS lines, and the table, the per-MB ratio between sizes and
+    the stage table are written into the README's section."""
+    import shapes
+    rows = shapes.measure_all(["bench"], [2, 4], tmp_path / "caps", {"ours": bench.REPO, "again": bench.REPO},
+                              repeat=1, warmup=0, timeout_s=120)
+    assert [(r["nominal_mb"], r["tree"]) for r in rows] == [(2, "ours"), (2, "again"), (4, "ours"), (4, "again")]
+    assert all(r["ok"] == 1 and r["stages"]["decode"][0] > 0 and r["stages"]["checks"][1] > 0 for r in rows)
+    result = {"machine": bench.machine(), "load": (1.0, 1.0, 1.0), "date": "today", "repeat": 1, "warmup": 0,
+              "trees": {}, "rows": rows}
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- shapes:begin -->\nSTALE TABLE\n<!-- shapes:end -->\n")
+    bench.write_results(result, tmp_path / "out", (readme,), name="shapes", render=shapes.render, section="shapes")
+    text = readme.read_text()
+    assert "| bench | 2 |" in text and "| bench | ours |" in text and "STALE TABLE" not in text
+
+
+def test_stage_times_are_summed_per_stage() -> None:
+    text = ("tb-gpuadvisor timing: decode        1.500 s wall   2.250 s cpu  pid 1  host-a\n"
+            "tb-gpuadvisor timing: decode        0.500 s wall   0.750 s cpu  pid 2  host-b\n"
+            "tb-gpuadvisor timing: report        0.010 s wall   0.020 s cpu  pid 1\nother line\n")
+    assert bench.stage_times(text) == {"decode": [2.0, 3.0], "report": [0.01, 0.02]}

@@ -7,6 +7,7 @@ import pytest
 from synth import build_training_session, truncated
 
 from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.input.xplane import build
 from tb_gpuadvisor.multihost import analyze_session
 from tb_gpuadvisor.input.xplane import decode
 from tb_gpuadvisor.input.xplane.reader import CaptureFile
@@ -35,12 +36,17 @@ def _assert_same(path: str) -> None:
             data = capture.read(span)
             fast = decode.decode_plane(data, lambda plane: WANTED)
             _assert_planes_equal(fast, decode.decode_plane(data, lambda plane: WANTED, fast=False))
+            # Lines cut into runs decoded on threads (a cut inside a line when a run is shorter).
+            for parts in (2, 3, 7):
+                _assert_planes_equal(decode.decode_plane(data, lambda plane: WANTED, parts=parts), fast)
             # A scratch buffer handed back as it is decoded (every page here) gives the same
             # plane: the strings and line names behind the released pages were copied first.
             scratch = np.frombuffer(bytes(data), np.uint8).copy()
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(decode, "RELEASE_STEP", 1)
                 _assert_planes_equal(decode.decode_plane(scratch, lambda plane: WANTED, release=True), fast)
+                scratch = np.frombuffer(bytes(data), np.uint8).copy()
+                _assert_planes_equal(decode.decode_plane(scratch, lambda plane: WANTED, release=True, parts=3), fast)
 
 
 def test_synthetic_captures_decode_identically(tmp_path):
@@ -99,3 +105,26 @@ def test_whole_model_is_the_same_without_the_c_decoder(tmp_path, monkeypatch):
     monkeypatch.setattr(decode, "_wire", None)
     assert not decode.has_fast_decoder()
     assert analyze_session(ref) == fast
+
+
+def _assert_tables_equal(a, b) -> None:
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(value, other), name
+        elif name not in ("derived", "key"):    # what the table caches, and its identity for stage memos
+            assert value == other, name
+
+
+def test_tables_built_from_planes_in_parts_are_the_same(tmp_path, monkeypatch):
+    """read_host with every plane cut into 3 parts (the decode of a plane larger than a thread's
+    share) builds the tables one part per plane builds."""
+    folder = build_training_session(steps=4, gpus=2, marker="r", memcpy_frac=0.1).write(tmp_path)
+    path = str(next(folder.glob("*.xplane.pb")))
+    whole = build.read_host(path, "h")
+    monkeypatch.setattr(build, "_decode_parts", lambda spans, threads: [3] * len(spans))
+    parts = build.read_host(path, "h")
+    for a, b in zip([whole.activity, whole.memory, *whole.devices], [parts.activity, parts.memory, *parts.devices],
+                    strict=True):
+        _assert_tables_equal(a, b)
+    assert (whole.origin_ns, whole.warnings) == (parts.origin_ns, parts.warnings)

@@ -83,6 +83,60 @@ def test_both_decoders_agree_on_mutated_captures():
 
 
 def test_mutated_pytorch_traces_give_tables_or_a_capture_error():
-    """The Kineto JSON reader on byte-flipped, spliced and cut traces (benchmarks/fuzz.py's second
-    target): host tables or a CaptureError, never another exception."""
+    """The Kineto JSON reader on mutated windows of the corpus traces and synthetic ones
+    (benchmarks/fuzz.py's second target, kineto_mutate): on every decoder host tables or a
+    CaptureError, never another exception, and the decoders agree."""
     assert _fuzz_in_child("fuzz.run_kineto(inputs=300, seconds=30, seed=0)", timeout=180) >= 50
+
+
+def _kernel_trace(**changes) -> dict:
+    event = {"ph": "X", "cat": "kernel", "name": "void gemm<float>()", "pid": 0, "tid": 7, "ts": 1000.5, "dur": 4,
+             "args": {"device": 0, "stream": 7, "correlation": 12, "bytes": 64}}
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 999, "dur": 1,
+              "args": {"correlation": 12}}
+    for key, value in changes.items():
+        (event["args"] if key in ("device", "stream", "correlation", "bytes") else event)[key] = value
+    return {"traceEvents": [launch, event]}
+
+
+def _text(trace: dict) -> bytes:
+    import json
+
+    return json.dumps(trace).encode()
+
+
+_KERNEL = _text(_kernel_trace())
+
+
+@pytest.mark.parametrize("data", [
+    _KERNEL.replace(b'"ts": 1000.5', b'"ts": NaN'),
+    _KERNEL.replace(b'"stream": 7', b'"stream": Infinity'),
+    _KERNEL.replace(b'"ts": 1000.5', b'"ts": 1e400'),
+    _KERNEL.replace(b'"bytes": 64', b'"bytes": -9223372036854775809'),
+    _KERNEL.replace(b'"bytes": 64', b'"bytes": 123456789012345678901234567890'),
+    _text(_kernel_trace(name=2**70, tid=-2**64)),
+    _text(_kernel_trace(ts="1000", dur=[1], args="none")),
+    _text(_kernel_trace(correlation={"a": 1}, device=True, stream=None)),
+    _text(_kernel_trace(device="12", tid=-2**63 - 1, pid=2**63)),
+    _KERNEL.replace(b'"ts": 1000.5', b'"ts": 1, "ts": 2').replace(b'"traceEvents"', b'"traceEvents": [], "traceEvents"'),
+    *(_KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "deep": ' + b"[" * depth + b"]" * depth)
+      for depth in (100, 1000, 1019, 1020, 1021, 5000)),
+    _KERNEL.replace(b"gemm", b"ge\xffmm"),
+    _KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "note": "\xed\xa0\x80"'),
+    _KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "note": "\\ud800"'),
+    _KERNEL.replace(b'"bytes": 64', b'"bytes": 64, "note": "\\ud83d\\ude00"'),
+    _text(_kernel_trace(name="<script>" * 300_000)),
+    _text({"traceEvents": [*_kernel_trace()["traceEvents"], {"ph": "i", "name": "[memory]", "ts": 1e300,
+                                                             "args": {"Device Type": 1, "Device Id": 0}}]}),
+    _KERNEL[:-40],
+    _text(_kernel_trace())[:-2] + b"]",
+], ids=["nan", "infinity", "1e400", "below-int64", "beyond-u64", "big-name-tid", "types", "arg-types", "numeric-text-and-ids-past-int64",
+        "duplicate-keys", "deep-100", "deep-1000", "deep-1019", "deep-1020", "deep-1021", "deep-5000",
+        "not-utf8", "encoded-surrogate", "lone-surrogate", "surrogate-pair", "megabyte-name", "memory-event-far-away", "cut", "wrong-close"])
+def test_both_json_decoders_agree_on_hostile_traces(data):
+    """Each class of issue 34's fuzz target, once, on both decoders (msgspec with orjson, and
+    msgspec alone with the standard library): the same columns or both a CaptureError, never
+    another exception (benchmarks/fuzz.py's kineto_problem)."""
+    import fuzz     # benchmarks/ is on the path (conftest)
+
+    assert fuzz.kineto_problem(data) is None

@@ -255,3 +255,15 @@ def test_c_pairwise_overlaps_match_the_numpy_sweep(seed, monkeypatch):
     assert np.array_equal(table, _numpy(monkeypatch, iv.pairwise_overlaps, sets))
     masks = np.array([_mask(*s) for s in sets], np.int64)
     assert np.array_equal(table, masks @ masks.T)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pairwise_overlaps_of_more_sets_than_one_sweep(seed, monkeypatch):
+    """Over 16 sets (more than one sweep tracks: 32 GPUs, say), every pair's overlap, with the C
+    module and without, is what the coverage masks give."""
+    rng = np.random.default_rng(9000 + seed)
+    k = int(rng.integers(17, 41))
+    sets = [_shaped_set(rng, int(rng.integers(0, 20)), ("disjoint", "touching")[i % 2]) for i in range(k)]
+    masks = np.array([_mask(*s) for s in sets], np.int64)
+    assert np.array_equal(iv.pairwise_overlaps(sets), masks @ masks.T)
+    assert np.array_equal(_numpy(monkeypatch, iv.pairwise_overlaps, sets), masks @ masks.T)

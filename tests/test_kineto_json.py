@@ -3,6 +3,8 @@ very columns the whole-file decode gives, whatever the text around the cuts look
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 
 import msgspec
@@ -140,3 +142,174 @@ def test_every_decoder_finds_collective_args_by_their_message_size(backend):
     comms = decode(bytearray(_trace(events)), backend).comms
     assert sorted(comms) == [0, 2]
     assert comms[0] == kineto_json.CommArgs("allreduce", 16, None, "Float", 8)
+
+
+# -- issue 38.5: the bare-array form; issue 34: bounded inflation, traces that end early ----------
+
+
+def _gzip_of_spaces(mib: int, head: bytes = b'{"traceEvents":[', level: int = 9) -> bytes:
+    """A valid trace (HEAD, MIB MiB of spaces, one event, the end) gzipped chunk by chunk: the
+    text is never held, only its compressed form (about 1 KiB per MiB)."""
+    import zlib
+
+    packer, block = zlib.compressobj(level, zlib.DEFLATED, 31), b" " * (1 << 20)
+    parts = [packer.compress(head)]
+    parts += [packer.compress(block) for _ in range(mib)]
+    end = b"]" if head.startswith(b"[") else b"]}"
+    parts += [packer.compress(json.dumps(_kernel(0)).encode() + end), packer.flush()]
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
+def test_a_bare_array_of_events_is_read_on_every_decoder(backend, small_runs):
+    """The Chrome trace format allows a bare JSON array of events, which torch.profiler wrote in
+    2020 (torch-tb-profiler's DataLoader samples): the columns are those of the same events in an
+    object's traceEvents, whole and (msgspec) cut into runs."""
+    events = [_kernel(k, name=f"void k{k % 7}<float>()") for k in range(3000)]
+    whole = decode(bytearray(_trace(events)), backend)
+    bare = bytearray(b"\n " + json.dumps(events, indent=1).encode())
+    assert decode(bare, backend) == dataclasses.replace(whole, base_ns=0)
+    assert whole.events == 3000 and whole.correlation[-1] == 2999
+    if backend == "msgspec":
+        assert sum(1 for _ in kineto_json._documents(kineto_json._Buffer(bare), bare=True)) > 10
+        assert _runs_bare(bare) == decode(bare, backend)
+
+
+def _runs_bare(data) -> kineto_json.Columns:
+    return kineto_json._typed(kineto_json._documents(kineto_json._Buffer(data), bare=True))
+
+
+@pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
+def test_a_bare_array_that_is_not_events_is_one_clear_error(backend):
+    with pytest.raises(kineto_json.CaptureError, match="not a Chrome trace") as err:
+        decode(bytearray(b'[1, 2, {"ph": "X"}]'), backend)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["msgspec", "orjson", "json"])
+@pytest.mark.parametrize("cut", [1, 7, 40, 200])
+def test_json_that_ends_early_is_truncated_and_corrupt_json_is_not(backend, cut):
+    """Text cut anywhere (the profiler still writing it) is a Truncated error on every decoder;
+    text that is broken inside is an ordinary CaptureError, whatever the decoder."""
+    text = _trace([_kernel(k) for k in range(20)])
+    with pytest.raises(kineto_json.Truncated):
+        decode(bytearray(text[:-cut]), backend)
+    between = text[:-cut].rfind(b"},") + 2      # cut between two events, blanks after the cut
+    with pytest.raises(kineto_json.Truncated):
+        decode(bytearray(text[:between] + b"\n  \n"), backend)
+    broken = text.replace(b'"ph": "X"', b'"ph": X', 1)
+    with pytest.raises(kineto_json.CaptureError) as err:
+        decode(bytearray(broken), backend)
+    assert not isinstance(err.value, kineto_json.Truncated)
+
+
+def test_a_cut_gzip_stream_is_truncated():
+    data = gzip.compress(_trace([_kernel(k) for k in range(200)]))
+    with pytest.raises(kineto_json.Truncated, match="gzip file is truncated"):
+        inflate(bytearray(data[: len(data) // 2]))
+
+
+def test_inflation_stops_at_the_limit_before_the_text_is_in_memory(monkeypatch):
+    """64 MiB of JSON in a gzip of 64 KiB, inflated with a limit of 8 MiB: refused in one line
+    naming the file and the limit, having produced no more than the limit plus one chunk."""
+    data = bytearray(_gzip_of_spaces(64))
+    assert len(data) < 100_000
+    produced = []
+    real = kineto_json._gzip.decompressobj
+
+    class Counting:
+        def __init__(self, *args):
+            self.inner = real(*args)
+
+        def decompress(self, *args):
+            out = self.inner.decompress(*args)
+            produced.append(len(out))
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(kineto_json._gzip, "decompressobj", Counting)
+    with pytest.raises(kineto_json.CaptureError, match=r"^refused: w\.pt\.trace\.json\.gz \(0\.1 MiB\) inflates to "
+                                                       r"more than 8 MiB of JSON.*TB_GPUADVISOR_MEMORY_LIMIT_MB") as err:
+        inflate(data, 8 << 20, "w.pt.trace.json.gz")
+    assert "\n" not in str(err.value)
+    assert sum(produced) <= (8 << 20) + 1 and max(produced) <= kineto_json._INFLATE_CHUNK
+    assert len(inflate(data, 80 << 20)) > 64 << 20          # the same file under a larger limit
+
+
+def test_inflation_past_the_ratio_is_refused_whatever_the_limit(monkeypatch):
+    """A bomb is refused at MAX_INFLATION times its size even with memory to spare (no limit
+    given); the corpus' traces (14-26x) are far below it."""
+    monkeypatch.setattr(kineto_json, "INFLATION_FLOOR", 1 << 20)
+    data = bytearray(_gzip_of_spaces(64))
+    with pytest.raises(kineto_json.CaptureError, match=r"inflates to more than \d+ MiB, 128x its size"):
+        inflate(data)
+    with pytest.raises(kineto_json.CaptureError, match="128x its size"):
+        inflate(data, 1 << 40)
+
+
+def test_corpus_traces_inflate_well_within_the_ratio(corpus):
+    for path in sorted(corpus.glob("pytorch-*/**/*.pt.trace.json.gz")):
+        stored = read_bytes(str(path))
+        assert len(inflate(stored)) < 30 * len(stored), path
+
+
+def test_a_remote_trace_is_refused_before_it_is_read_and_a_remote_bomb_before_it_is_inflated(monkeypatch):
+    """A remote plain trace larger than the budget allows is refused from the size its store
+    reports, nothing of it fetched; a remote gzip bomb is fetched (it is small) and inflated only
+    up to what the budget allows."""
+    fsspec = pytest.importorskip("fsspec")
+    from tb_gpuadvisor.input.kineto.build import read
+
+    memory = fsspec.filesystem("memory")
+    plain, bomb = "/issue34/big.pt.trace.json", "/issue34/bomb.pt.trace.json.gz"
+    memory.pipe(plain, _trace([_kernel(k) for k in range(20_000)]))
+    memory.pipe(bomb, _gzip_of_spaces(64))
+    fetched = []
+    real_cat = type(memory).cat_file
+    monkeypatch.setattr(type(memory), "cat_file", lambda self, path, *a, **k: fetched.append(path) or real_cat(self, path, *a, **k))
+    with pytest.raises(kineto_json.CaptureError, match=r"^refused: this \d+ MiB trace needs about"):
+        read(plain, "big", memory, budget=1 << 20)
+    assert fetched == []
+    with pytest.raises(kineto_json.CaptureError, match=r"^refused: bomb\.pt\.trace\.json\.gz \(0\.1 MiB\) inflates to more than 8 MiB"):
+        read(bomb, "bomb", memory, budget=16 << 20)
+    assert read(plain, "big", memory, budget=1 << 30).devices
+    memory.rm("/issue34", recursive=True)
+
+
+def _analysed(tmp_path, trace) -> dict:
+    from tb_gpuadvisor.input.discovery import find_sessions
+    from tb_gpuadvisor.multihost import analyze_session
+
+    path = tmp_path / "run" / "worker0.pt.trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(trace))
+    return analyze_session(find_sessions(str(tmp_path))[0])
+
+
+def test_a_bare_array_trace_of_the_old_categories_is_pytorch_with_its_steps(tmp_path):
+    """Issue 38.5: torch.profiler's 2020 form, a bare array with "Operator"/"Runtime"/"Kernel"
+    categories and string tids ("stream 7"), reads as PyTorch with its 3 ProfilerStep#N steps."""
+    from synth_kineto import kineto_trace
+
+    events = kineto_trace(steps=3, kernels=4, old=True)["traceEvents"]
+    for event in events:
+        if event.get("cat") == "Kernel":
+            event["tid"] = f"stream {event['args']['stream']}"
+    session = _analysed(tmp_path, events)
+    assert session["errors"] == [] and session["framework"] == "pytorch"
+    assert session["steps"]["count"] == 3 and session["steps"]["source"] == "profiler_step"
+
+
+def test_a_kineto_trace_without_ops_is_pytorch(tmp_path):
+    """A trace of CUDA activity only (no CPU op: profile(activities=[CUDA])) holds runtime calls
+    and kernels whose names no framework owns; its format says it is PyTorch's."""
+    from synth_kineto import kineto_trace
+
+    trace = kineto_trace(steps=3, kernels=4, old=True)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "Operator"]
+    session = _analysed(tmp_path, trace)
+    assert session["framework"] == "pytorch" and session["errors"] == []
+    kernels_only = [e for e in trace["traceEvents"] if e.get("cat") == "Kernel"]
+    assert _analysed(tmp_path / "alone", {"traceEvents": kernels_only})["errors"] == []

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +278,7 @@ def test_bad_rank_file_is_one_error_and_the_good_rank_is_reported(tmp_path):
     write_trace(run / "rank-0.pt.trace.json", kineto_trace())
     good = json.dumps(kineto_trace()).encode()
     (run / "rank-1.pt.trace.json.gz").write_bytes(gzip.compress(good)[: len(gzip.compress(good)) // 2])
+    os.utime(run / "rank-1.pt.trace.json.gz", (time.time() - 3600,) * 2)   # cut for good, not being written
     session = _session(run)
     assert session["hosts"] == ["rank-0"] and session["steps"]["count"] == 4
     (error,) = session["errors"]
@@ -283,7 +286,8 @@ def test_bad_rank_file_is_one_error_and_the_good_rank_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize("data, words", [
-    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1', "not valid trace JSON"),
+    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1', "trace JSON ends early"),
+    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1}]]', "not valid trace JSON"),
     (b'[1, 2, 3]', "not a Chrome trace"),
     (b'{"traceEvents": []}', "no timed events"),
     (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "soon"}]}', "no timed events"),

@@ -3,7 +3,9 @@ never take the process down and never hide a good host."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -316,3 +318,321 @@ def test_queue_is_bounded_and_abandoned_jobs_are_dropped(tmp_path, monkeypatch):
         assert [ref.run for ref in analyzer.calls] == ["run0"]
     finally:
         svc.close()
+
+
+# -- issue 34: nothing a PyTorch logdir holds takes TensorBoard down --------------------------------
+
+_PEAK_CHILD = """
+import json, runpy, sys
+sys.path.insert(0, {tests!r})
+mode, logdir = {mode!r}, {logdir!r}
+if mode == "cli":
+    sys.argv = ["tb-gpuadvisor", "analyze", logdir, "--format", "json"]
+    try:
+        runpy.run_module("tb_gpuadvisor.cli", run_name="__main__")
+    except SystemExit as done:
+        print("rc", done.code, file=sys.stderr)
+else:       # the plugin's routes in TensorBoard's WSGI app, as the tab asks them
+    from test_plugin import PLUGIN_ROOT, make_client, make_flags, wait_for_report
+    client = make_client(make_flags(logdir=logdir))
+    answers = {{}}
+    for item in json.loads(client.get(PLUGIN_ROOT + "/runs").data):
+        url = PLUGIN_ROOT + f"/report?run={{item['run']}}&session={{item['session']}}"
+        response = wait_for_report(client, url, timeout=300)
+        answers[item["run"]] = [response.status_code, json.loads(response.data)]
+    print(json.dumps(answers))
+# VmHWM, not ru_maxrss: Linux carries the parent's peak into a child's ru_maxrss across exec.
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print("peak", peak * 1024, file=sys.stderr)
+"""
+
+
+def bomb_logdir(root: Path, mib: int) -> Path:
+    """A logdir of two PyTorch runs: "bomb", a worker0.<ms>.pt.trace.json.gz of a few KiB per
+    GiB that inflates to a valid trace of MIB MiB of spaces and one event (issue 34's file), and
+    "good", a real-shaped trace beside it."""
+    from synth_kineto import kineto_trace, write_trace
+    from test_kineto_json import _gzip_of_spaces
+
+    (root / "bomb").mkdir(parents=True)
+    (root / "bomb" / "worker0.1700000000000.pt.trace.json.gz").write_bytes(_gzip_of_spaces(mib))
+    write_trace(root / "good" / "worker0.1700000000000.pt.trace.json.gz", kineto_trace(steps=4))
+    return root
+
+
+def peak_of(mode: str, logdir: Path, limit_mb: int | None) -> tuple[int, str, str]:
+    """(peak RSS bytes, stdout, stderr) of analysing LOGDIR in a child: "cli" (tb-gpuadvisor
+    analyze) or "tab" (every run's report through the plugin's routes)."""
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    env.pop("TB_GPUADVISOR_MEMORY_LIMIT_MB", None)
+    if limit_mb is not None:
+        env["TB_GPUADVISOR_MEMORY_LIMIT_MB"] = str(limit_mb)
+    script = _PEAK_CHILD.format(tests=str(TESTS), mode=mode, logdir=str(logdir))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    peak = int(result.stderr.split("peak ")[-1].split()[0])
+    return peak, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> Path:
+    # 512 MiB of spaces in 0.5 MiB of gzip: the 6 GiB file of the issue scaled to a 300 MB limit.
+    return bomb_logdir(tmp_path_factory.mktemp("bomb"), 512)
+
+
+BOMB_LIMIT_MB = 300
+
+
+def test_pytorch_inflation_bomb_is_refused_by_the_cli_under_the_limit(bomb):
+    """The CLI refuses the bomb in one line naming the file and the limit, exits 2 for it... and
+    never holds more than 1.2x the limit (the 6 GiB original peaked at 12.6 GB)."""
+    peak, out, err = peak_of("cli", bomb, BOMB_LIMIT_MB)
+    assert peak < 1.2 * (BOMB_LIMIT_MB << 20), peak
+    sessions = {s["run"]: s for s in json.loads(out)["sessions"]}
+    (error,) = sessions["bomb"]["errors"]
+    assert error["message"].startswith("refused: worker0.1700000000000.pt.trace.json.gz (0.5 MiB) inflates to more than")
+    assert "TB_GPUADVISOR_MEMORY_LIMIT_MB" in error["message"] and "\n" not in error["message"]
+    assert not sessions["good"]["errors"] and sessions["good"]["steps"]["count"] == 4
+    assert "rc 2" in err and err.count("could not be analysed") == 1
+
+
+def test_pytorch_inflation_bomb_in_the_tab_is_one_error_and_the_other_run_is_served(bomb):
+    peak, out, _ = peak_of("tab", bomb, BOMB_LIMIT_MB)
+    assert peak < 1.2 * (BOMB_LIMIT_MB << 20), peak
+    answers = json.loads(out)
+    assert answers["bomb"][0] == 200 and answers["bomb"][1]["errors"][0]["message"].startswith("refused:")
+    assert answers["good"][0] == 200 and not answers["good"][1]["errors"]
+    assert answers["good"][1]["steps"]["count"] == 4
+
+
+def _pieces(trace: dict, count: int) -> list[bytes]:
+    text = json.dumps(trace, indent=1).encode()
+    cuts = [len(text) * i // count for i in range(count + 1)]
+    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_trace_written_in_pieces_while_the_tab_polls_ends_as_its_report(tmp_path, gz):
+    """torch.profiler writes a trace while training goes on and TensorBoard is open: written in 10
+    pieces (0.3 s apart) while the tab polls its report, every answer is 202 (being written, or
+    analysing) until the last piece, then its report: never an error, never a restart."""
+    import gzip as gzip_module
+
+    from synth_kineto import kineto_trace
+    from test_plugin import wait_for_report
+
+    name = "worker0.1700000000000.pt.trace.json" + (".gz" if gz else "")
+    path = tmp_path / "run" / name
+    path.parent.mkdir()
+    pieces = _pieces(kineto_trace(steps=4, kernels=40), 10)
+    if gz:
+        pieces = _pieces_of(gzip_module.compress(b"".join(pieces)), 10)
+    path.write_bytes(b"")
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    done = threading.Event()
+
+    def write() -> None:
+        with open(path, "ab") as out:
+            for piece in pieces:
+                time.sleep(0.3)
+                out.write(piece)
+                out.flush()
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen: list[tuple[int, dict]] = []
+    while not done.is_set():
+        (item,) = json.loads(client.get(PLUGIN_ROOT + "/runs").data)
+        response = client.get(PLUGIN_ROOT + f"/report?run=run&session={item['session']}")
+        seen.append((response.status_code, json.loads(response.data)))
+        time.sleep(0.05)
+    writer.join()
+    final = wait_for_report(client, PLUGIN_ROOT + f"/report?run=run&session={item['session']}", timeout=30)
+    body = json.loads(final.data)
+    assert final.status_code == 200 and body["errors"] == [] and body["steps"]["count"] == 4
+    assert {code for code, _ in seen} <= {200, 202}
+    assert any(answer["progress"]["stage"] == "writing" for code, answer in seen if code == 202)
+    assert all(code == 202 for code, _ in seen[:-1]), [a["errors"] for c, a in seen if c != 202][:1]
+
+
+def _pieces_of(data: bytes, count: int) -> list[bytes]:
+    cuts = [len(data) * i // count for i in range(count + 1)]
+    return [data[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def test_the_cli_says_a_trace_is_being_written_in_one_line_and_exits_2(tmp_path):
+    from synth_kineto import kineto_trace
+
+    path = tmp_path / "run" / "worker0.pt.trace.json"
+    path.parent.mkdir()
+    path.write_bytes(b"".join(_pieces(kineto_trace(), 10)[:6]))
+    result = subprocess.run([sys.executable, "-m", "tb_gpuadvisor.cli", "analyze", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert re.search(r"worker0: being written: the trace ends early and the file changed \d s ago; .* finished it$", line)
+    from schema_check import validate
+
+    from tb_gpuadvisor.schema import report_schema
+
+    as_json = subprocess.run([sys.executable, "-m", "tb_gpuadvisor.cli", "analyze", str(tmp_path), "--format", "json"],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    report = json.loads(as_json.stdout)
+    assert validate(report, report_schema()) == [] and report["sessions"][0]["errors"][0]["being_written"] is True
+    os.utime(path, (time.time() - 3600,) * 2)      # an hour later it is a truncated file, and says so
+    from tb_gpuadvisor.input.kineto.build import read
+
+    with pytest.raises(CaptureError, match="ends early") as err:
+        read(str(path), "worker0")
+    assert type(err.value) is CaptureError or "being written" not in str(err.value)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def churn(logdir: Path, clients: int, seconds: float, runs: int = 8, seed: int = 0) -> dict:
+    """CLIENTS threads asking the plugin's routes (TensorBoard's WSGI app, one app for all) for the
+    runs list and random runs' reports for SECONDS, while another thread rewrites the PyTorch
+    traces of RUNS runs in place, replaces them, tears them (half written), deletes and recreates
+    them.  Returns the answers' status codes (counted), the error messages of the 200 answers,
+    and the process's RSS sampled every half second."""
+    import collections
+    import random
+
+    from synth_kineto import kineto_trace
+    from tensorboard.backend import application
+    from werkzeug import test as werkzeug_test
+    from werkzeug import wrappers
+
+    from tb_gpuadvisor import loader
+
+    texts = [json.dumps(kineto_trace(steps=s, kernels=k)).encode() for s, k in ((4, 20), (6, 40), (3, 80))]
+    paths = [logdir / f"run{i:02d}" / "worker0.1700000000000.pt.trace.json" for i in range(runs)]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(texts[0])
+    app = application.TensorBoardWSGIApp(make_flags(logdir=str(logdir)), [loader.GpuAdvisorLoader()])
+    deadline = time.monotonic() + seconds
+    codes: collections.Counter = collections.Counter()
+    messages: set[str] = set()
+    lock = threading.Lock()
+
+    def mutate() -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            path, text = rng.choice(paths), rng.choice(texts)
+            action = rng.randrange(4)
+            if action == 0 and path.exists():               # rewritten in place, as the profiler does
+                with open(path, "r+b") as out:
+                    out.write(text)
+                    out.truncate()
+            elif action == 1:                               # replaced by a new file
+                spare = path.with_name("worker0.spare")
+                spare.write_bytes(text)
+                os.replace(spare, path)
+            elif action == 2:                               # torn: half written, the rest a moment later
+                path.write_bytes(text[: len(text) // 2])
+                time.sleep(0.05)
+                path.write_bytes(text)
+            else:                                           # deleted, then written again
+                path.unlink(missing_ok=True)
+                time.sleep(0.05)
+                path.write_bytes(text)
+            time.sleep(rng.uniform(0.0, 0.1))
+
+    def ask(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        client = werkzeug_test.Client(app, wrappers.Response)
+        while time.monotonic() < deadline:
+            listed = client.get(PLUGIN_ROOT + "/runs")
+            items = json.loads(listed.data) if listed.status_code == 200 else []
+            run = rng.choice(items)["run"] if items and rng.random() < 0.9 else f"run{rng.randrange(runs + 2):02d}"
+            session = next((i["session"] for i in items if i["run"] == run), "2023_11_14_22_13_20")
+            response = client.get(PLUGIN_ROOT + f"/report?run={run}&session={session}")
+            with lock:
+                codes.update((listed.status_code, response.status_code))
+                if response.status_code == 200:
+                    messages.update(e["message"] for e in json.loads(response.data)["errors"])
+
+    rss: list[int] = []
+    threads = [threading.Thread(target=mutate)] + [threading.Thread(target=ask, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < deadline:
+        rss.append(_rss())
+        time.sleep(0.5)
+    for thread in threads:
+        thread.join(60)
+    return {"codes": dict(codes), "messages": sorted(messages), "rss": rss}
+
+
+def test_churn_of_pytorch_traces_answers_200_202_404_and_keeps_rss_flat(tmp_path):
+    """10 clients for 20 s on 8 PyTorch runs rewritten in place, replaced, torn and deleted under
+    them (issue 34; `PYTHONPATH=.:benchmarks python tests/test_reliability.py churn` is the issue's
+    full version, 50 clients for 3 minutes): every answer is 200, 202 or 404, no analysis fails with an exception,
+    and the RSS of the last third of the run is within 64 MiB of the first third's."""
+    result = churn(tmp_path, clients=10, seconds=20)
+    codes, rss = result["codes"], result["rss"]
+    assert set(codes) <= {200, 202, 404}, codes
+    assert codes.get(200, 0) > 50 and codes.get(202, 0) > 0
+    assert not [m for m in result["messages"] if "analysis failed" in m or "could not be analysed" in m]
+    third = len(rss) // 3
+    assert max(rss[-third:]) - max(rss[:third]) < 64 << 20, [r >> 20 for r in rss]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The issue's full-size runs, by hand: ``bomb`` (issue 34's 6 GiB file, peak RSS of the CLI and
+    of the tab) and ``churn`` (50 clients, 3 minutes)."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("bomb", "churn"))
+    parser.add_argument("--mib", type=int, default=6144, help="bomb: MiB of JSON the gzip file inflates to")
+    parser.add_argument("--limit-mb", type=int, default=2048, help="bomb: TB_GPUADVISOR_MEMORY_LIMIT_MB")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=180)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.what == "bomb":
+            started = time.monotonic()
+            logdir = bomb_logdir(Path(folder), args.mib)
+            size = (logdir / "bomb" / "worker0.1700000000000.pt.trace.json.gz").stat().st_size
+            print(f"bomb: {size / 2**20:.2f} MiB of gzip inflating to {args.mib} MiB, built in "
+                  f"{time.monotonic() - started:.0f} s; limit {args.limit_mb} MB")
+            for mode in ("cli", "tab"):
+                started = time.monotonic()
+                peak, out, err = peak_of(mode, logdir, args.limit_mb)
+                print(f"{mode}: peak RSS {peak / 2**20:.0f} MiB ({peak / (args.limit_mb << 20):.2f}x the limit), "
+                      f"{time.monotonic() - started:.1f} s; {err.strip().splitlines()[0][:300]}")
+        else:
+            result = churn(Path(folder), args.clients, args.seconds)
+            rss = [r >> 20 for r in result["rss"]]
+            print(f"churn: {args.clients} clients, {args.seconds:.0f} s: answers {result['codes']}; "
+                  f"RSS MiB first/middle/last: {rss[0]}/{rss[len(rss) // 2]}/{rss[-1]}, max {max(rss)}")
+            print("error messages of 200 answers:", *result["messages"], sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":     # PYTHONPATH=.:benchmarks python tests/test_reliability.py churn
+    sys.exit(main())
+
+
+def test_a_capture_that_changes_while_read_is_being_written_in_the_session(tmp_path, monkeypatch):
+    """XPlane files too: one that changes under the reader is an error entry flagged being_written
+    (the tab answers 202 and reads it again), with the same one-line message."""
+    write_session(tmp_path, "run", "s", {"h": _good()})
+    (path,) = tmp_path.rglob("h.xplane.pb")
+    real_preadv = os.preadv
+
+    def preadv_then_grow(fd, buffers, offset):
+        with open(path, "ab") as out:
+            out.write(b"\x00")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv_then_grow)
+    (error,) = load_session(find_sessions(str(tmp_path))[0]).errors
+    assert error["being_written"] is True and error["message"].startswith("the file changed while it was read")

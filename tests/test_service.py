@@ -217,3 +217,32 @@ def test_memory_the_analysis_freed_goes_back_after_each_one(tmp_path, svc_factor
     _write(tmp_path, steps=3)
     svc = svc_factory([service.LogRoot("", str(tmp_path))], wait_s=10.0)
     assert svc.report("train", SESSION)["steps"]["count"] == 3 and trims == [1]
+
+
+def test_a_file_being_written_is_pending_then_read_again_never_a_cached_error(tmp_path, svc_factory, monkeypatch):
+    """An analysis that met a host file the profiler is still writing (its error says being_written)
+    is answered Pending ("writing", with the reason) however often it is asked, without
+    re-reading it each time; once RECHECK_WRITING_S has passed, the next request reads it again
+    (the file need not have changed: its mtime ages), and the complete file is the report."""
+    _write(tmp_path)
+    answers = [{"errors": [{"host": "h", "message": "being written: the trace ends early", "being_written": True}]},
+               {"errors": [{"host": "h", "message": "being written: the trace ends early", "being_written": True}]},
+               {"errors": [], "findings": ["the report"]}]
+    calls = []
+
+    def analyze(ref) -> dict:
+        calls.append(ref)
+        return dict(answers[len(calls) - 1], run=ref.run, session=ref.session)
+
+    monkeypatch.setattr(service, "RECHECK_WRITING_S", 0.3)
+    svc = svc_factory([service.LogRoot("", str(tmp_path))], analyze=analyze, wait_s=5.0)
+    for _ in range(3):
+        first = svc.report("train", SESSION)
+        assert isinstance(first, service.Pending)
+        assert first.progress["stage"] == "writing" and first.progress["message"] == "h: being written: the trace ends early"
+    assert len(calls) == 1
+    time.sleep(0.35)
+    assert isinstance(svc.report("train", SESSION), service.Pending) and len(calls) == 2
+    time.sleep(0.35)
+    assert svc.report("train", SESSION)["findings"] == ["the report"] and len(calls) == 3
+    assert svc.report("train", SESSION)["findings"] == ["the report"] and len(calls) == 3   # cached once final

@@ -13,9 +13,13 @@ Each device's in-step events form a dependency chain, rebuilt from the capture:
   by that launch; one whose launch returned later, or without a launch, by nothing
   but device order. Without launch records, a device gap longer than
   ``ANCHOR_GAP_PS`` anchors the event;
-- **synchronisation**: the host waits for the device in synchronize calls and for
-  device-to-host copies; what it releases after such a wait moves with the device: it
-  resumes when both it reached the wait and the device reached the point waited for;
+- **synchronisation**: the host waits for the device in synchronize calls (not in a
+  stream's wait for an event, which holds only that stream), in PyTorch's blocking copies
+  (``.item()``, ``.cpu()``, pageable ``.to(device)``: a copy whose call returned only once it
+  had begun) and for device-to-host copies; what it releases after such a wait moves with
+  the device: it resumes when both it reached the wait and the device reached the point
+  waited for. A call that launched several events (a CUDA graph replay, which the adapter
+  marks as first use when it takes a millisecond or more) released them as it began;
 - **replicas**: collectives join the replicas of a step, so a step ends when its
   slowest device ends (the gain of a step is the smallest gain of its devices), and
   a straggler's extra work is what the others wait for inside their collectives.
@@ -46,7 +50,7 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostModel, SessionModel
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
-from tb_gpuadvisor.vocab.gpu import SYNC_CALL as _SYNC
+from tb_gpuadvisor.vocab.gpu import HOST_WAIT_CALL
 from tb_gpuadvisor.stages import Memo
 
 # What this stage derives from the tables and asks for again (see stages.Memo).
@@ -130,23 +134,41 @@ class _Held:
 
 
 def _sync_calls(host: HostModel) -> np.ndarray:
-    """The host's synchronize calls inside steps, shared by every device of the host."""
+    """The host's synchronize calls inside steps (those that hold the host), shared by every device
+    of the host."""
     activity = host.activity
-    calls = _MEMO.of(activity).get("sync_calls")
+    calls = _MEMO.of(activity).get("host_wait_calls")
     if calls is None:
-        calls = _MEMO.of(activity)["sync_calls"] = kept_mask(kernels.named_events(activity, "sync", _SYNC.search)
-                                                           & (activity.step >= 0))
+        calls = _MEMO.of(activity)["host_wait_calls"] = kept_mask(
+            kernels.named_events(activity, "host_wait", HOST_WAIT_CALL.search) & (activity.step >= 0))
     return calls
 
 
-def _launch_ends(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray) -> np.ndarray:
-    """For the events ROWS of ``dev``, the end of the host launch call with its correlation id
+# Host calls that put device work on a stream: launches, and launch calls that took a millisecond or
+# more (a CUDA graph launched at once, a blocking copy, a first launch that loaded its kernel), which
+# the adapters mark as set-up a warmed-up step does not pay, but which still released that work.
+_LAUNCHING = np.array([HostEventKind.LAUNCH, HostEventKind.FIRST_USE], np.int8)
+
+
+_COPIES = np.array([kind for kind in COPY_KINDS if kind != DeviceEventKind.MEMSET], np.int8)
+
+
+def shared_launches(call: np.ndarray) -> np.ndarray:
+    """Per event, whether its launch call (CALL: a row, -1 for none) launched other events too: a
+    CUDA graph replay. Sorted, not counted per row: the host table can be far longer than CALL."""
+    ordered = np.sort(call[call >= 0])
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    return np.isin(call, repeated) if repeated.size else np.zeros(call.shape, bool)
+
+
+def _launch_calls(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray) -> np.ndarray:
+    """For the events ROWS of ``dev``, the row of the host launch call with its correlation id
     (-1: none), from the join trust made (``steps.launch_rows``: the first host event with the id)."""
     activity = host.activity
     row = launch_rows(activity, dev)[rows]
     launched = row >= 0
-    launched[launched] = activity.kind[row[launched]] == HostEventKind.LAUNCH
-    return np.where(launched, activity.end_ps[np.clip(row, 0, None)], -1)
+    launched[launched] = np.isin(activity.kind[row[launched]], _LAUNCHING)
+    return np.where(launched, row, -1)
 
 
 def _in_step_rows(dev: DeviceActivity) -> slice | np.ndarray:
@@ -163,8 +185,10 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
     rows = _in_step_rows(dev)
     step, start, end = dev.step[rows], dev.start_ps[rows], dev.end_ps[rows]
     running = np.maximum.accumulate(end)
-    release, d, own = _releases(host, dev, rows, step, start, running)
-    sync_start, sync_end = _waits(host, end, dev.kind[rows])
+    call = _launch_calls(host, dev, rows)
+    release, d, own = _releases(host, call, step, start, running)
+    sync_start, sync_end = _waits(host, start, end, dev.kind[rows],
+                                  call if torch_names else np.broadcast_to(np.int64(-1), call.shape))
     # Each wait stands for the device work finished by its end; each anchored event for the last wait before it.
     sync_event = np.searchsorted(running, sync_end, side="right") - 1
     sync_index, follows_wait = _last_waits(release, step, sync_end, sync_event)
@@ -175,17 +199,22 @@ def _chain(dev: DeviceActivity, host: HostModel, n_steps: int, torch_names: bool
     return chain
 
 
-def _releases(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray, step: np.ndarray,
-              start: np.ndarray, running: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(release, chained duration, own share) of each in-step event (see _Chain)."""
+def _releases(host: HostModel, call: np.ndarray, step: np.ndarray, start: np.ndarray,
+              running: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(release, chained duration, own share) of each in-step event, CALL its launch call's row
+    or -1 (see _Chain)."""
     before = np.empty_like(running)
     before[:1] = start[:1]
     before[1:] = running[:-1]
     gap = np.maximum(start - before, 0)
     own = running - np.maximum(start, before)       # the part of the event past what ran before it
     np.maximum(own, 0, out=own)
-    launch_end = _launch_ends(host, dev, rows)
-    linked = launch_end >= 0
+    linked = call >= 0
+    at = np.clip(call, 0, None)
+    # A call that put several events on the device (a CUDA graph replay) released them as it began:
+    # its kernels start while it still runs, and after the first only device order holds them back.
+    graph = shared_launches(call)
+    launch_end = np.where(linked, np.where(graph, host.activity.start_ps[at], host.activity.end_ps[at]), -1)
     # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
     anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
     del before
@@ -234,14 +263,22 @@ def _last_waits(release: np.ndarray, step: np.ndarray, sync_end: np.ndarray,
     return np.broadcast_to(np.int32(-1), release.shape), False
 
 
-def _waits(host: HostModel, end: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the host's waits for the device, in end order: synchronize calls and the
-    device-to-host copies among the events ending at END (the host consumes their data when they land)."""
+def _waits(host: HostModel, begin: np.ndarray, end: np.ndarray, kind: np.ndarray,
+           call: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the host's waits for the device, in end order: synchronize calls, copies
+    whose call returned only once they had begun, and the other device-to-host copies, among the
+    events from BEGIN to END (CALL: their launch calls' rows, -1 where unknown). A blocking copy held
+    the host for the whole call (``.item()``, ``.cpu()``, ``.to(device)`` from pageable memory: it
+    waits for the work queued before it on its stream); the data of a D2H copy the host consumes
+    when it lands. Only PyTorch's copy calls are known to block (TensorFlow's _Send/_Recv copies
+    return at once, whatever their call overlaps): the others' CALL is all -1."""
     activity = host.activity
     calls = _sync_calls(host)
-    d2h = end[kind == DeviceEventKind.MEMCPY_D2H]
-    start = np.concatenate((activity.start_ps[calls], d2h))
-    end = np.concatenate((activity.end_ps[calls], d2h))
+    copy = np.flatnonzero(np.isin(kind, _COPIES) & (call >= 0))
+    copy = copy[activity.end_ps[call[copy]] > begin[copy]]
+    landed = end[(kind == DeviceEventKind.MEMCPY_D2H) & ((call < 0) | (activity.end_ps[np.clip(call, 0, None)] <= begin))]
+    start = np.concatenate((activity.start_ps[calls], activity.start_ps[call[copy]], landed))
+    end = np.concatenate((activity.end_ps[calls], activity.end_ps[call[copy]], landed))
     order = np.argsort(end, kind="stable")
     return start[order], end[order]
 

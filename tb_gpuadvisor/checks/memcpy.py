@@ -30,13 +30,14 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.attribution.replay import Scenario
+from tb_gpuadvisor.attribution.replay import Scenario, shared_launches
 from tb_gpuadvisor.checks.base import (
     Compared, Finding, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import named_events
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
 from tb_gpuadvisor.vocab import pytorch
@@ -119,6 +120,45 @@ def copy_evidence(dev: DeviceActivity, exposed: iv.Intervals, steps: int) -> lis
     return out
 
 
+# A run that replays CUDA graphs (one launch call for many device events) and copies on the device:
+# a graph reads its inputs at fixed addresses, so under torch.compile(mode="reduce-overhead") each
+# input allocated anew every step is copied into the graph's own buffer (aten::copy_) before a replay.
+GRAPH_INPUT_COPIES = Fix(
+    text="This run replays CUDA graphs, which read their inputs at fixed addresses: each input "
+         "allocated anew every step is copied into the graph's buffer before each replay. Allocate "
+         "such inputs once, fill them in place and mark them static, so the graph reads them where "
+         "they are.",
+    code="static_x = torch.empty(batch_shape, device=\"cuda\")\n"
+         "torch._dynamo.mark_static_address(static_x)   # read in place: no copy per replay\n"
+         "step = torch.compile(train_step, mode=\"reduce-overhead\")\n"
+         "for x, y in loader:\n"
+         "    static_x.copy_(x, non_blocking=True)\n"
+         "    loss = step(static_x, y)",
+    doc=fixes.TORCH_CUDA_GRAPHS_DOC)
+DEVICE_COPIES = Fix(
+    text="Copy less on the device: .contiguous(), .clone(), torch.cat, .to(dtype) and layout changes "
+         "copy on the GPU; write into preallocated outputs (out=) or use views instead.",
+    code="torch.cat(chunks, dim=0, out=buffer)        # no extra copy of the result\n"
+         "y = x.transpose(0, 1)                        # a view; .contiguous() would copy",
+    doc=fixes.TORCH_PROFILER_DOC)
+
+
+def _device_copies(analysis: Analysis, dev: DeviceActivity, exposed: iv.Intervals) -> tuple[float, float, str, bool]:
+    """(exposed ms per step of device-to-device copies, copies per step, the ops that launched the
+    most of them, whether the run replays CUDA graphs: a launch call put several events on DEV)."""
+    rows = np.flatnonzero((dev.kind == DeviceEventKind.MEMCPY_D2D) & (dev.step >= 0))
+    if not rows.size:
+        return 0.0, 0.0, "", False
+    ms = analysis.ms_per_step(int(iv.per_bin_total(exposed, dev.start_ps[rows], dev.end_ps[rows]).sum()))
+    call = launch_rows(analysis.primary_host.activity, dev)
+    graphs = bool(shared_launches(call).any())
+    op = dev.launch_op[rows] if dev.launch_op.size else np.full(rows.size, -1)
+    ids, counts = np.unique(op[op >= 0], return_counts=True)
+    top = ", ".join(f"{dev.launch_ops[i]} {c / analysis.steps_count:.0f}"
+                    for i, c in sorted(zip(ids.tolist(), counts.tolist()), key=lambda x: -x[1])[:2])
+    return ms, rows.size / analysis.steps_count, top, graphs
+
+
 def _pageable_h2d(analysis: Analysis, dev: DeviceActivity) -> tuple[float, float]:
     """(ms per step of host-to-device copies from pageable memory, of all host-to-device copies):
     PyTorch traces name each copy's host memory (vocab.pytorch)."""
@@ -164,6 +204,13 @@ def check(analysis: Analysis) -> Finding:
                     "pageable memory, which the driver stages and the host waits for: pin it and copy "
                     "with non_blocking=True." if pageable_ms else
                     f" Its {h2d_ms:.2f} ms of host-to-device copies per step already come from pinned memory.")
+    d2d_ms, d2d_count, d2d_ops, graphs = (_device_copies(analysis, dev, primary.sets["copy"]) if torch and copy_ms
+                                          else (0.0, 0.0, "", False))
+    device_copies = d2d_ms > 0.5 * copy_ms
+    if device_copies:
+        summary += (f" {d2d_ms:.2f} ms of its exposed copy time per step are device-to-device copies "
+                    f"({d2d_count:.0f} a step" + (f"; launched by {d2d_ops} a step" if d2d_ops else "") +
+                    "): they never cross PCIe, so pinned memory and fewer host reads do not shorten them.")
     summary += analysis.gain_note(severity, saving)
     title = (f"Copies stall the GPU {percent:.1f}% of step time" if severity is not Severity.OK
              else f"Copies are hidden behind compute ({percent:.1f}% of step time exposed)")
@@ -184,6 +231,8 @@ def check(analysis: Analysis) -> Finding:
         fix_list = [NO_ROUND_TRIPS, PREFETCH_TO_DEVICE, COMPACT_INPUT]
     if h2d_ms and not pageable_ms:
         fix_list.remove(PREFETCH_TO_DEVICE)     # its PyTorch form pins copies that are pinned already
+    if device_copies:
+        fix_list = [GRAPH_INPUT_COPIES if graphs else DEVICE_COPIES, *fix_list]
     return Finding(
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"memcpy_percent": round(percent, 2), "memcpy_ms_per_step": round(copy_ms, 3),

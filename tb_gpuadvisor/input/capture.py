@@ -54,6 +54,9 @@ class HostCapture:
     origin_ns: int
     # Why the trace holds only part of what ran (sampled or filtered after capture), or None.
     partial_trace: str | None = None
+    # The framework the file's own format says wrote it (a Kineto trace is PyTorch's whatever its
+    # event names), or None: the names decide.
+    framework: str | None = None
 
     def shift(self, delta_ps: int) -> None:
         """Move every time by DELTA_PS (onto a session-wide origin)."""

@@ -20,6 +20,11 @@ class CaptureError(Exception):
     """A capture file that cannot be read; the message says why, for the user."""
 
 
+class BeingWritten(CaptureError):
+    """A capture file the profiler is still writing: not an error of the file, and read again
+    once it is complete (the tab answers "being written" meanwhile)."""
+
+
 class Opener(Protocol):
     """What remote files are read through: the part of an fsspec filesystem used here."""
 
@@ -79,7 +84,7 @@ class LocalFile:
         except OSError as err:
             raise CaptureError(f"cannot read the file: {err.strerror or err}") from None
         if got != len(view) or (after.st_size, after.st_mtime_ns) != self._stamp:
-            raise CaptureError(_CHANGED)
+            raise BeingWritten(_CHANGED)
 
     def read(self, start: int, stop: int) -> memoryview:
         """The bytes of [START, STOP) in a fresh buffer (drop it to free them)."""
@@ -181,5 +186,5 @@ def _read_remote(path: str, fs: Opener) -> np.ndarray:
         data[got:got + len(chunk)] = np.frombuffer(chunk, np.uint8)
         got += len(chunk)
     if got != size or _fresh_stamp(fs, path) != before:
-        raise CaptureError(_CHANGED)
+        raise BeingWritten(_CHANGED)
     return data

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tb_gpuadvisor.input import XPLANE, adapter_for, host_of
 from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
 from tb_gpuadvisor.input.discovery import SessionRef
-from tb_gpuadvisor.input.files import CaptureError
+from tb_gpuadvisor.input.files import BeingWritten, CaptureError
 from tb_gpuadvisor.stages import stage
 
 
@@ -131,7 +131,8 @@ def read_session(ref: SessionRef) -> SessionCaptures:
     for host, path, result in zip(ref.hosts, paths, results):
         if isinstance(result, CaptureError):
             # The file name, not the server path: reports are served to browsers.
-            errors.append({"host": host, "file": os.path.basename(path), "message": str(result)})
+            errors.append({"host": host, "file": os.path.basename(path), "message": str(result),
+                           **({"being_written": True} if isinstance(result, BeingWritten) else {})})
         else:
             captures.append((result, path))
     captures = _same_clock(captures, errors)

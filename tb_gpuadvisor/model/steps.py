@@ -469,6 +469,10 @@ def launch_rows(act: HostActivity, dev: DeviceActivity) -> np.ndarray:
 
 
 def framework(hosts: list[HostCapture]) -> str:
+    """The framework the hosts' file format says wrote them, else the one their names tell."""
+    told = {hc.framework for hc in hosts if hc.framework}
+    if len(told) == 1:
+        return told.pop()
     names: list[str] = []
     threads: list[str] = []
     for hc in hosts:

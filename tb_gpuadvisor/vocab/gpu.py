@@ -71,6 +71,9 @@ LAUNCH_CALL = re.compile(r"^(cu|cuda|hip|hipModule|hipExtModule)(Launch|Memcpy|M
                          r"^(cuLaunchKernel|cudaLaunchKernel|hipLaunchKernel|hipExtLaunchKernel)")
 # Host calls that block until the device has finished work queued before them.
 SYNC_CALL = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|StreamWait", re.IGNORECASE)
+# Of those, the calls that hold the host itself until the device reaches them; a stream told to wait
+# for an event (cudaStreamWaitEvent, hipStreamWaitEvent) holds only that stream: the host returns at once.
+HOST_WAIT_CALL = re.compile(r"Synchronize", re.IGNORECASE)
 
 # Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
 # h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/

@@ -11,12 +11,17 @@ are microseconds in the file (integers, or floats with nanosecond digits counted
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, narrow_ids, renumber_small_ints
 from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
-from tb_gpuadvisor.input.files import CaptureError, LocalFile, Opener, read_bytes
-from tb_gpuadvisor.input.kineto.decode import GZIP_MAGIC, Columns, CommArgs, DeviceProperties, decode, inflate
+from tb_gpuadvisor.input.files import BeingWritten, CaptureError, LocalFile, Opener, read_bytes, remote_stamp
+from tb_gpuadvisor.input.kineto.decode import (
+    GZIP_MAGIC, Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
+)
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.timeline import CollectiveCall, Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import gpu, pytorch
@@ -27,26 +32,75 @@ from tb_gpuadvisor.vocab import gpu, pytorch
 MEMORY_PER_JSON_BYTE = 2
 
 
+# A trace that ends early and changed this recently is taken as one the profiler is still
+# writing (tensorboard_trace_handler writes while training goes on): a pause between two writes
+# is far shorter.  An older one is truncated for good.
+WRITING_S = 30.0
+
+
 def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:
-    """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read.
-    A local plain-JSON trace is decoded a run at a time from the file, never held whole."""
-    if opener is None:
+    """One rank's trace as a HostCapture; CaptureError (one line) when it cannot be read, and
+    BeingWritten when it ends early while the profiler is still writing it.  A local
+    plain-JSON trace is decoded a run at a time from the file, never held whole; a gzip one is
+    inflated only as far as BUDGET allows."""
+    name = os.path.basename(path)
+    if opener is not None:
+        _check_budget(_remote_size(path, opener), budget)
+        stored = read_bytes(path, opener)
+        _check_budget(len(stored), budget)
+        return build(_decode_bytes(stored, budget, name), host)
+    before = _stamp(path)
+    try:
         with LocalFile(path) as local:
             _check_budget(len(local), budget)
             gzipped = bytes(local.read(0, 2)) == GZIP_MAGIC
-            cols = _decode_bytes(local.read(0, len(local)), budget) if gzipped else decode(local)
-    else:
-        stored = read_bytes(path, opener)
-        _check_budget(len(stored), budget)
-        cols = _decode_bytes(stored, budget)
+            cols = _decode_bytes(local.read(0, len(local)), budget, name) if gzipped else decode(local)
+    except CaptureError as err:
+        writing = _still_written(path, before, err)
+        if writing:
+            raise BeingWritten(f"being written: {writing}; it can be read once the profiler has finished it") from None
+        raise
     return build(cols, host)
 
 
-def _decode_bytes(stored, budget: int | None) -> Columns:
-    """The columns of a trace's bytes (gzip inflated first, within the budget)."""
-    text = inflate(stored)
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _still_written(path: str, before: tuple[int, int] | None, err: CaptureError) -> str | None:
+    """Why the trace at PATH, which failed to read with ERR, is one the profiler is still
+    writing (it changed since BEFORE, or it is empty or ends early and changed within
+    WRITING_S), else None."""
+    after = _stamp(path)
+    if before is None or after is None:
+        return None
+    if after != before:
+        return "the file changed while it was read"
+    age = max(time.time() - after[1] / 1e9, 0)
+    if age >= WRITING_S:
+        return None
+    if after[0] == 0:
+        return f"the file is empty and changed {age:.0f} s ago"
+    return f"the trace ends early and the file changed {age:.0f} s ago" if isinstance(err, Truncated) else None
+
+
+def _remote_size(path: str, opener: Opener) -> int:
+    """A remote file's size as its store reports it (0 when it does not say: the read says why)."""
+    try:
+        size, _ = remote_stamp(opener.info(path))
+    except Exception:   # noqa: BLE001 - each store raises its own kinds; read_bytes reports them
+        return 0
+    return size or 0
+
+
+def _decode_bytes(stored, budget: int | None, name: str) -> Columns:
+    """The columns of a trace's bytes: gzip inflated first, never past what BUDGET allows."""
+    text = inflate(stored, None if budget is None else budget // MEMORY_PER_JSON_BYTE, name)
     del stored
-    _check_budget(len(text), budget)
     return decode(text)
 
 
@@ -141,7 +195,9 @@ def _memory(cols: Columns, host: str, first: float) -> MemoryRecords:
     reserved but not allocated is the allocator's cache (its ``bytes_available``, and as a
     share of reserved its ``fragmentation``), timed from FIRST as the events are.  Empty when the
     trace has none."""
-    keep = (cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0) & np.isfinite(cols.mem_ts)
+    # An event time too far from the others to be one of this trace's (a corrupt one) is left out.
+    keep = ((cols.mem_device_type == pytorch.GPU_MEMORY_DEVICE_TYPE) & (cols.mem_device >= 0)
+            & (np.abs(cols.mem_ts - first) * 1e6 < MAX_PS))
     rows = np.flatnonzero(keep)
     rows = rows[np.argsort(cols.mem_ts[rows], kind="stable")]
     device = cols.mem_device[rows]
@@ -221,8 +277,11 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
+    # A Kineto trace is PyTorch's even when it holds no op (a capture of CUDA activity only: its
+    # runtime calls); one without any host event is left to the names (no steps to take from it).
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
-                       _sampled(correlation[host_rows[runtime]]))
+                       _sampled(correlation[host_rows[runtime]]),
+                       framework=pytorch.FRAMEWORK if host_rows.size else None)
 
 
 class _CollectiveScopes:

@@ -3,17 +3,22 @@
 msgspec decodes straight into typed structs that keep only the fields the model reads (the
 other args, shapes and stacks are skipped while parsing, never held); without msgspec the
 trace is parsed into dicts by orjson or, last, the standard library.  All paths give the same
-``Columns``.  The choice was measured (benchmarks/README.md, "Kineto JSON decoders").
-``.gz`` files are inflated chunk by chunk into one buffer.
+``Columns``, and read or refuse the same texts (benchmarks/fuzz.py).  The choice was measured
+(benchmarks/README.md, "Kineto JSON decoders").  A trace is an object holding ``traceEvents``
+or, as the Chrome trace format allows and older profilers wrote, a bare array of events.
+``.gz`` files are inflated chunk by chunk into one buffer, never past the memory the caller
+allows nor past MAX_INFLATION times their size.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Annotated, Any, Iterator, Union
 
 import numpy as np
 
@@ -37,29 +42,64 @@ _INFLATE_CHUNK = 16 << 20
 _RUN = 32 << 20         # bytes of JSON events decoded at once by msgspec
 _SEEK = 4 << 20         # how far past a run's end to look for the next event
 _HEAD = 1 << 20         # where the traceEvents key must be for a trace to be cut into runs
+_SNIFF = 4096           # where a bare array's "[" must be
 
 
-def inflate(data: "bytearray | np.ndarray") -> "bytearray | np.ndarray":
-    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is an error).
-    DATA is any buffer of bytes (the reader hands over a numpy array of the file)."""
+class Truncated(CaptureError):
+    """The text ends before the trace does (a gzip stream or JSON document cut short): a file
+    the profiler may still be writing."""
+
+
+# Kineto's JSON inflates 14-26x from gzip (the corpus); a stream that inflates more than this
+# many times its size, once past INFLATION_FLOOR bytes, is a decompression bomb (deflate itself
+# allows about 1030x), refused whatever memory the budget would allow.
+MAX_INFLATION = 128
+INFLATION_FLOOR = 256 << 20
+
+
+def inflate(data: "bytearray | np.ndarray", limit: int | None = None,
+            name: str = "this gzip file") -> "bytearray | np.ndarray":
+    """DATA itself, or its gzip content inflated in bounded chunks (a truncated stream is a
+    Truncated error).  DATA is any buffer of bytes (the reader hands over a numpy array of the
+    file).  The text is never let past LIMIT bytes, nor past MAX_INFLATION times DATA: the
+    inflation stops there, before the bytes are in memory, with a one-line refusal naming NAME."""
     if bytes(memoryview(data)[:2]) != GZIP_MAGIC:
         return data
+    view = memoryview(data).cast("B")
+    most = max(INFLATION_FLOOR, MAX_INFLATION * len(view))
+    room = most if limit is None else min(limit, most)
     out = bytearray()
     inflater = _gzip.decompressobj(16 + zlib.MAX_WBITS)
-    view = memoryview(data)
     try:
         for start in range(0, len(view), _INFLATE_CHUNK):
-            out += inflater.decompress(view[start:start + _INFLATE_CHUNK])
-            while inflater.unconsumed_tail:
-                out += inflater.decompress(inflater.unconsumed_tail)
-        out += inflater.flush()
+            pending = view[start:start + _INFLATE_CHUNK]
+            while pending and not inflater.eof:
+                # At most one chunk out per call: one 16 MB chunk of a bomb inflates to 16 GB.
+                out += inflater.decompress(pending, min(_INFLATE_CHUNK, room + 1 - len(out)))
+                if len(out) > room:
+                    raise CaptureError(_too_large(name, len(view), room, most, limit))
+                pending = inflater.unconsumed_tail
+            if inflater.eof:
+                break
     except (zlib.error, _gzip.error) as err:
         raise CaptureError(f"the gzip stream is corrupt ({err})") from None
     finally:
         view.release()
     if not inflater.eof:
-        raise CaptureError("the gzip file is truncated (its stream ends early)")
+        raise Truncated("the gzip file is truncated (its stream ends early)")
     return out
+
+
+def _too_large(name: str, size: int, room: int, most: int, limit: int | None) -> str:
+    """Why NAME, a gzip stream of SIZE bytes, was refused once its text passed ROOM bytes."""
+    if limit is None or most <= limit:
+        return (f"refused: {name} ({size / 2**20:.1f} MiB) inflates to more than {room / 2**20:.0f} MiB, "
+                f"{MAX_INFLATION}x its size where profiler traces inflate about 20x: a decompression "
+                "bomb or not a trace; it was not inflated further")
+    return (f"refused: {name} ({size / 2**20:.1f} MiB) inflates to more than {room / 2**20:.0f} MiB of "
+            "JSON, the most the memory available for it allows (free memory or "
+            "TB_GPUADVISOR_MEMORY_LIMIT_MB); it was not inflated further: profile fewer steps "
+            "(torch.profiler.schedule(active=...)) or analyse it on a machine with more memory")
 
 
 @dataclass
@@ -135,15 +175,26 @@ def _floats(values: list) -> np.ndarray:
 
 def _ints(values: list) -> np.ndarray:
     """An int64 column from numbers (-1: absent, or not a number: some runtime calls write their
-    byte count as text); values beyond int64 are a corrupt trace."""
-    try:
-        return np.array(values, np.int64)
-    except (TypeError, ValueError):
-        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else -1 for v in values]
-        return _ints(values)
-    except OverflowError:
+    byte count as text, and text is never parsed, whichever decoder read it); values beyond
+    int64 are a corrupt trace.  So is int64's least value: a number below it is read by orjson
+    as the double that rounds to it."""
+    column = np.array(values)       # int64 for whole numbers, float64 with fractions, else text or objects
+    kind = column.dtype.kind
+    if kind in "ib" or (kind == "f" and np.isfinite(column).all() and np.abs(column).max(initial=0) < 2.0**63):
+        column = column.astype(np.int64)
+    else:
+        kept = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else -1 for v in values]
+        try:
+            column = np.array(kept, np.int64)
+        except OverflowError:
+            column = None
+    if column is None or (column.size and column.min() == _INT64_MIN):
         raise CaptureError("an event's correlation, device, stream or size is out of range; "
-                           "the trace is corrupt") from None
+                           "the trace is corrupt")
+    return column
+
+
+_INT64_MIN = np.iinfo(np.int64).min
 
 
 def _count(value) -> int | None:
@@ -154,7 +205,7 @@ def _count(value) -> int | None:
 
 
 def _text(value) -> str | None:
-    return None if value is None or isinstance(value, (dict, list)) else str(value)
+    return None if value is None or isinstance(value, (dict, list)) else str(_plain(value))
 
 
 def _comm(collective, in_nelems, out_nelems, dtype, group_size, group_name, group_ranks) -> CommArgs:
@@ -180,7 +231,8 @@ _MEMORY_FIELDS = ("allocated", "reserved", "mem_bytes", "device_type", "device_i
 
 
 if msgspec is not None:
-    _Id = Union[int, str, None]
+    # An id beyond 64 bits is read by the generic path (see _plain), as orjson reads it.
+    _Id = Union[Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)], str, None]
     _Num = Union[int, float, None]
     _Arg = Union[int, float, str]   # an explicit null is another shape: the generic path reads it
 
@@ -243,17 +295,24 @@ def _base_ns(value) -> int:
         return 0
 
 
+def _bare(text: "LocalFile | _Buffer") -> bool:
+    """Whether TEXT is a bare JSON array of events (the Chrome trace format allows it; PyTorch's
+    profiler wrote it until 2021) rather than an object holding ``traceEvents``."""
+    return bytes(text.read(0, min(_SNIFF, len(text)))).lstrip()[:1] == b"["
+
+
 def _msgspec(text: "LocalFile | _Buffer") -> Columns:
     """Columns through msgspec: a large trace a run of events at a time, else (or when a cut
     was not between two events) in one go."""
+    bare = _bare(text)
     if len(text) >= 2 * _RUN:
         try:
-            return _typed(_documents(text))
+            return _typed(_documents(text, bare))
         except msgspec.MsgspecError:
             pass
     whole = text.read(0, len(text))
     try:
-        return _typed(iter([("trace", whole)]))
+        return _typed(iter([("events" if bare else "trace", whole)]))
     except msgspec.ValidationError:
         # Valid JSON of another shape (a field of an unexpected type): the generic
         # path says precisely what is wrong, or reads it.
@@ -268,6 +327,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     headers, same = [], {}
     allocations = []
     for kind, document in documents:
+        _check_utf8(document)
         if kind == "trace":
             trace = _DECODER.decode(document)
             headers.append(trace)
@@ -322,6 +382,18 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     return cols
 
 
+def _check_utf8(document) -> None:
+    """msgspec reads the strings it keeps as UTF-8 but steps over the others unchecked, where the
+    other decoders refuse a text that is not UTF-8 anywhere: so must it.  Traces are nearly all
+    ASCII, which a look at the highest byte settles."""
+    view = np.frombuffer(document, np.uint8)
+    if view.size and view.max() >= 0x80:
+        check = codecs.getincrementaldecoder("utf-8")()     # a chunk's text at a time, never the whole
+        for start in range(0, view.size, _INFLATE_CHUNK):
+            check.decode(view[start:start + _INFLATE_CHUNK].data)  # UnicodeDecodeError: a ValueError
+        check.decode(b"", final=True)
+
+
 def _memory_part(times: list, fields: list[list]) -> list[np.ndarray]:
     """[memory] events' times and their _MEMORY_ARGS, one list per field, as columns."""
     return [_floats(times), *(_ints(values) for values in fields)]
@@ -352,17 +424,19 @@ class _Buffer:
         view[:] = self.view[start:start + len(view)]
 
 
-def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
+def _documents(data: "LocalFile | _Buffer", bare: bool = False) -> Iterator[tuple[str, Any]]:
     """DATA as JSON documents to decode one after another: the trace up to a first cut (closed
     after it), runs of about _RUN bytes of whole events, and the rest (reopened before it); the
-    whole trace when no cut is found.  Each is copied only when its turn comes.
+    whole trace when no cut is found.  Each is copied only when its turn comes.  A BARE array of
+    events is cut the same way, each piece an array of events.
 
     A cut is only a guess at where one event ends and the next begins (``}, {``); each piece is
     then decoded whole.  A guess that falls inside a string or inside a nested object leaves its
     piece unterminated or unbalanced, which fails to decode, and the caller then decodes the
     file in one go: a wrong cut costs time, never a wrong column."""
     size = len(data)
-    key = bytes(data.read(0, min(_HEAD, size))).find(b'"traceEvents"')
+    key = bytes(data.read(0, min(_HEAD, size))).find(b"[" if bare else b'"traceEvents"')
+    whole, head, tail = ("events", b"]", b"[") if bare else ("trace", b"]}", b'{"traceEvents":[')
     cuts = []                                       # (end of an event + 1, start of the next)
     at = key + _RUN
     while key >= 0 and at + _RUN < size:
@@ -373,9 +447,9 @@ def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
         cuts.append((at + found.start() + 1, at + found.end() - 1))
         at += found.end() + _RUN
     if not cuts:
-        yield "trace", data.read(0, size)
+        yield whole, data.read(0, size)
         return
-    yield "trace", b"".join((data.read(0, cuts[0][0]), b"]}"))
+    yield whole, b"".join((data.read(0, cuts[0][0]), head))
     # The runs between are copied, bracketed, into one reused buffer: a fresh one per run
     # would fault in 32 MB of new pages each time.
     buffer = bytearray(2 + max((end - start for (_, start), (end, _) in zip(cuts, cuts[1:])), default=0))
@@ -385,11 +459,23 @@ def _documents(data: "LocalFile | _Buffer") -> Iterator[tuple[str, Any]]:
         into[0], into[n + 1] = ord("["), ord("]")
         data.read_into(start, into[1:n + 1])
         yield "events", into[:n + 2]
-    yield "trace", b"".join((b'{"traceEvents":[', data.read(cuts[-1][1], size)))
+    yield whole, b"".join((tail, data.read(cuts[-1][1], size)))
+
+
+def _plain(value):
+    """VALUE, with a whole number beyond 64 bits as the double it rounds to: orjson reads such
+    numbers as doubles, msgspec and the standard library as exact integers, and every decoder
+    must give the same columns."""
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
+        return float(value)
+    return value
 
 
 def _from_dicts(trace) -> Columns:
-    """Columns from a trace parsed into dicts (orjson or the standard library)."""
+    """Columns from a trace parsed into dicts (orjson or the standard library): an object holding
+    ``traceEvents``, or a bare array of events."""
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents", []), list):
         raise CaptureError("this JSON is not a Chrome trace (no traceEvents list)")
     events = trace.get("traceEvents", [])
@@ -406,13 +492,13 @@ def _from_dicts(trace) -> Columns:
             memory.append(event)
         elif ph == "M" and event.get("name") == "thread_name" and isinstance(event.get("args"), dict):
             if event["args"].get("name"):
-                cols.threads[(event.get("pid"), event.get("tid"))] = str(event["args"]["name"])
+                cols.threads[(_plain(event.get("pid")), _plain(event.get("tid")))] = str(_plain(event["args"]["name"]))
     args = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in complete]
-    cols.name = [str(e.get("name", "")) for e in complete]
-    cols.cat = [str(e.get("cat") or "") for e in complete]
+    cols.name = [str(_plain(e.get("name", ""))) for e in complete]
+    cols.cat = [str(_plain(e.get("cat") or "")) for e in complete]
     ident = lambda v: v if v is None or isinstance(v, (int, str)) else str(v)  # noqa: E731 - hashable ids
-    cols.tid = [ident(e.get("tid")) for e in complete]
-    number = lambda a, key: a.get(key) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
+    cols.tid = [ident(_plain(e.get("tid"))) for e in complete]
+    number = lambda a, key: _plain(a.get(key)) if isinstance(a.get(key), (int, float)) else None  # noqa: E731
     cols.ts = _floats([e["ts"] for e in complete])
     cols.dur = _floats([number(e, "dur") or 0 for e in complete])
     for column in ("correlation", "device", "stream", "bytes"):
@@ -446,14 +532,62 @@ def decode(data: "bytearray | np.ndarray | LocalFile", backend: str | None = Non
     backend = backend or ("msgspec" if msgspec is not None else "orjson" if orjson is not None else "json")
     try:
         if backend == "msgspec":
-            return _msgspec(text)
+            try:
+                return _msgspec(text)
+            except RecursionError:
+                if orjson is None:
+                    raise
+                # Nesting deeper than Python's recursion limit allows msgspec: orjson's own limit
+                # (1024 levels) decides, so that both read or both refuse the same texts.
+                backend = "orjson"
         whole = text.read(0, len(text))
         if backend == "orjson":
             return _from_dicts(orjson.loads(whole))
-        return _from_dicts(json.loads(bytes(whole)))   # it reads no buffer but bytes
+        return _from_dicts(_json(whole))
     except CaptureError:
         raise
     except (ValueError, TypeError, RecursionError) as err:      # every decoder's parse errors
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is probably "
-                           "truncated (was the profiler still writing it?) or corrupt") from None
+        if _ends_early(err, text):
+            raise Truncated(f"the trace JSON ends early ({first[:200]}): the file is truncated, or the "
+                            "profiler is still writing it") from None
+        raise CaptureError(f"this is not valid trace JSON ({first[:200]}); the file is corrupt") from None
+
+
+def _json(whole) -> Any:
+    """WHOLE parsed by the standard library as the other decoders parse it: strictly UTF-8 (it
+    would let encoded surrogates through), no NaN or Infinity, no number beyond a double, and no
+    string holding half of a surrogate pair (which msgspec and orjson refuse)."""
+    text = bytes(whole).decode("utf-8")
+    trace = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    if _SURROGATE_ESCAPE.search(text):
+        json.dumps(trace, ensure_ascii=False).encode("utf-8")      # raises on a lone surrogate
+    return trace
+
+
+# A JSON escape of a surrogate (a lone one is refused by msgspec and orjson).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range ({text[:40]})")
+    return value
+
+
+def _ends_early(err: Exception, text: "LocalFile | _Buffer") -> bool:
+    """Whether a decoder's parse error ERR says that TEXT ended before its JSON did."""
+    message = str(err)
+    if "truncated" in message or "end of data" in message or message.startswith("Unterminated string"):
+        return True
+    at = getattr(err, "pos", None)      # json's and orjson's JSONDecodeError: where it stopped
+    if at is None:
+        return False
+    end = len(text)
+    last = bytes(text.read(max(end - _SNIFF, 0), end))
+    return at >= end - (len(last) - len(last.rstrip()))     # at the end, or in the blanks after it

@@ -10,11 +10,13 @@
  * byte spans that Python parses with the protobuf runtime.  Field numbers are
  * those of schema.py.
  *
- * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True, release_step=0)
+ * decode_plane(buffer, wanted_stat_ids: bytes of int64, with_lines=True, release_step=0, parts=1)
  * returns (with_lines=False only collects the shell spans, skipping the lines undecoded;
  * release_step > 0 hands a writable buffer's pages back to the system each time that many
  * more bytes of events are decoded, for a scratch buffer the caller drops afterwards: what
- * was handed back reads as zeros after the call):
+ * was handed back reads as zeros after the call; parts > 1 decodes the lines in that many
+ * parts of about equal bytes on as many threads, cut between two fields of a line where a
+ * line is longer than a part, and joins them: the result is the one decode in one part gives):
  *   shell_spans  list of (start, end) byte spans of every non-line field
  *   lines        list of (id, name, display_name, timestamp_ns, first_event, n_events)
  *   md, off, dur int64 columns, one entry per event (events of all lines in order)
@@ -42,11 +44,14 @@
 #include <stdint.h>
 #include <string.h>
 #if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #define CAN_RELEASE 1
+#define CAN_SPLIT 1
 #else
 #define CAN_RELEASE 0
+#define CAN_SPLIT 0
 #endif
 
 #define MAX_WANTED 64
@@ -172,10 +177,13 @@ static int valid_utf8(const uint8_t *p, const uint8_t *end) {
     return 1;
 }
 
-/* A line, with its strings as offsets into the plane buffer (into the copies when releasing). */
+/* A line (or the piece of one that a part decoded), with its strings as offsets into the plane
+ * buffer (into the part's copies when releasing); SEEN says which of its fields the piece met. */
+enum { SEEN_ID = 1, SEEN_TIMESTAMP = 2, SEEN_NAME = 4, SEEN_DISPLAY = 8 };
 typedef struct {
     int64_t id, timestamp, first, count;
     int64_t name_at, name_len, display_at, display_len;
+    int64_t index, seen; /* the line's position among the plane's lines; SEEN_* bits */
 } LineInfo;
 
 typedef struct {
@@ -185,7 +193,7 @@ typedef struct {
     int8_t slot_of[SLOT_TABLE];
     Buf md, off, dur, lines, spans, texts; /* texts: (offset, length) pairs of str values */
     Buf st_event[MAX_WANTED], st_type[MAX_WANTED], st_value[MAX_WANTED];
-    int64_t n_events, n_texts;
+    int64_t n_events, n_texts, n_lines;
     /* Releasing: the strings met are copied (the bytes behind them go), and the pages before
        RELEASED have been handed back. */
     Py_ssize_t release; /* bytes decoded between two hand-backs; 0: none */
@@ -302,9 +310,11 @@ static int decode_event(State *s, const uint8_t *p, const uint8_t *end, int dept
     return OK;
 }
 
-static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth) {
+/* The line fields in [P, END) (all of line INDEX, or a piece of it cut between two fields). */
+static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth, int64_t index) {
     LineInfo line = {0};
     line.first = s->n_events;
+    line.index = index;
     while (p < end) {
         uint64_t v;
         int field, wire;
@@ -312,6 +322,7 @@ static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth
         if (wire == 0 && (field == 1 || field == 3)) {
             if (read_varint(&p, end, &v) < 0) return MALFORMED;
             if (field == 1) line.id = (int64_t)v; else line.timestamp = (int64_t)v;
+            line.seen |= field == 1 ? SEEN_ID : SEEN_TIMESTAMP;
         } else if (wire == 2 && (field == 2 || field == 4 || field == 11)) {
             const uint8_t *a, *b;
             if (skip_payload(&p, end, field, wire, depth, &a, &b) < 0) return MALFORMED;
@@ -319,9 +330,11 @@ static int decode_line(State *s, const uint8_t *p, const uint8_t *end, int depth
             if (field == 2) {
                 if (text_offset(s, a, b, &line.name_at)) return NO_MEMORY;
                 line.name_len = b - a;
+                line.seen |= SEEN_NAME;
             } else if (field == 11) {
                 if (text_offset(s, a, b, &line.display_at)) return NO_MEMORY;
                 line.display_len = b - a;
+                line.seen |= SEEN_DISPLAY;
             } else {
                 int rc = decode_event(s, a, b, depth - 1);
                 if (rc < 0) return rc;
@@ -344,9 +357,10 @@ static int decode_fields(State *s, const uint8_t *p, const uint8_t *end, int wit
         if (skip_payload(&p, end, field, wire, MAX_DEPTH, &a, &b) < 0) return MALFORMED;
         if (field == 3 && wire == 2) {
             if (with_lines) {
-                int rc = decode_line(s, a, b, MAX_DEPTH - 1);
+                int rc = decode_line(s, a, b, MAX_DEPTH - 1, s->n_lines);
                 if (rc < 0) return rc;
             }
+            s->n_lines++;
         } else {
             int64_t span[2] = {(int64_t)(field_start - s->base), (int64_t)(p - s->base)};
             if (buf_put(&s->spans, span, sizeof(span))) return NO_MEMORY;
@@ -427,10 +441,122 @@ static PyObject *per_slot(Buf *bufs, Py_ssize_t n) {
     return list;
 }
 
-static PyObject *build_result(State *s) {
-    const uint8_t *texts = s->release ? (const uint8_t *)s->copies.data : s->base;
-    Py_ssize_t n_spans = (Py_ssize_t)(s->spans.len / 16), n_lines = (Py_ssize_t)(s->lines.len / sizeof(LineInfo));
-    PyObject *spans = PyList_New(n_spans), *lines = PyList_New(n_lines), *strings = PyList_New(s->n_texts);
+#define MAX_PARTS 16
+
+/* Where the strings of part S's lines and stat values are read at the end. */
+static const uint8_t *texts_of(const State *s) {
+    return s->release ? (const uint8_t *)s->copies.data : s->base;
+}
+
+/* Part 0's buffer (of every part's, BUFS[i] in part i) grown to hold them all, the others' bytes
+ * copied after its own and freed (a large buffer grows in place or by remapping, not copying). */
+static int join(Buf **bufs, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += bufs[i]->len;
+    if (n < 2 || total == bufs[0]->len) return OK;
+    if (total > bufs[0]->cap) {
+        char *data = realloc(bufs[0]->data, total);
+        if (!data) return NO_MEMORY;
+        bufs[0]->data = data;
+        bufs[0]->cap = total;
+    }
+    for (int i = 1; i < n; i++) {
+        if (bufs[i]->len) memcpy(bufs[0]->data + bufs[0]->len, bufs[i]->data, bufs[i]->len);
+        bufs[0]->len += bufs[i]->len;
+        free(bufs[i]->data);
+        bufs[i]->data = NULL;
+        bufs[i]->len = bufs[i]->cap = 0;
+    }
+    return OK;
+}
+
+/* The parts' event columns joined into part 0's, event indices and string indices renumbered
+ * from each part's first event and first string. */
+static int join_columns(State **parts, int n) {
+    if (n < 2) return OK;
+    int64_t events = 0, texts = 0;
+    for (int i = 0; i < n; i++) {
+        State *s = parts[i];
+        if (i > 0) {
+            for (Py_ssize_t w = 0; w < s->n_wanted; w++) {
+                int32_t *event = (int32_t *)s->st_event[w].data;
+                const int8_t *type = (const int8_t *)s->st_type[w].data;
+                int64_t *value = (int64_t *)s->st_value[w].data;
+                size_t rows = s->st_type[w].len;
+                for (size_t r = 0; r < rows; r++) {
+                    event[r] += (int32_t)events;
+                    if (type[r] == 4) value[r] += texts;
+                }
+            }
+        }
+        events += s->n_events;
+        texts += s->n_texts;
+    }
+    if (events >= INT32_MAX) return MALFORMED; /* a plane past protobuf's 2 GB limit */
+    Buf *bufs[MAX_PARTS];
+#define JOIN(member)                                              \
+    do {                                                          \
+        for (int i = 0; i < n; i++) bufs[i] = &parts[i]->member; \
+        if (join(bufs, n)) return NO_MEMORY;                      \
+    } while (0)
+    JOIN(md);
+    JOIN(off);
+    JOIN(dur);
+    for (Py_ssize_t w = 0; w < parts[0]->n_wanted; w++) {
+        JOIN(st_event[w]);
+        JOIN(st_type[w]);
+        JOIN(st_value[w]);
+    }
+#undef JOIN
+    return OK;
+}
+
+/* One line of the result from its pieces (consecutive, in parts A..): counts added, and each
+ * field the last piece that met it says (as the protobuf runtime keeps a repeated scalar's last). */
+static PyObject *line_item(State **parts, const int64_t *first_event, int *part, Py_ssize_t *at, int n) {
+    const LineInfo *head = (const LineInfo *)parts[*part]->lines.data + *at;
+    int64_t index = head->index, first = head->first + first_event[*part], count = 0;
+    LineInfo last = {0};
+    const uint8_t *name = NULL, *display = NULL;
+    while (*part < n) {
+        const State *s = parts[*part];
+        Py_ssize_t rows = (Py_ssize_t)(s->lines.len / sizeof(LineInfo));
+        if (*at >= rows) {
+            ++*part;
+            *at = 0;
+            continue;
+        }
+        const LineInfo *l = (const LineInfo *)s->lines.data + *at;
+        if (l->index != index) break;
+        count += l->count;
+        if (l->seen & SEEN_ID) last.id = l->id;
+        if (l->seen & SEEN_TIMESTAMP) last.timestamp = l->timestamp;
+        if (l->seen & SEEN_NAME) { name = texts_of(s); last.name_at = l->name_at; last.name_len = l->name_len; }
+        if (l->seen & SEEN_DISPLAY) {
+            display = texts_of(s);
+            last.display_at = l->display_at;
+            last.display_len = l->display_len;
+        }
+        ++*at;
+    }
+    return Py_BuildValue("(LNNLLL)", (long long)last.id, text_at(name, last.name_at, last.name_len),
+                         text_at(display, last.display_at, last.display_len), (long long)last.timestamp,
+                         (long long)first, (long long)count);
+}
+
+static PyObject *build_result(State **parts, int n) {
+    State *s = parts[0];
+    int64_t first_event[MAX_PARTS], n_texts = 0;
+    Py_ssize_t n_lines = 0;
+    for (int i = 0; i < n; i++) {
+        first_event[i] = i ? first_event[i - 1] + parts[i - 1]->n_events : 0;
+        n_texts += parts[i]->n_texts;
+        const LineInfo *info = (const LineInfo *)parts[i]->lines.data;
+        for (Py_ssize_t j = 0; j < (Py_ssize_t)(parts[i]->lines.len / sizeof(LineInfo)); j++)
+            n_lines += !(j == 0 && i > 0 && n_lines > 0 && info[0].index == n_lines - 1); /* a line cut between parts */
+    }
+    Py_ssize_t n_spans = (Py_ssize_t)(s->spans.len / 16);
+    PyObject *spans = PyList_New(n_spans), *lines = PyList_New(n_lines), *strings = PyList_New(n_texts);
     if (!spans || !lines || !strings) goto fail;
     const int64_t *span = (const int64_t *)s->spans.data;
     for (Py_ssize_t i = 0; i < n_spans; i++) {
@@ -438,20 +564,25 @@ static PyObject *build_result(State *s) {
         if (!item) goto fail;
         PyList_SET_ITEM(spans, i, item);
     }
-    const LineInfo *info = (const LineInfo *)s->lines.data;
+    int part = 0;
+    Py_ssize_t at = 0;
     for (Py_ssize_t i = 0; i < n_lines; i++) {
-        const LineInfo *l = &info[i];
-        PyObject *item = Py_BuildValue("(LNNLLL)", (long long)l->id, text_at(texts, l->name_at, l->name_len),
-                                       text_at(texts, l->display_at, l->display_len), (long long)l->timestamp,
-                                       (long long)l->first, (long long)l->count);
+        while (part < n && at >= (Py_ssize_t)(parts[part]->lines.len / sizeof(LineInfo))) {
+            part++;
+            at = 0;
+        }
+        PyObject *item = line_item(parts, first_event, &part, &at, n);
         if (!item) goto fail;
         PyList_SET_ITEM(lines, i, item);
     }
-    const int64_t *text = (const int64_t *)s->texts.data;
-    for (Py_ssize_t i = 0; i < s->n_texts; i++) {
-        PyObject *item = text_at(texts, text[2 * i], text[2 * i + 1]);
-        if (!item) goto fail;
-        PyList_SET_ITEM(strings, i, item);
+    Py_ssize_t k = 0;
+    for (int p = 0; p < n; p++) {
+        const int64_t *text = (const int64_t *)parts[p]->texts.data;
+        for (Py_ssize_t i = 0; i < parts[p]->n_texts; i++, k++) {
+            PyObject *item = text_at(texts_of(parts[p]), text[2 * i], text[2 * i + 1]);
+            if (!item) goto fail;
+            PyList_SET_ITEM(strings, k, item);
+        }
     }
     return Py_BuildValue("(NNNNNNNNN)", spans, lines, bytes_of(&s->md), bytes_of(&s->off), bytes_of(&s->dur),
                          per_slot(s->st_event, s->n_wanted), per_slot(s->st_type, s->n_wanted),
@@ -473,42 +604,167 @@ static void free_state(State *s) {
     }
 }
 
+/* A piece of a line (all of it, or the fields between two cuts) and the part that decodes it. */
+typedef struct {
+    const uint8_t *a, *b;
+    int64_t index;
+    int part;
+} Piece;
+
+/* PARTS runs of pieces of about equal bytes: the plane's top-level fields are walked (every
+ * field that is not a line kept as a span in S), and a line that a cut falls in is walked field
+ * by field up to the cut. Fails on malformed bytes (the serial decode then reports them). */
+static int plan_parts(State *s, const uint8_t *p, const uint8_t *end, int parts, Buf *pieces) {
+    Buf lines = {0};
+    int rc = OK;
+    int64_t index = 0;
+    size_t total = 0;
+    while (p < end && rc == OK) {
+        const uint8_t *field_start = p, *a, *b;
+        int field, wire;
+        if (read_key(&p, end, &field, &wire) < 0 || wire == 4 ||
+            skip_payload(&p, end, field, wire, MAX_DEPTH, &a, &b) < 0) {
+            rc = MALFORMED;
+        } else if (field == 3 && wire == 2) {
+            Piece line = {a, b, index++, 0};
+            total += (size_t)(b - a);
+            rc = buf_put(&lines, &line, sizeof(line));
+        } else {
+            int64_t span[2] = {(int64_t)(field_start - s->base), (int64_t)(p - s->base)};
+            rc = buf_put(&s->spans, span, sizeof(span));
+        }
+    }
+    const Piece *line = (const Piece *)lines.data;
+    size_t n_lines = lines.len / sizeof(Piece), before = 0; /* line bytes before the current line */
+    int part = 0;
+    for (size_t i = 0; i < n_lines && rc == OK; i++) {
+        const uint8_t *a = line[i].a, *b = line[i].b, *from = a, *walk = a;
+        /* the cuts (part k starts at k * total / parts bytes of lines) that fall inside this line */
+        while (rc == OK && part + 1 < parts && before + (size_t)(b - a) > total * (size_t)(part + 1) / parts) {
+            size_t cut = total * (size_t)(part + 1) / parts - before;
+            while (walk < b && (size_t)(walk - a) < cut) {
+                int field, wire;
+                if (read_key(&walk, b, &field, &wire) < 0 ||
+                    skip_payload(&walk, b, field, wire, MAX_DEPTH - 1, NULL, NULL) < 0)
+                    rc = MALFORMED;
+                if (rc) break;
+            }
+            if (rc == OK && walk > from) {
+                Piece piece = {from, walk, line[i].index, part};
+                rc = buf_put(pieces, &piece, sizeof(piece));
+                from = walk;
+            }
+            part++;
+        }
+        if (rc == OK && (from < b || a == b)) {
+            Piece piece = {from, b, line[i].index, part};
+            rc = buf_put(pieces, &piece, sizeof(piece));
+        }
+        before += (size_t)(b - a);
+    }
+    free(lines.data);
+    return rc;
+}
+
+typedef struct {
+    State *s;
+    const Piece *pieces;
+    size_t n;
+    int part, rc;
+} PartJob;
+
+static void *decode_part(void *arg) {
+    PartJob *job = (PartJob *)arg;
+    job->rc = OK;
+    for (size_t i = 0; i < job->n && job->rc == OK; i++)
+        if (job->pieces[i].part == job->part)
+            job->rc = decode_line(job->s, job->pieces[i].a, job->pieces[i].b, MAX_DEPTH - 1, job->pieces[i].index);
+    return NULL;
+}
+
+/* The plane's lines decoded in N parts on N threads (the calling one included); OK or the error
+ * of the first part that failed, which is the error one serial decode meets first. */
+static int decode_in_parts(State **parts, int n, const Buf *pieces) {
+    PartJob jobs[MAX_PARTS];
+    const Piece *piece = (const Piece *)pieces->data;
+    size_t count = pieces->len / sizeof(Piece);
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (PartJob){parts[i], piece, count, i, OK};
+        for (size_t j = 0; j < count; j++)
+            if (piece[j].part == i) { parts[i]->released = piece[j].a; break; } /* hand back its own pages only */
+    }
+#if CAN_SPLIT
+    pthread_t threads[MAX_PARTS];
+    int started[MAX_PARTS] = {0};
+    for (int i = 1; i < n; i++) started[i] = pthread_create(&threads[i], NULL, decode_part, &jobs[i]) == 0;
+    decode_part(&jobs[0]);
+    for (int i = 1; i < n; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        else decode_part(&jobs[i]);
+    }
+#else
+    for (int i = 0; i < n; i++) decode_part(&jobs[i]);
+#endif
+    for (int i = 0; i < n; i++)
+        if (jobs[i].rc) return jobs[i].rc;
+    return OK;
+}
+
+static State *new_state(const Py_buffer *data, const Py_buffer *wanted, Py_ssize_t release_step) {
+    State *s = calloc(1, sizeof(State));
+    if (!s) return NULL;
+    s->base = s->released = (const uint8_t *)data->buf;
+    s->release = data->readonly || release_step < 0 ? 0 : release_step;
+    s->wanted = (const int64_t *)wanted->buf;
+    s->n_wanted = wanted->len / 8;
+    memset(s->slot_of, -1, sizeof(s->slot_of));
+    for (Py_ssize_t i = 0; i < s->n_wanted && i < MAX_WANTED; i++)
+        if (s->wanted[i] >= 0 && s->wanted[i] < SLOT_TABLE && s->slot_of[s->wanted[i]] < 0)
+            s->slot_of[s->wanted[i]] = (int8_t)i;
+    return s;
+}
+
 static PyObject *decode_plane(PyObject *self, PyObject *args) {
     Py_buffer data, wanted;
-    int with_lines = 1;
+    int with_lines = 1, n = 1;
     Py_ssize_t release_step = 0;
-    if (!PyArg_ParseTuple(args, "y*y*|pn", &data, &wanted, &with_lines, &release_step)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*|pni", &data, &wanted, &with_lines, &release_step, &n)) return NULL;
     PyObject *result = NULL;
-    State *s = calloc(1, sizeof(State));
-    if (!s) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    s->base = s->released = (const uint8_t *)data.buf;
-    s->release = data.readonly || release_step < 0 ? 0 : release_step;
-    s->wanted = (const int64_t *)wanted.buf;
-    s->n_wanted = wanted.len / 8;
-    if (s->n_wanted > MAX_WANTED) {
+    State *parts[MAX_PARTS] = {NULL};
+    Buf pieces = {0};
+    n = n < 1 || !with_lines ? 1 : n > MAX_PARTS ? MAX_PARTS : n;
+    if (wanted.len / 8 > MAX_WANTED) {
         PyErr_SetString(PyExc_ValueError, "too many wanted stats");
         goto done;
     }
-    memset(s->slot_of, -1, sizeof(s->slot_of));
-    for (Py_ssize_t i = 0; i < s->n_wanted; i++)
-        if (s->wanted[i] >= 0 && s->wanted[i] < SLOT_TABLE && s->slot_of[s->wanted[i]] < 0)
-            s->slot_of[s->wanted[i]] = (int8_t)i;
+    for (int i = 0; i < n; i++)
+        if (!(parts[i] = new_state(&data, &wanted, release_step))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    const uint8_t *base = (const uint8_t *)data.buf;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = decode_fields(s, s->base, s->base + data.len, with_lines);
+    if (n > 1 && plan_parts(parts[0], base, base + data.len, n, &pieces) == OK) {
+        err = decode_in_parts(parts, n, &pieces);
+        if (err == OK) err = join_columns(parts, n);
+    } else {
+        parts[0]->spans.len = 0; /* a plan that failed may have kept some */
+        n = 1;
+        err = decode_fields(parts[0], base, base + data.len, with_lines);
+    }
     Py_END_ALLOW_THREADS
     if (err == MALFORMED) PyErr_SetString(PyExc_ValueError, "malformed or truncated XPlane");
     else if (err == BAD_UTF8) PyErr_SetString(PyExc_ValueError, "a string field is not valid UTF-8");
     else if (err == NO_MEMORY) PyErr_NoMemory();
-    else result = build_result(s);
+    else result = build_result(parts, n);
 done:
-    if (s) {
-        free_state(s);
-        free(s);
-    }
+    for (int i = 0; i < MAX_PARTS; i++)
+        if (parts[i]) {
+            free_state(parts[i]);
+            free(parts[i]);
+        }
+    free(pieces.data);
     PyBuffer_Release(&data);
     PyBuffer_Release(&wanted);
     return result;

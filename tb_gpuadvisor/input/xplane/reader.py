@@ -199,5 +199,3 @@ class _Headers:
             self.first = key
             self.block = bytes(self.capture.read((key, min(key + self.BLOCK, self.capture.size))))
         return self.block[key - self.first]
-
-
