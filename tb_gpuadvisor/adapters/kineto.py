@@ -282,7 +282,7 @@ def build(cols: Columns, host: str) -> HostCapture:
     # runtime calls); one without any host event is left to the names (no steps to take from it).
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
                        _sampled(correlation[host_rows[runtime]]),
-                       framework=pytorch.FRAMEWORK if host_rows.size else None)
+                       framework=pytorch.FRAMEWORK)
 
 
 class _CollectiveScopes:
