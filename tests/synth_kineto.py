@@ -229,7 +229,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                 gpu_start = min(e["ts"] for e in on_gpu)
                 events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{first_step + s}",
                                "pid": 0, "tid": 7, "ts": gpu_start,
-                               "dur": max(e["ts"] + e["dur"] for e in on_gpu) - gpu_start, "args": {"device": 0}})
+                               "dur": max(e["ts"] + e["dur"] for e in on_gpu) - gpu_start,
+                               "args": {"External id": first_step + s}})
         events += step_events
     if not host:
         events = [e for e in events if e["ph"] == "M" or e["cat"] in _DEVICE_CATS | {"gpu_user_annotation"}]

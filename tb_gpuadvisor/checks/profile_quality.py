@@ -57,6 +57,7 @@ EXPORT_WORTH_SAYING_MS = 0.005
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": f"Keras {tensorflow.KERAS2_STEP} markers",
             "profiler_step": "PyTorch ProfilerStep#N annotations",
+            pytorch.DEVICE_STEP_SOURCE: "PyTorch ProfilerStep#N annotations on the GPU side",
             "keras": f"Keras 3 '{tensorflow.KERAS3_STEP}' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",
