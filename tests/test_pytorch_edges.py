@@ -15,6 +15,7 @@ with the host blames on the input and the sync, and one without the host cannot 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -91,6 +92,26 @@ def test_steps_come_from_gpu_side_profiler_steps_when_the_host_has_none(tmp_path
     session = _session(tmp_path / "run")
     assert session["steps"]["count"] == 4 and session["steps"]["source"] == pytorch.DEVICE_STEP_SOURCE
     assert session["errors"] == []
+
+
+def test_real_trace_without_its_host_events_keeps_the_gpu_step(corpus, tmp_path):
+    """pytorch-h100-owlv2 with every host event removed (only kernel, gpu_memcpy, gpu_memset and
+    gpu_user_annotation kept, as a ProfilerActivity.CUDA capture writes it). Hand check (json on
+    the raw trace): 132,152 events, 5,226 kept; ProfilerStep#6 is on the host (user_annotation,
+    1211.182 ms) and on the GPU (gpu_user_annotation, pid 0 tid 7, ts 1419116233497.124 us,
+    dur 1078288.381 us): the one step is the GPU's, 1078.288 ms."""
+    with gzip.open(corpus / "pytorch-h100-owlv2" / "worker0.pt.trace.json.gz") as f:
+        trace = json.load(f)
+    kept = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("ph") == "M" or e.get("cat") in kept]
+    write_trace(tmp_path / "run" / "w.pt.trace.json", trace)
+    session = _session(tmp_path / "run")
+    assert session["framework"] == "pytorch" and session["errors"] == []
+    assert session["steps"]["source"] == pytorch.DEVICE_STEP_SOURCE and session["steps"]["count"] == 1
+    assert session["steps"]["mean_ms"] == pytest.approx(1078.288, abs=0.001)
+    findings = {f["check"]: f for f in session["findings"]}
+    assert findings["profile_quality"]["title"] == "Host side not recorded"
+    assert not any(f["severity"] != "ok" for c, f in findings.items() if c in HOST_CHECKS)
 
 
 def test_host_profiler_steps_win_over_gpu_side_ones(tmp_path):
