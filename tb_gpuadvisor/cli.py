@@ -127,8 +127,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     with _engine(args) as engine:
         report = build_report(refs, args.jobs, engine=engine)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
-    unanalysed = _unanalysed(report["sessions"])
-    if unanalysed or (not args.partial and _still_written(report["sessions"])):
+    unanalysed = _unanalysed(report["sessions"])        # every such session gets its line
+    if unanalysed + (0 if args.partial else _still_written(report["sessions"])):
         return 2
     causes = _analyze_causes(report["sessions"], args.fail_on)
     return _say_reached(args.fail_on, causes) if causes else 0
