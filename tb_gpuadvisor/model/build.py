@@ -100,6 +100,8 @@ class HostCapture:
     # The framework the file's own format says wrote it (a Kineto trace is PyTorch's whatever its
     # event names), or None: the names decide.
     framework: str | None = None
+    # Step marks the file writes on the device timeline (PyTorch's GPU-side ProfilerStep#N), or None.
+    device_steps: StepsLine | None = None
 
     def shift(self, delta_ps: int) -> None:
         """Move every time by DELTA_PS (onto a session-wide origin)."""
@@ -111,7 +113,8 @@ class HostCapture:
         for dev in self.devices:
             dev.start_ps += delta_ps
             dev.moved()
-        for table in ([self.steps_line] if self.steps_line else []) + self.xla_modules:
+        lines = [line for line in (self.steps_line, self.device_steps) if line is not None]
+        for table in lines + self.xla_modules:
             table.start_ps += delta_ps
             table.end_ps += delta_ps
 
