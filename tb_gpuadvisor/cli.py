@@ -3,7 +3,9 @@
 Exit codes (the contract): 0 ok; 1 when --fail-on was reached (analyze: a finding that
 severe; compare: a regression that severe, or a step-time regression beyond the noise
 band); 2 on a usage error, an unreadable PATH, or a session that could not be analysed at
-all (every host file unreadable, refused or empty), so CI never passes on nothing.
+all (every host file unreadable, refused or empty), so CI never passes on nothing, or one
+with a host file the profiler is still writing (unless --partial), so no report of part of a
+session passes for the whole of it.
 Findings of ``low`` confidence never reach --fail-on on their own.
 """
 
@@ -103,6 +105,20 @@ def _unanalysed(sessions: list[dict]) -> int:
     return len(bad)
 
 
+def _still_written(sessions: list[dict]) -> int:
+    """Report on stderr every session analysed while one of its host files is still being written
+    (the others' report is not the session's); their count."""
+    from tb_gpuadvisor.render import printable, session_title, unreadable
+    from tb_gpuadvisor.service import being_written
+
+    partial = [(s, why) for s in sessions if not unreadable(s) and (why := being_written(s))]
+    for session, why in partial:
+        _print(printable(f"tb-gpuadvisor: error: {session_title(session)}: a host is still being written ({why}); "
+                         "the report covers the other hosts only: run again once the profiler has finished, "
+                         "or pass --partial to accept it"), sys.stderr)
+    return len(partial)
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.render import render_markdown, render_text
     from tb_gpuadvisor.multihost import build_report
@@ -111,7 +127,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     with _engine(args) as engine:
         report = build_report(refs, args.jobs, engine=engine)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
-    if _unanalysed(report["sessions"]):
+    unanalysed = _unanalysed(report["sessions"])        # every such session gets its line
+    if unanalysed + (0 if args.partial else _still_written(report["sessions"])):
         return 2
     causes = _analyze_causes(report["sessions"], args.fail_on)
     return _say_reached(args.fail_on, causes) if causes else 0
@@ -255,8 +272,9 @@ FORMAT_HELP = "text for a terminal (default), json for tools (the report contrac
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="tb-gpuadvisor", description="Ranked GPU performance fixes from TensorFlow, JAX and PyTorch profiles.",
-        epilog="Exit codes: 0 ok; 1 --fail-on reached; 2 usage error, unreadable PATH, or a session "
-               "that could not be analysed at all (its report is still printed).")
+        epilog="Exit codes: 0 ok; 1 --fail-on reached; 2 usage error, unreadable PATH, a session "
+               "that could not be analysed at all, or one with a host file still being written "
+               "(without --partial); the report is still printed.")
     sub = top.add_subparsers(dest="command", required=True)
     analyze = sub.add_parser("analyze", help="analyse every profile session under PATH")
     analyze.add_argument("path", help="a logdir, run folder, session folder or one .xplane.pb file")
@@ -265,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
                          help="exit 1 when a finding this severe appears (low-confidence findings do not count); "
                               "a session that could not be analysed at all exits 2 in any case")
     analyze.add_argument("--jobs", type=_jobs, default=1, help="analyse sessions in N processes (N >= 1)")
+    analyze.add_argument("--partial", action="store_true",
+                         help="accept a session one of whose host files is still being written: report the "
+                              "others and exit as usual (without it such a session exits 2)")
     analyze.add_argument("-v", "--verbose", action="store_true",
                          help="show passing checks, evidence and every fix")
     _add_engine_flags(analyze)

@@ -95,7 +95,7 @@ class Pending:
     progress: dict
 
 
-def _being_written(session: dict) -> str | None:
+def being_written(session: dict) -> str | None:
     """Why a host file of SESSION is one the profiler is still writing ("worker0: being written: ..."),
     or None: the report of such a session is not final."""
     return next((f"{e['host']}: {e['message']}" if e.get("host") else e["message"]
@@ -377,7 +377,7 @@ class AdvisorService:
 
             result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
         job.finished = time.monotonic()
-        job.writing = _being_written(result)
+        job.writing = being_written(result)
         elapsed = job.finished - job.started
         if elapsed > 0.05 and job.size_bytes and job.writing is None:
             with self._lock:

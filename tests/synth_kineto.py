@@ -16,6 +16,7 @@ from pathlib import Path
 
 EPOCH_US = 1_700_000_000_000_000
 OPTIMIZER_KERNELS = 20
+_DEVICE_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 
 
 def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, launch_us: float = 10.0,
@@ -28,7 +29,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  final_sync_us: float = 0.0, sync_every: int = 0, lead: int = 0, autotune: int = 0,
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
                  device_properties: dict | None = None, kernel_durations: tuple[float, ...] = (),
-                 item_copy: bool = False, graph_us: float = 0.0) -> dict:
+                 item_copy: bool = False, graph_us: float = 0.0, host: bool = True,
+                 gpu_steps: bool = False) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -64,7 +66,10 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     ITEM_COPY: SYNC_US's ``loss.item()`` waits in a blocking ``cudaMemcpyAsync`` of its 4 bytes
     device-to-host (as ``_local_scalar_dense`` does), not in a ``cudaStreamSynchronize``.
     GRAPH_US: each step's kernels are one CUDA graph replay (``CompiledFunction`` around a single
-    ``cudaGraphLaunch`` call that long, whose correlation id all of them carry), 6 us apart on the GPU."""
+    ``cudaGraphLaunch`` call that long, whose correlation id all of them carry), 6 us apart on the GPU.
+    HOST: False leaves out every host event (a capture of ``ProfilerActivity.CUDA`` only), keeping
+    the device's.  GPU_STEPS: each ``ProfilerStep#N`` is also written on the GPU
+    (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -219,7 +224,16 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
         if 0 <= s < steps:
             events.append({"ph": "X", "cat": cat["annotation"], "name": f"ProfilerStep#{first_step + s}",
                            "pid": 1, "tid": 7, "ts": step_start, "dur": t - step_start})
+            on_gpu = [e for e in step_events if e["cat"] in _DEVICE_CATS]
+            if gpu_steps and on_gpu:
+                gpu_start = min(e["ts"] for e in on_gpu)
+                events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{first_step + s}",
+                               "pid": 0, "tid": 7, "ts": gpu_start,
+                               "dur": max(e["ts"] + e["dur"] for e in on_gpu) - gpu_start,
+                               "args": {"External id": first_step + s}})
         events += step_events
+    if not host:
+        events = [e for e in events if e["ph"] == "M" or e["cat"] in _DEVICE_CATS | {"gpu_user_annotation"}]
     if old:
         for e in events:
             if "ts" in e:

@@ -9,7 +9,8 @@ taken in priority order:
   (split per step into the transfer and the time spent waiting for the slowest
   replica), then copies by direction not hidden behind either;
 - ``not_traced``: step time outside the window the device's trace covers (from
-  trust): missing data is never idle time;
+  trust), and all device idle time when the host recorded nothing (a PyTorch capture of
+  ``ProfilerActivity.CUDA`` only): missing data is never idle time, nor a host cause;
 - device idle, by what the host was doing: ``input`` (waiting on tf.data) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
   ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
@@ -414,6 +415,7 @@ class _DeviceSets:
     host_ops: Intervals = iv.EMPTY
     launch: Intervals = iv.EMPTY
     syncs: Intervals | None = None        # PyTorch's sync ops: idle that begins in one is not launch time
+    host_traced: bool = True              # False: the host recorded nothing, so no idle has a known cause
 
 
 def _gaps_from(idle: Intervals, calls: Intervals) -> Intervals:
@@ -454,7 +456,9 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     launch = raw.launch if raw.syncs is None else iv.subtract(raw.launch, _gaps_from(rest, raw.syncs))
     for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
                            ("launch", launch)):
-        if key == "not_traced":
+        if key == "not_traced" and not raw.host_traced:
+            part = rest
+        elif key == "not_traced":
             part = iv.EMPTY if raw.covered is None else iv.cut(rest, _both(rest, raw.covered))
         else:
             part = _both(rest, candidate)
@@ -530,7 +534,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         # After a sync the queue is empty and the device idles until the host launches again: the
         # sync's cost (sync_stalls names it), not the launch rate's.
         syncs=_set(activity.start_ps, activity.end_ps, kernels.named_events(activity, "sync_op", pytorch.is_sync_op))
-        if by_rate else None))
+        if by_rate else None, host_traced=len(activity) > 0))
 
 
 def _launch_set(host: HostModel, dev: DeviceActivity, by_rate: bool) -> Intervals:

@@ -210,11 +210,13 @@ def _releases(host: HostModel, call: np.ndarray, step: np.ndarray, start: np.nda
     own = running - np.maximum(start, before)       # the part of the event past what ran before it
     np.maximum(own, 0, out=own)
     linked = call >= 0
-    at = np.clip(call, 0, None)
     # A call that put several events on the device (a CUDA graph replay) released them as it began:
     # its kernels start while it still runs, and after the first only device order holds them back.
     graph = shared_launches(call)
-    launch_end = np.where(linked, np.where(graph, host.activity.start_ps[at], host.activity.end_ps[at]), -1)
+    # Indexed only where linked: a trace of device activity alone has no host rows to point at.
+    launch_end = np.full(call.shape, -1, np.int64)
+    at = call[linked]
+    launch_end[linked] = np.where(graph[linked], host.activity.start_ps[at], host.activity.end_ps[at])
     # Waited for the host: a gap opened and the launch (when known) returned after the device was free.
     anchored = np.where(linked, (gap > 0) & (launch_end > before), gap > ANCHOR_GAP_PS)
     del before
@@ -274,9 +276,13 @@ def _waits(host: HostModel, begin: np.ndarray, end: np.ndarray, kind: np.ndarray
     return at once, whatever their call overlaps): the others' CALL is all -1."""
     activity = host.activity
     calls = _sync_calls(host)
-    copy = np.flatnonzero(np.isin(kind, _COPIES) & (call >= 0))
-    copy = copy[activity.end_ps[call[copy]] > begin[copy]]
-    landed = end[(kind == DeviceEventKind.MEMCPY_D2H) & ((call < 0) | (activity.end_ps[np.clip(call, 0, None)] <= begin))]
+    # Whose launch call returned after the event began (indexed only where linked: a trace of
+    # device activity alone has no host rows).
+    linked = np.flatnonzero(call >= 0)
+    late = np.zeros(call.shape, bool)
+    late[linked] = activity.end_ps[call[linked]] > begin[linked]
+    copy = np.flatnonzero(np.isin(kind, _COPIES) & late)
+    landed = end[(kind == DeviceEventKind.MEMCPY_D2H) & ~late]
     start = np.concatenate((activity.start_ps[calls], activity.start_ps[call[copy]], landed))
     end = np.concatenate((activity.end_ps[calls], activity.end_ps[call[copy]], landed))
     order = np.argsort(end, kind="stable")

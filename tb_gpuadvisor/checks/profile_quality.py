@@ -14,6 +14,8 @@ typical (autotuning kernels, compilation); more than 10 steps; dropped events. I
 trace three of these come before every other finding (metrics ``leads``): launch calls with no
 device event at all (the device trace is missing, not the device idle), a run on the CPU, and a
 capture whose steps are mostly one-time set-up (``trust.warmup``: take it again after warm-up).
+A PyTorch trace of device activity alone (``ProfilerActivity.CUDA`` only) is said to have no
+host side: its idle time has no known cause.
 
 ## Why it matters
 Every other finding divides by step time and reads device activity. Missing device data
@@ -57,6 +59,7 @@ EXPORT_WORTH_SAYING_MS = 0.005
 PROFILER_GUIDE = "https://www.tensorflow.org/guide/profiler"
 _SOURCES = {"custom_loop": "step annotations (events with _r=1 and step_num)", "keras2": f"Keras {tensorflow.KERAS2_STEP} markers",
             "profiler_step": f"PyTorch {pytorch.STEP_ANNOTATION}N annotations",
+            pytorch.DEVICE_STEP_SOURCE: f"PyTorch {pytorch.STEP_ANNOTATION}N annotations on the GPU side",
             "keras": f"Keras 3 '{tensorflow.KERAS3_STEP}' markers", "steps_line": "TensorFlow's derived Steps line",
             "inferred": "inferred from repeated function runs",
             "inferred_device": "inferred from repeated XLA program runs on the device",
@@ -214,6 +217,32 @@ TORCH_CUPTI = Fix(
          "print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=5))",
     doc=TORCH_PROFILER_DOC)
 TRACE_MISSING = "Device trace missing"
+# A PyTorch trace of the GPU's activity alone (activities=[ProfilerActivity.CUDA]): no op, launch
+# call or step of the host was recorded.
+TORCH_HOST_ACTIVITY = Fix(
+    text="Record the host too: add ProfilerActivity.CPU to the activities, so the ops, the launch calls "
+         "and the ProfilerStep#N marks are traced with the GPU's work and its idle time gets a cause.",
+    code="from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler\n"
+         "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],\n"
+         "             schedule=schedule(wait=1, warmup=3, active=3),\n"
+         "             on_trace_ready=tensorboard_trace_handler(logdir)) as prof:\n"
+         "    for x, y in loader:\n"
+         "        train_step(x, y)\n"
+         "        prof.step()",
+    doc=TORCH_PROFILER_DOC)
+HOST_NOT_RECORDED = "Host side not recorded"
+
+
+def _host_issues(analysis: Analysis) -> list[Issue]:
+    """A PyTorch capture whose GPUs ran work while no host recorded a single event."""
+    model = analysis.model
+    if model.framework != pytorch.FRAMEWORK or not model.active_gpus or any(len(h.activity) for h in model.hosts):
+        return []
+    return [Issue(Severity.WARNING, HOST_NOT_RECORDED,
+                  "The trace holds the GPU's kernels and copies but no host event (no op, launch call or "
+                  "step mark): it was recorded with ProfilerActivity.CUDA only. What the GPU ran and for how "
+                  "long is measured; why it sat idle (host overhead, input, launches, syncs) is not, so the "
+                  "idle time is counted as not traced and no host finding is made.", TORCH_HOST_ACTIVITY)]
 
 
 def _placement_issues(analysis: Analysis) -> list[Issue]:
@@ -366,7 +395,8 @@ def _issues(analysis: Analysis) -> list[Issue]:
     issues: list[Issue] = []
     if model.errors:
         issues.append(unreadable(model.errors))
-    issues += _placement_issues(analysis) + _coverage_issues(analysis) + _step_issues(analysis)
+    issues += (_placement_issues(analysis) + _host_issues(analysis) + _coverage_issues(analysis)
+               + _step_issues(analysis))
     dropped = sum(h.dropped_events for h in model.hosts)
     if dropped or model.warnings:
         text = f"The profiler dropped {dropped} events." if dropped else "The profiler reported problems."

@@ -21,7 +21,8 @@ MAX_PS = 1 << 62
 
 @dataclass
 class RecordedSteps:
-    """Steps the profiler recorded as spans of their own (TensorFlow's derived "Steps" line)."""
+    """Steps the profiler recorded as spans of their own (TensorFlow's derived "Steps" line, or
+    PyTorch's GPU-side step marks)."""
 
     number: np.ndarray
     start_ps: np.ndarray
@@ -57,6 +58,8 @@ class HostCapture:
     # The framework the file's own format says wrote it (a Kineto trace is PyTorch's whatever its
     # event names), or None: the names decide.
     framework: str | None = None
+    # Step marks the file writes on the device timeline (PyTorch's GPU-side ProfilerStep#N), or None.
+    device_steps: RecordedSteps | None = None
 
     def shift(self, delta_ps: int) -> None:
         """Move every time by DELTA_PS (onto a session-wide origin)."""
@@ -68,7 +71,8 @@ class HostCapture:
         for dev in self.devices:
             dev.start_ps += delta_ps
             dev.moved()
-        for table in ([self.recorded_steps] if self.recorded_steps else []) + self.programs:
+        lines = [line for line in (self.recorded_steps, self.device_steps) if line is not None]
+        for table in lines + self.programs:
             table.start_ps += delta_ps
             table.end_ps += delta_ps
 

@@ -68,6 +68,17 @@ def _marker_steps(hosts: list[HostCapture]) -> Steps | None:
     return None
 
 
+def _device_marks(hosts: list[HostCapture]) -> Steps | None:
+    """PyTorch's ProfilerStep#N marks on the GPU side, for a trace whose host has none: they span
+    each step's device work, so they are the device's steps as they are (not paced again)."""
+    lines = [hc.device_steps for hc in hosts if hc.device_steps is not None and hc.device_steps.number.size]
+    if not lines:
+        return None
+    return _collapse(*(np.concatenate([getattr(line, f) for line in lines])
+                       for f in ("number", "start_ps", "end_ps", "group_id")),
+                     pytorch.DEVICE_STEP_SOURCE, f"{pytorch.STEP_ANNOTATION}N")
+
+
 def _root_marker_name(act: HostActivity, mask: np.ndarray) -> str:
     return act.names[int(act.name[np.flatnonzero(mask)[0]])]
 
@@ -272,7 +283,7 @@ def find_steps(hosts: list[HostCapture], made_by: str) -> Steps:
     """The session's steps; MADE_BY is the framework that wrote the capture (``framework``)."""
     # The Steps line is already on the device timeline and includes the partly captured
     # first and last steps, so it wins over the raw markers it was derived from.
-    steps = _steps_line(hosts) or _marker_steps(hosts) or _inferred(hosts, made_by)
+    steps = _steps_line(hosts) or _marker_steps(hosts) or _device_marks(hosts) or _inferred(hosts, made_by)
     if steps is None:
         return Steps("none", _EMPTY, _EMPTY, _EMPTY, _EMPTY)
     marker_end = int(steps.end_ps[-1]) if len(steps) else 0

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, narrow_ids, renumber_small_ints
-from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
+from tb_gpuadvisor.input.capture import MAX_PS, HostCapture, RecordedSteps
 from tb_gpuadvisor.input.files import BeingWritten, CaptureError, LocalFile, Opener, read_bytes, remote_stamp
 from tb_gpuadvisor.input.kineto.decode import (
     GZIP_MAGIC, Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
@@ -277,11 +277,25 @@ def build(cols: Columns, host: str) -> HostCapture:
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
                         "calls but the trace holds no GPU activity: device activity was not recorded "
                         "(CUPTI/roctracer off or failed), so nothing is said about the GPU")
-    # A Kineto trace is PyTorch's even when it holds no op (a capture of CUDA activity only: its
-    # runtime calls); one without any host event is left to the names (no steps to take from it).
+    # A Kineto trace is PyTorch's even when it holds no host event (a capture of CUDA activity only).
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
-                       _sampled(correlation[host_rows[runtime]]),
-                       framework=pytorch.FRAMEWORK if host_rows.size else None)
+                       _sampled(correlation[host_rows[runtime]]), framework=pytorch.FRAMEWORK,
+                       device_steps=_device_steps(cat, name, cat_names, name_list, start, dur))
+
+
+def _device_steps(cat: np.ndarray, name: np.ndarray, cat_names: list[str], name_list: list[str],
+                  start: np.ndarray, dur: np.ndarray) -> RecordedSteps | None:
+    """The ProfilerStep#N marks written on the GPU side (one per stream that ran the step's
+    work: the step finder joins them by number), or None when there are none."""
+    numbers = {i: n for i, text in enumerate(name_list) if (n := pytorch.step_number(text)) is not None}
+    if not numbers:
+        return None
+    rows = np.flatnonzero(_category_mask(cat_names, pytorch.DEVICE_STEP_CATEGORIES)[cat]
+                          & np.isin(name, list(numbers)))
+    if not rows.size:
+        return None
+    number = np.fromiter((numbers[i] for i in name[rows].tolist()), np.int64, rows.size)
+    return RecordedSteps(number, start[rows], start[rows] + dur[rows], np.full(rows.size, -1, np.int64))
 
 
 class _CollectiveScopes:
