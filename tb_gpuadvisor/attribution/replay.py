@@ -284,7 +284,8 @@ def _waits(host: HostModel, begin: np.ndarray, end: np.ndarray, kind: np.ndarray
     linked = np.flatnonzero(call >= 0)
     late = np.zeros(call.shape, bool)
     late[linked] = activity.end_ps[call[linked]] > begin[linked]
-    copy = np.flatnonzero(np.isin(kind, _COPIES) & late)
+    copy = np.flatnonzero(late)         # none where no call is known (TensorFlow, JAX): no isin over all
+    copy = copy[np.isin(kind[copy], _COPIES)]
     landed = end[(kind == DeviceEventKind.MEMCPY_D2H) & ~late]
     start = np.concatenate((activity.start_ps[calls], activity.start_ps[call[copy]], landed))
     end = np.concatenate((activity.end_ps[calls], activity.end_ps[call[copy]], landed))
