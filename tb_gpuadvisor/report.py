@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import posixpath
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from tb_gpuadvisor import cores
@@ -162,9 +161,8 @@ CHECK_THREADS = 2
 
 
 def run_checks(analysis: Analysis) -> tuple[list[Finding], list[dict]]:
-    with ThreadPoolExecutor(max_workers=cores.threads(CHECK_THREADS)) as pool:
-        results = list(pool.map(lambda check: _run_one(check, analysis),
-                                [c for c in all_checks() if c.applies_to(analysis.model.framework)]))
+    results = cores.on_threads(_run_one, [(c, analysis) for c in all_checks()
+                                          if c.applies_to(analysis.model.framework)], CHECK_THREADS)
     return ([r for r in results if isinstance(r, Finding)], [r for r in results if isinstance(r, dict)])
 
 

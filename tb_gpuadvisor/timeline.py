@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from tb_gpuadvisor.arrays import narrow_ids
-from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
 from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH
 
 PS_PER_MS = 1_000_000_000
@@ -396,6 +396,14 @@ class SessionModel:
         if ran or self.framework != PYTORCH:
             return ran
         return [dev for dev in self.gpus if bool(np.any(dev.mask(*COPY_KINDS)))]
+
+    @cached_property
+    def launch_median_ps(self) -> float | None:
+        """Median duration of the hosts' launch calls, None when they record none: the launch
+        check and its replay scenario both read it (its gather and median: 0.1 s of CPU at 1 GB)."""
+        durations = [host.activity.dur_ps[host.activity.rows_of(HostEventKind.LAUNCH)] for host in self.hosts]
+        durations = np.concatenate(durations) if durations else np.empty(0, np.int64)
+        return float(np.median(durations)) if durations.size else None
 
     @property
     def primary_gpu(self) -> DeviceActivity | None:

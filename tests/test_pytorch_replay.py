@@ -109,3 +109,15 @@ def test_precision_saving_on_resnet50_num_workers_4_is_capped_by_the_host_loop(c
     after = analysis.model.steps.duration_ps / PS_PER_MS - gains
     assert after[1:5] == pytest.approx([107.0, 100.3, 111.2, 105.2], abs=2.5)
     assert gains.mean() == pytest.approx(11.47, abs=1.0)
+
+
+def test_shared_launches_in_and_out_of_launch_order():
+    """A call is shared (a CUDA graph replay) when two events name it, whether the events come in
+    their calls' order (no sort taken) or not; -1 (no call) is never shared."""
+    from tb_gpuadvisor.attribution.replay import shared_launches
+
+    in_order = np.array([-1, 3, 5, 5, 5, 8, -1, -1, 9, 9])
+    assert shared_launches(in_order).tolist() == [False, False, True, True, True, False, False, False, True, True]
+    shuffled = np.array([9, 5, -1, 3, 9, -1, 5, 8])
+    assert shared_launches(shuffled).tolist() == [True, True, False, False, True, False, True, False]
+    assert not shared_launches(np.array([4, 1, 7, -1, -1])).any()

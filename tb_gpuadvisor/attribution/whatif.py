@@ -19,7 +19,6 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import Breakdown
 from tb_gpuadvisor.attribution.replay import Replay, Scenario
 from tb_gpuadvisor.timeline import PS_PER_US, SessionModel
-from tb_gpuadvisor.kinds import HostEventKind
 
 # Launch call cost assumed when the capture records no launch calls: the median the corpus
 # captures measure (7-14 us), not the 20-40 us often quoted.
@@ -28,11 +27,8 @@ DEFAULT_LAUNCH_US = 10.0
 
 def launch_cost_us(model: SessionModel) -> tuple[float, bool]:
     """Median duration of the capture's own launch calls, and whether it was measured."""
-    durations = [host.activity.dur_ps[host.activity.rows_of(HostEventKind.LAUNCH)] for host in model.hosts]
-    durations = np.concatenate(durations) if durations else np.empty(0, np.int64)
-    if not durations.size:
-        return DEFAULT_LAUNCH_US, False
-    return float(np.median(durations)) / PS_PER_US, True
+    median_ps = model.launch_median_ps
+    return (DEFAULT_LAUNCH_US, False) if median_ps is None else (median_ps / PS_PER_US, True)
 
 
 class Savings(ABC):
