@@ -60,7 +60,7 @@ from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.launch_bound import LAUNCH_WARNING_PERCENT
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, SessionModel
+from tb_gpuadvisor.timeline import PS_PER_US, DeviceActivity, SessionModel
 from tb_gpuadvisor.vocab import pytorch
 
 CHECK_ID = "unfused_ops"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.timeline import HostActivity, HostModel, Steps
+from tb_gpuadvisor.timeline import HostModel, Steps
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.trust.placement import step_threads
 from tb_gpuadvisor.vocab.tensorflow import EAGER_DISPATCH as _EAGER_OP
@@ -73,7 +73,7 @@ def include_launched_work(steps: Steps, hosts: list[HostModel]) -> Steps:
     last step's host period: the host calls made in its device window are a queued step's."""
     if not len(steps):
         return steps
-    lo, hi = int(steps.start_ps[-1]), int(steps.end_ps[-1])
+    hi = int(steps.end_ps[-1])
     on_host = steps.on_host()
     end = hi
     for host in hosts:
