@@ -42,7 +42,7 @@ from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.kernels import device_label, in_steps, top_by_time
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity
 from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind
-from tb_gpuadvisor.vocab import hlo, jax, xla
+from tb_gpuadvisor.vocab import hlo, jax, tensorflow, xla
 
 CHECK_ID = "xla_ops"
 CONVERSION_WARNING = 20.0
@@ -148,7 +148,9 @@ def _category_metrics(view: DeviceXla) -> dict[str, float]:
                            "saving is the conversions weighted by how busy the device is, plus the "
                            "re-sharding host time"),
           # Its saving is weighted by how busy the device is: it rests on the idle split, not only on kernel classes.
-          aspect="idle", explains="device compute", compared=Compared("conversion_percent"))
+          aspect="idle", explains="device compute", compared=Compared("conversion_percent"),
+          # XLA compiles TensorFlow and JAX programs; a PyTorch trace holds no XLA instruction.
+          frameworks=(tensorflow.FRAMEWORK, jax.FRAMEWORK))
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
     xla_devices = [dev for dev in model.devices if len(dev) and (dev.hlo_op >= 0).any()]
