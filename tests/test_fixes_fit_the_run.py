@@ -48,40 +48,27 @@ def _facts(logdir: Path) -> fixes.RunFacts:
     return fixes.run_facts(analyse(load_session(ref)))
 
 
-@pytest.fixture(scope="module")
-def torch_runs(tmp_path_factory) -> Path:
-    """tests/torch_loop.py's two CPU runs: "slow" (num_workers=0) and "fixed" (4 workers)."""
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch not installed")
-    root = tmp_path_factory.mktemp("torch_fit")
-    for kind in ("slow", "fixed"):
-        done = subprocess.run([sys.executable, str(TESTS / "torch_loop.py"), str(root / kind), kind],
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-    return root
-
-
-def test_cpu_pytorch_runs_get_no_gpu_only_fix(torch_runs):
+def test_cpu_pytorch_logdir_get_no_gpu_only_fix(torch_logdir):
     """Both runs have no GPU (model_ran_on cpu_only): every fix of every finding is free of GPU
     mechanisms, and the slow loader still hears of workers (in their CPU form) first."""
     for kind in ("slow", "fixed"):
-        session = _session(torch_runs / kind)
+        session = _session(torch_logdir / kind)
         assert session["trust"]["model_ran_on"] == "cpu_only"
         for finding in session["findings"]:
             for text in _fix_texts(finding):
                 assert not GPU_ONLY.search(text), (kind, finding["check"], text)
-    slow = _finding(_session(torch_runs / "slow"), "input_bound")
+    slow = _finding(_session(torch_logdir / "slow"), "input_bound")
     assert slow["severity"] in ("warning", "critical")
     assert "worker processes" in slow["fixes"][0]["text"] and "num_workers" in slow["fixes"][0]["code"]
 
 
-def test_workers_on_is_not_told_to_add_workers_first(torch_runs):
+def test_workers_on_is_not_told_to_add_workers_first(torch_logdir):
     """The fixed run's DataLoader already runs 4 workers (its waits are in
     _MultiProcessingDataLoaderIter.__next__) and still waits for input (each sample sleeps 1.5 ms:
     32 x 1.5 / 4 = 12 ms a batch). Its first input fix is making samples cheaper; the workers fix
     is only the follow-up, last."""
-    assert _facts(torch_runs / "fixed").loader_workers and not _facts(torch_runs / "slow").loader_workers
-    finding = _finding(_session(torch_runs / "fixed"), "input_bound")
+    assert _facts(torch_logdir / "fixed").loader_workers and not _facts(torch_logdir / "slow").loader_workers
+    finding = _finding(_session(torch_logdir / "fixed"), "input_bound")
     if finding["severity"] not in ("warning", "critical"):
         pytest.skip("the workers kept up on this machine: nothing to fix")
     first = finding["fixes"][0]

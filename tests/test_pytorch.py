@@ -308,22 +308,6 @@ def test_every_decoder_gives_the_same_columns(backend, tmp_path):
 
 # --- a real trace written by torch.profiler during the test run ---------------------------------
 
-@pytest.fixture(scope="module")
-def torch_logdir(tmp_path_factory) -> Path:
-    """tests/torch_loop.py run twice (the slow DataLoader and its fixed twin), each in its own
-    process, into one TensorBoard logdir (tensorboard_trace_handler's own file names)."""
-    pytest.importorskip("torch")
-    import subprocess
-    import sys
-
-    logdir = tmp_path_factory.mktemp("torch_logs")
-    for kind in ("slow", "fixed"):
-        result = subprocess.run([sys.executable, str(Path(__file__).parent / "torch_loop.py"),
-                                 str(logdir / kind), kind], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return logdir
-
-
 def test_real_profiler_trace_slow_dataloader_is_input_bound_and_its_fix_is_not(torch_logdir):
     """The slow loop makes each 32-sample batch in the training process at 1.5 ms a sample (48 ms of
     waiting per step, beside ~40 ms of compute); the fixed one reads it from 4 workers that keep

@@ -234,22 +234,6 @@ def test_idle_that_launches_did_not_cause_is_not_launch_bound(tmp_path, params):
 
 # --- a saving checked against the fix applied (issue 38, part 7) ----------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory) -> Path:
-    """tests/torch_loop.py's tiny MLP, profiled with the DataLoader in the training process and
-    then with 4 workers that keep batches queued (each run in its own process, one logdir)."""
-    pytest.importorskip("torch")
-    import subprocess
-    import sys
-
-    logdir = tmp_path_factory.mktemp("tiny_pair")
-    for kind in ("tiny_slow", "tiny_fixed"):
-        result = subprocess.run([sys.executable, str(Path(__file__).parent / "torch_loop.py"),
-                                 str(logdir / kind), kind], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return logdir
-
-
 def test_dataloader_saving_predicted_on_a_tiny_mlp_is_the_measured_one(tiny_pair):
     """One update of a 64-64-10 MLP per step (a few hundred microseconds) behind a DataLoader whose
     32 samples take 0.25 ms each to make. Measured here: with num_workers=0 the step is 15.4 ms and
