@@ -7,7 +7,10 @@ its name is its path relative to the logdir ("." for the logdir itself), as
 TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
 cache files XProf writes beside them are ignored.  A run of another format is any folder
 holding its files, grouped into sessions as the format's adapter says (a PyTorch profiling
-cycle: ``input/kineto``).  Paths with a scheme
+cycle: ``input/kineto``).  A ``.json[.gz]`` file of any other name is a capture when its first
+bytes are a trace (``Adapter.sniffer``); none is sniffed below a ``plugins`` folder (TensorBoard's
+and XProf's own files: TF's ``<host>.trace.json.gz``, ``.cached_tools.json``), nor one whose name
+starts with a dot.  Paths with a scheme
 (``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed; their
 listings are asked of the store on every search (never of fsspec's listing cache), and
 any failure of a store (a missing backend package, credentials, network) is a
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Iterator
 
-from tb_gpuadvisor.input import Adapter, adapter_for, adapters
+from tb_gpuadvisor.input import Adapter, Sniffed, adapter_for, adapters, sniffer_for
 from tb_gpuadvisor.input.files import Opener, remote_stamp
 from tb_gpuadvisor.metadata import PROFILE_DIR, XPLANE_SUFFIX
 
@@ -267,12 +270,44 @@ def _folder_format(file_name: str) -> Adapter | None:
     return None if adapter is None or adapter.profile_dir else adapter
 
 
-def folder_sessions(fs, run: str, folder: str, names: list[str], real_root: str | None = None) -> list[SessionRef]:
-    """The sessions of one run FOLDER from its file NAMES, grouped by each format's adapter."""
+def _sniffable(file_name: str) -> bool:
+    """Whether FILE_NAME is one a format would sniff (hidden files, such as XProf's
+    ``.cached_tools.json``, never are)."""
+    return not file_name.startswith(".") and sniffer_for(file_name) is not None
+
+
+def _sniffs_in(run: str) -> bool:
+    """Whether the files of run folder RUN are sniffed: not below a ``plugins`` folder, where
+    TensorBoard's plugins keep their own files (TF's ``<host>.trace.json.gz`` beside its
+    ``.xplane.pb``, XProf's caches)."""
+    return "plugins" not in run.split("/")
+
+
+def _sniffed(fs, folder: str, names: list[str], real_root: str | None) -> dict[str, Sniffed]:
+    """What each sniffable file of NAMES in FOLDER holds, by its sniffing format; files that are
+    not safe to read (``_why_skipped``) are not opened."""
+    join = os.path.join if fs is None else posixpath.join
+    found = {}
+    for name in filter(_sniffable, names):
+        path = join(folder, name)
+        if fs is None and _why_skipped(path, real_root):
+            continue
+        sniff = sniffer_for(name).sniff(path, fs)
+        if sniff.holds is not False:
+            found[name] = sniff
+    return found
+
+
+def folder_sessions(fs, run: str, folder: str, names: list[str], real_root: str | None = None,
+                    sniff: bool = True) -> list[SessionRef]:
+    """The sessions of one run FOLDER from its file NAMES, grouped by each format's adapter:
+    files its name ending claims, and (SNIFF) files its sniffer finds to be its own."""
+    sniffed = _sniffed(fs, folder, names, real_root) if sniff else {}
     refs = []
     for adapter in adapters():
         claimed = [n for n in names if _folder_format(n) is adapter]
-        for session, members in adapter.sessions(claimed) if claimed else []:
+        claimed += [n for n in sniffed if sniffer_for(n) is adapter]
+        for session, members in adapter.sessions(claimed, sniffed) if claimed else []:
             hosts, skipped = [], []
             for host, name in members:
                 reason = _why_skipped(os.path.join(folder, name), real_root) if fs is None else None
@@ -306,10 +341,14 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
 
     if is_file:
         folder, name = os.path.split(root)
-        if _folder_format(name):
-            return folder_sessions(fs, _own_name(folder), folder, [name])
+        if _folder_format(name) or _sniffable(name):
+            refs = folder_sessions(fs, _own_name(folder), folder, [name])
+            if refs:
+                return refs
+            raise DiscoveryError(f"{path}: not a profile trace (its first bytes hold no \"traceEvents\" "
+                                 "and no array of trace events)")
         if not root.endswith(XPLANE_SUFFIX):
-            known = " or ".join(f"*{s}" for a in adapters() for s in a.suffixes)
+            known = " or ".join(f"*{s}" for a in adapters() for s in a.suffixes + a.sniffed)
             raise DiscoveryError(f"{path}: not a profile capture (expected a {known} file)")
         session_dir, name = os.path.split(root)
         split = _split_session_dir(session_dir)
@@ -334,9 +373,9 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     unreadable: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
         dirnames.sort()
-        if any(map(_folder_format, filenames)):
-            run = _run_name(fs, root, dirpath)
-            sessions += [ref for ref in folder_sessions(fs, run, dirpath, filenames)
+        run = _run_name(fs, root, dirpath)
+        if any(map(_folder_format, filenames)) or (_sniffs_in(run) and any(map(_sniffable, filenames))):
+            sessions += [ref for ref in folder_sessions(fs, run, dirpath, filenames, sniff=_sniffs_in(run))
                          if fs is None or _addressable(run, ref.session)]
         found = _split_session_dir(dirpath)
         if not found:
@@ -398,7 +437,8 @@ def _folder_session(fs, root: str, run: str, session: str, run_dir: str) -> Sess
                 return None
             fs.invalidate_cache(run_dir)
             names = [posixpath.basename(p) for p in fs.ls(run_dir, detail=False)]
-    return next((ref for ref in folder_sessions(fs, run, run_dir, names, real_root) if ref.session == session), None)
+    return next((ref for ref in folder_sessions(fs, run, run_dir, names, real_root, _sniffs_in(run))
+                 if ref.session == session), None)
 
 
 def resolve_session(logdir: str, run: str, session: str) -> SessionRef:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import stat
+import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +37,8 @@ class Opener(Protocol):
     def invalidate_cache(self, path: str | None = None) -> None: ...
 
 
+# The first bytes of a gzip stream.
+GZIP_MAGIC = b"\x1f\x8b"
 # Remote files are read in ranges of at most this many bytes (one request each), so a read
 # never asks a store for more than the size it reported before reading began.
 REMOTE_CHUNK_BYTES = 16 << 20
@@ -64,7 +68,7 @@ class LocalFile:
     def __init__(self, path: str):
         self._fd: int | None = None
         self._fd, self._stamp = _open_local(path)
-        self.size = self._stamp[0]
+        self.size, self.mtime_ns = self._stamp
 
     def __len__(self) -> int:
         return self.size
@@ -188,3 +192,42 @@ def _read_remote(path: str, fs: Opener) -> np.ndarray:
     if got != size or _fresh_stamp(fs, path) != before:
         raise BeingWritten(_CHANGED)
     return data
+
+
+@dataclass(frozen=True)
+class Head:
+    """The first bytes of a file: DATA, whether they are all of it, and how long ago the file last
+    changed (None where a store does not say)."""
+
+    data: bytes
+    complete: bool
+    age_s: float | None
+
+
+def read_head(path: str, opener: Opener | None, size: int) -> Head:
+    """At most SIZE bytes from the start of the file at PATH, in one read (a format's sniffer
+    decides from these whether a file of a loose name is one of its captures).  An empty file is
+    a Head of no bytes; a file that cannot be read is a CaptureError."""
+    try:
+        if opener is not None:
+            total = int(opener.info(path).get("size") or 0)
+            data = bytes(opener.cat_file(path, 0, min(size, total))) if total else b""
+            return Head(data, len(data) >= total, None)
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            return Head(b"", True, _age_s(st.st_mtime_ns))
+        with LocalFile(path) as file:
+            data = bytes(file.read(0, min(size, len(file))))
+            return Head(data, len(data) == len(file), _age_s(file.mtime_ns))
+    except OSError as err:
+        raise _capture_error(err) from None
+    except CaptureError:
+        raise
+    except Exception as err:    # each remote store raises its own kinds
+        if opener is None:
+            raise
+        raise CaptureError(f"cannot read the file: {type(err).__name__}: {err}") from None
+
+
+def _age_s(mtime_ns: int) -> float:
+    return max(time.time() - mtime_ns / 1e9, 0.0)

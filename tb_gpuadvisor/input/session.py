@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tb_gpuadvisor.input import XPLANE, adapter_for, host_of
+from tb_gpuadvisor.input import XPLANE, format_of, host_of
 from tb_gpuadvisor.input.capture import MAX_PS, HostCapture
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input.files import BeingWritten, CaptureError
@@ -83,7 +83,7 @@ def _read(path: str, host: str, opener, budget: int | None) -> HostCapture | Cap
         # What the decode frees is what trust and attribution allocate next: handed back here
         # it only faulted in again (0.2 s of trust at 978 MB, for no lower peak).
         with stage("decode", host, hand_back=False):
-            return (adapter_for(os.path.basename(path)) or XPLANE).read(path, host, opener, budget)
+            return (format_of(os.path.basename(path)) or XPLANE).read(path, host, opener, budget)
     except CaptureError as err:
         return err
     except Exception as err:    # one host's bad bytes must never hide the other hosts

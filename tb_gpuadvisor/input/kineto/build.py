@@ -18,9 +18,12 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import SortedKeys, last_at_or_before, narrow_ids, renumber_small_ints
 from tb_gpuadvisor.input.capture import MAX_PS, HostCapture, RecordedSteps
-from tb_gpuadvisor.input.files import BeingWritten, CaptureError, LocalFile, Opener, read_bytes, remote_stamp
+from tb_gpuadvisor.input.files import (
+    GZIP_MAGIC, BeingWritten, CaptureError, LocalFile, Opener, read_bytes, remote_stamp,
+)
+from tb_gpuadvisor.input.kineto.sniff import WRITING_S
 from tb_gpuadvisor.input.kineto.decode import (
-    GZIP_MAGIC, Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
+    Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
 )
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.timeline import CollectiveCall, Device, DeviceActivity, HostActivity, MemoryRecords
@@ -30,12 +33,6 @@ from tb_gpuadvisor.vocab import gpu, pytorch
 # trace: 0.76 for a plain file (read and decoded a run at a time), 1.57 for a gzip file
 # (its inflated text is held whole), with room for traces of smaller events.
 MEMORY_PER_JSON_BYTE = 2
-
-
-# A trace that ends early and changed this recently is taken as one the profiler is still
-# writing (tensorboard_trace_handler writes while training goes on): a pause between two writes
-# is far shorter.  An older one is truncated for good.
-WRITING_S = 30.0
 
 
 def read(path: str, host: str, opener: Opener | None = None, budget: int | None = None) -> HostCapture:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Iterator, Union
 
 import numpy as np
 
-from tb_gpuadvisor.input.files import CaptureError, LocalFile
+from tb_gpuadvisor.input.files import GZIP_MAGIC, CaptureError, LocalFile
 
 try:
     import msgspec
@@ -37,7 +37,6 @@ try:    # ISA-L's inflate: 1.7x zlib's on a 1 GB trace (benchmarks/README.md); z
 except ImportError:             # pragma: no cover
     _gzip = zlib
 
-GZIP_MAGIC = b"\x1f\x8b"
 _INFLATE_CHUNK = 16 << 20
 _RUN = 32 << 20         # bytes of JSON events decoded at once by msgspec
 _SEEK = 4 << 20         # how far past a run's end to look for the next event
