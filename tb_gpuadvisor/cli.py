@@ -54,7 +54,7 @@ def _sessions(path: str) -> list[SessionRef]:
         raise UsageError(str(err)) from None
     if not refs:
         raise UsageError(f"{path}: no profile sessions found (looked for <run>/plugins/profile/<session>/"
-                         f"<host>.xplane.pb and <run>/<worker>.pt.trace.json[.gz]); capture with "
+                         f"<host>.xplane.pb, <run>/<worker>.pt.trace.json[.gz] and Chrome-trace .json[.gz] files); capture with "
                          f"tb_gpuadvisor.keras.AdvisorCallback, tb_gpuadvisor.jax.profile_steps, "
                          f"torch.profiler's tensorboard_trace_handler or the TensorBoard callback (see the README)")
     return [_named(ref) for ref in refs]
