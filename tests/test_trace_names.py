@@ -40,7 +40,7 @@ def _stem(name: str) -> str:
     return KINETO.stem(name)
 
 
-def _one_session(path: Path) -> dict:
+def _one_session(path: "Path | str") -> dict:
     (session,) = build_report(find_sessions(str(path)))["sessions"]
     return session
 
@@ -318,3 +318,22 @@ def test_a_real_export_chrome_trace_is_read_by_path_and_in_its_folder(tmp_path):
         assert (session["run"], session["session"], session["hosts"]) == (run, "trace", ["trace"])
         assert session["framework"] == "pytorch" and session["errors"] == []
         assert session["steps"]["count"] == 1 and session["steps"]["mean_ms"] == pytest.approx(span_ms, abs=0.01)
+
+
+def test_traces_in_a_remote_logdir_are_sniffed_through_the_store():
+    """The same on an fsspec store (memory://): a ``trace.json`` is a session, a ``config.json``
+    beside it is not, and the trace given by URL is read."""
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    root = f"/names-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        memory.pipe(f"{root}/run/trace.json", json.dumps(_small()).encode())
+        memory.pipe(f"{root}/run/config.json", b'{"lr": 0.1}')
+        refs = find_sessions("memory://" + root)
+        assert [(r.run, r.session, r.hosts) for r in refs] == [("run", "trace", ("trace",))]
+        session = _one_session(f"memory://{root}/run/trace.json")
+        assert session["errors"] == [] and session["steps"]["count"] == STEPS
+        with pytest.raises(DiscoveryError, match="not a profile trace"):
+            find_sessions(f"memory://{root}/run/config.json")
+    finally:
+        memory.rm(root, recursive=True)
