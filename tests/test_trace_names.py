@@ -162,6 +162,8 @@ def test_tensorboards_own_json_is_never_a_session(tmp_path):
     (tmp_path / "manifest.json").write_text('{"runs": []}')
     refs = find_sessions(str(tmp_path))
     assert [(r.run, r.session, r.hosts) for r in refs] == [("tf_run", "2024_01_01_00_00_00", ("host",))]
+    for below in (tmp_path / "tf_run" / "plugins", folder.parent):     # the search begun inside plugins/
+        assert [r.hosts for r in find_sessions(str(below))] == [("host",)]
 
 
 def test_a_trace_being_written_is_listed_and_said_so_then_dropped_if_never_finished(tmp_path):

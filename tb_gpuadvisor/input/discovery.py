@@ -8,9 +8,9 @@ TensorBoard names runs.  Only ``*.xplane.pb`` files count as captures: the
 cache files XProf writes beside them are ignored.  A run of another format is any folder
 holding its files, grouped into sessions as the format's adapter says (a PyTorch profiling
 cycle: ``input/kineto``).  A ``.json[.gz]`` file of any other name is a capture when its first
-bytes are a trace (``Adapter.sniffer``); none is sniffed below a ``plugins`` folder (TensorBoard's
-and XProf's own files: TF's ``<host>.trace.json.gz``, ``.cached_tools.json``), nor one whose name
-starts with a dot.  Paths with a scheme
+bytes are a trace (``Adapter.sniffer``); none is sniffed in or below a folder named ``plugins``
+(TensorBoard's and XProf's own files: TF's ``<host>.trace.json.gz``), nor one whose name starts
+with a dot (XProf's ``.cached_tools.json``), unless the file itself is given.  Paths with a scheme
 (``gs://``, ``s3://``, ``memory://``) go through fsspec when it is installed; their
 listings are asked of the store on every search (never of fsspec's listing cache), and
 any failure of a store (a missing backend package, credentials, network) is a
@@ -276,11 +276,11 @@ def _sniffable(file_name: str) -> bool:
     return not file_name.startswith(".") and sniffer_for(file_name) is not None
 
 
-def _sniffs_in(run: str) -> bool:
-    """Whether the files of run folder RUN are sniffed: not below a ``plugins`` folder, where
+def _sniffs_in(folder: str) -> bool:
+    """Whether the files of FOLDER are sniffed: not in or below a ``plugins`` folder, where
     TensorBoard's plugins keep their own files (TF's ``<host>.trace.json.gz`` beside its
-    ``.xplane.pb``, XProf's caches)."""
-    return "plugins" not in run.split("/")
+    ``.xplane.pb``, XProf's caches), wherever the search began."""
+    return "plugins" not in folder.replace("\\", "/").split("/")
 
 
 def _sniffed(fs, folder: str, names: list[str], real_root: str | None) -> dict[str, Sniffed]:
@@ -373,9 +373,10 @@ def _find_sessions(path: str, fs, root: str) -> list[SessionRef]:
     unreadable: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in _walk(fs, root, unreadable):
         dirnames.sort()
-        run = _run_name(fs, root, dirpath)
-        if any(map(_folder_format, filenames)) or (_sniffs_in(run) and any(map(_sniffable, filenames))):
-            sessions += [ref for ref in folder_sessions(fs, run, dirpath, filenames, sniff=_sniffs_in(run))
+        sniff = _sniffs_in(dirpath)
+        if any(map(_folder_format, filenames)) or (sniff and any(map(_sniffable, filenames))):
+            run = _run_name(fs, root, dirpath)
+            sessions += [ref for ref in folder_sessions(fs, run, dirpath, filenames, sniff=sniff)
                          if fs is None or _addressable(run, ref.session)]
         found = _split_session_dir(dirpath)
         if not found:
@@ -437,7 +438,7 @@ def _folder_session(fs, root: str, run: str, session: str, run_dir: str) -> Sess
                 return None
             fs.invalidate_cache(run_dir)
             names = [posixpath.basename(p) for p in fs.ls(run_dir, detail=False)]
-    return next((ref for ref in folder_sessions(fs, run, run_dir, names, real_root, _sniffs_in(run))
+    return next((ref for ref in folder_sessions(fs, run, run_dir, names, real_root, _sniffs_in(run_dir))
                  if ref.session == session), None)
 
 
