@@ -64,13 +64,17 @@ def test_every_name_is_a_run_of_the_logdir_and_of_the_tab(tmp_path):
     and the tab's report of one of them is the trace's."""
     for index, name in enumerate(NAMES):
         write_trace(tmp_path / f"run{index:02d}" / name, _small())
-    expected = [(f"run{index:02d}", _stem(name)) for index, name in enumerate(NAMES)]
+    for rank in (0, 1):
+        write_trace(tmp_path / "ranks" / f"rank{rank}.json.gz", _small())
+    expected = [("ranks", "rank*")] + [(f"run{index:02d}", _stem(name)) for index, name in enumerate(NAMES)]
     assert [(r.run, r.session) for r in find_sessions(str(tmp_path))] == expected
     svc = service.AdvisorService([service.LogRoot("", str(tmp_path))], wait_s=20.0)
     try:
         assert [(item["run"], item["session"]) for item in svc.runs()] == expected
         report = svc.report("run05", "rank-3")
         assert report["errors"] == [] and report["hosts"] == ["rank-3"] and report["steps"]["count"] == STEPS
+        both = svc.report("ranks", "rank*")
+        assert both["errors"] == [] and both["hosts"] == ["rank0", "rank1"]
     finally:
         svc.close()
 
@@ -136,12 +140,14 @@ def test_a_folder_mixing_the_handlers_files_and_loose_ones(tmp_path):
     ("table.json", b'[["a", "b"], ["c", "d"]]'),
     ("notes.json", b"not json at all"),
     ("fake.json.gz", b"\x1f\x8b not a gzip stream"),
+    ("young_fake.json.gz", b"\x1f\x8b not a gzip stream"),
 ])
 def test_json_that_is_not_a_trace_is_refused_in_one_line_and_is_no_session(tmp_path, capsys, name, data):
     path = tmp_path / "run" / name
     path.parent.mkdir()
     path.write_bytes(data)
-    os.utime(path, (time.time() - 3600,) * 2)
+    if not name.startswith("young"):
+        os.utime(path, (time.time() - 3600,) * 2)
     with pytest.raises(DiscoveryError, match="not a profile trace"):
         find_sessions(str(path))
     assert main(["analyze", str(path)]) == 2

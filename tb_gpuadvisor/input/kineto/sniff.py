@@ -35,8 +35,8 @@ _BOM = b"\xef\xbb\xbf"
 _TRACE_KEY = re.compile(rb'"(?:traceEvents|deviceProperties|distributedInfo)"\s*:')
 _EVENT_KEY = re.compile(rb'"ph"\s*:')
 _DISTRIBUTED = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*\}')
-_FIELD = {"rank": re.compile(rb'"rank"\s*:\s*(\d{1,9})\b'),
-          "world": re.compile(rb'"world_size"\s*:\s*(\d{1,9})\b')}
+_RANK = re.compile(rb'"rank"\s*:\s*(\d{1,9})\b')
+_WORLD = re.compile(rb'"world_size"\s*:\s*(\d{1,9})\b')
 
 
 def sniff(path: str, opener: Opener | None) -> Sniffed:
@@ -48,7 +48,10 @@ def sniff(path: str, opener: Opener | None) -> Sniffed:
         return Sniffed(False)
     text, complete = head.data, head.complete
     if text[:2] == GZIP_MAGIC:
-        text, complete = _inflate_head(text, complete)
+        inflated = _inflate_head(text, complete)
+        if inflated is None:
+            return Sniffed(False)
+        text, complete = inflated
     verdict = judge(text, complete)
     if verdict is None:
         young = head.age_s is not None and head.age_s < WRITING_S
@@ -84,15 +87,16 @@ def judge(text: bytes, complete: bool) -> bool | None:
     return False
 
 
-def _inflate_head(stored: bytes, complete: bool) -> tuple[bytes, bool]:
-    """(the first HEAD_BYTES of the gzip stream STORED inflates to, whether that is all of it).
+def _inflate_head(stored: bytes, complete: bool) -> tuple[bytes, bool] | None:
+    """(the first HEAD_BYTES of the gzip stream STORED inflates to, whether that is all of it);
+    None when STORED is no gzip stream.
     Deflate never shrinks text below its stored size by more than its headers, so HEAD_BYTES
     stored inflate to at least about HEAD_BYTES; inflating stops there (a bomb costs no more)."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         text = inflater.decompress(stored, HEAD_BYTES)
     except zlib.error:
-        return b"", True        # not gzip after all: judged as no trace
+        return None
     ended = inflater.eof or (complete and not inflater.unconsumed_tail)
     return text, ended and len(text) < HEAD_BYTES
 
@@ -100,8 +104,10 @@ def _inflate_head(stored: bytes, complete: bool) -> tuple[bytes, bool]:
 def _distributed(text: bytes) -> tuple[int | None, int | None]:
     """(rank, world size) of Kineto's ``distributedInfo``, when the head holds it."""
     block = _DISTRIBUTED.search(text)
-    if block is None:
-        return None, None
-    found = [m.group(1) if (m := _FIELD[key].search(block.group(0))) else None for key in ("rank", "world")]
-    return tuple(int(v) if v is not None else None for v in found)
+    info = block.group(0) if block else b""
+    return _number(_RANK, info), _number(_WORLD, info)
 
+
+def _number(pattern: re.Pattern, text: bytes) -> int | None:
+    match = pattern.search(text)
+    return int(match.group(1)) if match else None
