@@ -82,18 +82,23 @@ def _write_logdirs(root: Path, size: int) -> tuple[Path, Path]:
     return small, large
 
 
+def measure(size_mb: int, repeat: int, workdir: str | None = None) -> dict:
+    """The child's measurements for logdirs with SIZE_MB of non-trace JSON, REPEAT searches each."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        small, large = _write_logdirs(Path(tmp), size_mb << 20)
+        child = subprocess.run([sys.executable, "-c", _CHILD, str(small), str(large), str(repeat)],
+                               capture_output=True, text=True, check=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    return json.loads(child.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--workdir", help="where the logdirs go (default: a temporary folder)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        small, large = _write_logdirs(Path(tmp), args.size_mb << 20)
-        child = subprocess.run([sys.executable, "-c", _CHILD, str(small), str(large), str(args.repeat)],
-                               capture_output=True, text=True, check=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        result = json.loads(child.stdout)
+    result = measure(args.size_mb, args.repeat, args.workdir)
     added = result["large_ms"] - result["base_ms"]
     print(f"logdir search: {result['base_ms']:.2f} ms with one trace, {result['large_ms']:.2f} ms with a "
           f"{args.size_mb} MB non-trace .json and a .json.gz inflating to {args.size_mb} MB beside it "

@@ -212,3 +212,13 @@ def test_stage_times_are_summed_per_stage() -> None:
             "tb-gpuadvisor timing: decode        0.500 s wall   0.750 s cpu  pid 2  host-b\n"
             "tb-gpuadvisor timing: report        0.010 s wall   0.020 s cpu  pid 1\nother line\n")
     assert bench.stage_times(text) == {"decode": [2.0, 3.0], "report": [0.01, 0.02]}
+
+
+def test_sniff_benchmark_finds_only_the_trace_beside_large_json(tmp_path: Path) -> None:
+    """benchmarks/sniff.py on 8 MB of non-trace JSON: both logdirs hold the one trace session, and
+    every number it reports is there (how fast is the benchmark's own business, not this test's)."""
+    import sniff
+
+    result = sniff.measure(8, 2, str(tmp_path))
+    assert result["sessions"] == [1, 1]
+    assert set(result) == {"base_ms", "large_ms", "first_large_ms", "sessions", "peak_rss_growth_mb"}
