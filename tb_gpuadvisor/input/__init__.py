@@ -4,8 +4,9 @@ and name their hosts, and how one host's file is read into the format-neutral
 
 ``discovery`` asks this registry which files are captures and how they group; ``input.session``
 asks it to read them.  A format claims files by their name's ending (``.pt.trace.json``) and may
-also claim files of a looser ending (``.json``) whose first bytes it recognises (its sniffer).  Readers and groupers are named "module:function" and imported on first
-use, so finding files never loads a decoder.  A new format is one ``register`` call, its
+also claim files of a looser ending (``.json``) whose first bytes it recognises (its sniffer).
+Readers, groupers and sniffers are named "module:function" and imported on first use, so finding
+files never loads a decoder.  A new format is one ``register`` call, its
 package (``input/<format>/``: reader and grouping) and its vocabulary (``tb_gpuadvisor/vocab``).
 """
 
