@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from synth import build_training_session, write_session
 from synth_kineto import kineto_trace, write_trace
+from test_plugin import PLUGIN_ROOT, make_client, make_flags, wait_for_report
 
 from tb_gpuadvisor import service
 from tb_gpuadvisor.cli import main
@@ -345,3 +347,24 @@ def test_traces_in_a_remote_logdir_are_sniffed_through_the_store():
             find_sessions(f"memory://{root}/run/config.json")
     finally:
         memory.rm(root, recursive=True)
+
+
+def test_the_tabs_http_routes_list_and_report_loose_traces(tmp_path):
+    """Through TensorBoard's own WSGI app: the plugin is active on a logdir holding only exported
+    traces, its runs route lists them, and the report route (the session name "rank-*" as the
+    frontend sends it, URL-encoded) answers the two ranks' report."""
+    for rank in (0, 1):
+        write_trace(tmp_path / "job" / f"rank-{rank}.json.gz", _small())
+    write_trace(tmp_path / "notebook" / "trace.json", _small())
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    deadline = time.monotonic() + 10
+    while not json.loads(client.get("/data/plugins_listing").get_data())["gpu_advisor"]["enabled"]:
+        assert time.monotonic() < deadline, "the tab never became active"
+        time.sleep(0.05)
+    runs = json.loads(client.get(PLUGIN_ROOT + "/runs").get_data())
+    assert [(r["run"], r["session"], r["hosts"]) for r in runs] == [
+        ("job", "rank-*", ["rank-0", "rank-1"]), ("notebook", "trace", ["trace"])]
+    response = wait_for_report(client, PLUGIN_ROOT + "/report?" + urlencode({"run": "job", "session": "rank-*"}))
+    assert response.status_code == 200
+    report = json.loads(response.get_data())
+    assert report["hosts"] == ["rank-0", "rank-1"] and report["errors"] == [] and report["steps"]["count"] == STEPS
