@@ -368,3 +368,25 @@ def test_the_tabs_http_routes_list_and_report_loose_traces(tmp_path):
     assert response.status_code == 200
     report = json.loads(response.get_data())
     assert report["hosts"] == ["rank-0", "rank-1"] and report["errors"] == [] and report["steps"]["count"] == STEPS
+
+
+def test_a_sniff_is_remembered_only_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    """The tab searches its logdir on every listing: an unchanged file is not opened again, and a
+    JSON rewritten into a trace (new size and time) is sniffed anew and found."""
+    config = tmp_path / "run" / "out.json"
+    config.parent.mkdir()
+    config.write_text('{"lr": 0.1}')
+    os.utime(config, (time.time() - 3600,) * 2)
+    opened: list[str] = []
+    real = LocalFile.__init__
+
+    def counted(self, path: str) -> None:
+        opened.append(path)
+        real(self, path)
+
+    monkeypatch.setattr(LocalFile, "__init__", counted)
+    assert find_sessions(str(tmp_path)) == [] and find_sessions(str(tmp_path)) == []
+    assert opened == [str(config)]
+    write_trace(config, _small())
+    assert [r.hosts for r in find_sessions(str(tmp_path))] == [("out",)]
+    assert opened == [str(config)] * 2
