@@ -379,3 +379,72 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
                        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000,
                                              "computeMajor": 9, "computeMinor": 0, "numSms": 132}]})
     return traces
+
+
+def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: float = 12.0,
+                     lazy_ms: tuple[float, ...] = (20.0, 8.0), kernel_us: tuple[float, ...] = (10.0, 2.0, 10.0, 3.0),
+                     launch_us: float = 6.0, before_us: float = 0.0) -> dict:
+    """One window around a model's call, as the profiler recipe takes it: ``with profile(...):
+    model(x)`` with no schedule and no ``prof.step()``, so no ProfilerStep#N.  The call moves the
+    input to the GPU (``aten::to``: a 5 us host-to-device copy), runs ``aten::mm`` and the ops
+    after it (one kernel of KERNEL_US each) and reads the result back (``aten::item``: a blocking
+    device-to-host copy).  COLD: the first CUDA call of the process, so the window also holds its
+    set-up: context creation (a ``cudaFree`` of CONTEXT_MS before the copy), PyTorch's stream pool
+    (``cudaStreamCreateWithFlags``), cuBLAS initialisation inside the first ``aten::mm``
+    (``cudaGetDeviceProperties``, ``cudaGetSymbolAddress``, ``cudaFuncGetAttributes``,
+    ``cudaHostAlloc`` and untraced host work, LIBRARY_MS in all, before its launch) and lazily
+    loaded kernels (the first launches last LAZY_MS, in turn).  Not COLD: the same call warmed up,
+    every launch LAUNCH_US.  BEFORE_US: the window opens with the host idle that long (the
+    profiler starting)."""
+    t, corr, gpu_free = 1000.0 + before_us, 1, 0.0
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+
+    def call(name: str, at: float, dur: float, cat: str = "cuda_runtime", **args) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 7, "ts": at, "dur": dur,
+                       **({"args": args} if args else {})})
+
+    def device(name: str, cat: str, at: float, dur: float, **args) -> float:
+        start = max(at, gpu_free)
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": corr, **args}})
+        return start + dur
+
+    # aten::to: (context creation, the stream pool,) the input's copy
+    op = t
+    t += 1
+    if cold:
+        call("cudaFree", t, context_ms * 1000)
+        t += context_ms * 1000 + 1
+        call("cudaStreamCreateWithFlags", t, 400.0)
+        t += 401
+    call("cudaMemcpyAsync", t, launch_us, correlation=corr)
+    gpu_free = device("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t + launch_us, 5.0, bytes=1 << 16)
+    corr += 1
+    t += launch_us + 1
+    call("aten::to", op, t - op, cat="cpu_op")
+    lazy = list(lazy_ms) if cold else []
+    for k, kus in enumerate(kernel_us):
+        op = t
+        t += 1
+        if cold and k == 0:
+            # cuBLAS's handle: its queries and pinned workspace, between untraced host work
+            for name, us in (("cudaGetDeviceProperties", 300.0), ("cudaGetSymbolAddress", 2000.0),
+                             ("cudaFuncGetAttributes", 100.0), ("cudaHostAlloc", 1600.0)):
+                call(name, t, us)
+                t += us + 1
+            t += library_ms * 1000 - 4000 - 4
+        dur = lazy.pop(0) * 1000 if lazy else launch_us
+        call("cudaLaunchKernel", t, dur, correlation=corr)
+        name = "ampere_sgemm_64x32_sliced1x4_nn" if k % 2 == 0 else "vectorized_elementwise_kernel<relu>"
+        gpu_free = device(name, "kernel", t + dur + 1, kus)
+        corr += 1
+        t += dur + 1
+        call("aten::mm" if k % 2 == 0 else "aten::relu", op, t - op, cat="cpu_op")
+    op = t
+    call("cudaMemcpyAsync", t + 1, max(gpu_free + 5 - t, launch_us), correlation=corr)
+    device("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", gpu_free + 1, 2.0, bytes=4)
+    t = max(gpu_free + 6, t + launch_us + 2)
+    call("aten::item", op, t - op, cat="cpu_op")
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 42_505_273_344,
+                                  "computeMajor": 8, "computeMinor": 0, "numSms": 108}]}

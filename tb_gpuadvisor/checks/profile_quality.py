@@ -45,7 +45,7 @@ from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     CHECK_GPU_VISIBLE, JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_PROFILER_DOC,
-    TORCH_WARM_CAPTURE, Remedy,
+    TORCH_WARM_CALL, TORCH_WARM_CAPTURE, Remedy,
 )
 from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.timeline import PS_PER_MS
@@ -312,10 +312,15 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
     if trust.retake:
+        # One window without steps is the profiler recipe's capture of a first call: warm it up.
+        one_window = trust.candidates.source == "window"
         issues.append(Issue(
             Severity.WARNING, "Warm-up capture: take it again after warm-up",
-            f"The capture is to be taken again: {trust.retake}. Launch and idle times measured on it are "
-            "set-up, not a trained step's (findings on them are low confidence).", STEP_WINDOW, leads=True))
+            f"The capture is to be taken again: {trust.retake}. It cannot show what a warmed-up "
+            + ("call" if one_window else "step") + " costs: the device's idle time behind the set-up is "
+            "counted as set-up, never as a host cost, and what is left is judged below (launch and idle "
+            "times measured on it are low confidence).",
+            replace(STEP_WINDOW, pytorch=TORCH_WARM_CALL) if one_window else STEP_WINDOW, leads=True))
     if trust.excluded:
         items = [Evidence(kind="step", name=f"step {e.number}", value=round((e.end_ps - e.start_ps) / PS_PER_MS, 3),
                           unit="ms", detail=e.reason, start_ms=round(e.start_ps / PS_PER_MS, 3),

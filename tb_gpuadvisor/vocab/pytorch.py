@@ -42,10 +42,18 @@ _INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data
 # Work of the DataLoader's own pin-memory thread and of its pinning.
 _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
 
-# Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
+# Costs of first use: lazy kernel loading, the attribute, symbol and occupancy queries cuBLAS,
+# cuDNN and PyTorch's own kernels make on their first call, and the stream pool PyTorch creates
+# on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
-                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*|hipGetDeviceProperties\w*|"
+                      r"(cuda|hip)GetSymbolAddress|(cuda|hip)StreamCreate(WithFlags|WithPriority)?|"
+                      r"(cuda|hip)OccupancyMaxActiveBlocksPerMultiprocessor\w*|cuOccupancy\w*|"
+                      r"cuInit|cuDevicePrimaryCtxRetain|cuCtxCreate\w*)$")
+# PyTorch creates a device's CUDA/HIP context lazily, with ``cudaFree(nullptr)`` on its first use:
+# the process's first such call lasts from about 100 ms to seconds, before any device work.
+_CONTEXT_CREATION = re.compile(r"^(cuda|hip)Free$")
 
 # Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
 # caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
@@ -94,6 +102,12 @@ def gpu_allocator_index(name: str) -> int | None:
     """The GPU index of an allocator named by ``allocator_name``, else None."""
     match = _ALLOCATOR_NAME.match(name)
     return int(match.group(1)) if match else None
+
+
+def may_create_context(name: str) -> bool:
+    """Whether a runtime call named NAME creates the device's context when it is the first one
+    (then it is long, and no device work came before it)."""
+    return bool(_CONTEXT_CREATION.match(name))
 
 
 # A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
