@@ -383,7 +383,7 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
 
 def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: float = 12.0,
                      lazy_ms: tuple[float, ...] = (20.0, 8.0), kernel_us: tuple[float, ...] = (10.0, 2.0, 10.0, 3.0),
-                     launch_us: float = 6.0, before_us: float = 0.0) -> dict:
+                     launch_us: float = 6.0, host_ms: float = 0.0) -> dict:
     """One window around a model's call, as the profiler recipe takes it: ``with profile(...):
     model(x)`` with no schedule and no ``prof.step()``, so no ProfilerStep#N.  The call moves the
     input to the GPU (``aten::to``: a 5 us host-to-device copy), runs ``aten::mm`` and the ops
@@ -394,9 +394,9 @@ def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: f
     (``cudaGetDeviceProperties``, ``cudaGetSymbolAddress``, ``cudaFuncGetAttributes``,
     ``cudaHostAlloc`` and untraced host work, LIBRARY_MS in all, before its launch) and lazily
     loaded kernels (the first launches last LAZY_MS, in turn).  Not COLD: the same call warmed up,
-    every launch LAUNCH_US.  BEFORE_US: the window opens with the host idle that long (the
-    profiler starting)."""
-    t, corr, gpu_free = 1000.0 + before_us, 1, 0.0
+    every launch LAUNCH_US.  HOST_MS: before reading the result back the call runs that much Python
+    (``model.py(30): postprocess``) that launches nothing."""
+    t, corr, gpu_free = 1000.0, 1, 0.0
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
 
     def call(name: str, at: float, dur: float, cat: str = "cuda_runtime", **args) -> None:
@@ -440,9 +440,12 @@ def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: f
         corr += 1
         t += dur + 1
         call("aten::mm" if k % 2 == 0 else "aten::relu", op, t - op, cat="cpu_op")
+    if host_ms:
+        call("model.py(30): postprocess", t, host_ms * 1000, cat="python_function")
+        t += host_ms * 1000 + 1
     op = t
     call("cudaMemcpyAsync", t + 1, max(gpu_free + 5 - t, launch_us), correlation=corr)
-    device("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", gpu_free + 1, 2.0, bytes=4)
+    device("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", max(gpu_free, t + 2), 2.0, bytes=4)
     t = max(gpu_free + 6, t + launch_us + 2)
     call("aten::item", op, t - op, cat="cpu_op")
     return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
