@@ -52,6 +52,8 @@ def test_first_call_window_is_led_by_its_retake_not_host_overhead(tmp_path):
     for check in ("host_overhead", "kernel_launch", "input_bound"):
         assert _finding(session, check)["severity"] not in ACTIONABLE
     assert "setup" in [c["key"] for c in session["breakdown"]["categories"]]
+    assert session["bottleneck"]["bound_by"] == "one-time set-up"
+    assert session["bottleneck"]["checks"] == ["profile_quality"]
 
 
 def test_first_call_window_with_a_tiny_device_share_is_retaken(tmp_path):

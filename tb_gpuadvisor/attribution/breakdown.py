@@ -13,7 +13,8 @@ taken in priority order:
   ``ProfilerActivity.CUDA`` only): missing data is never idle time, nor a host cause;
 - ``setup``: device idle while its host ran one-time set-up (trust's ``setup``: the context's
   creation, a library's initialisation, lazily loaded kernels): a warmed-up step does not pay
-  it, so it is no host cost; it bounds nothing, and a report shows it only where there is some;
+  it, so it is no host cost (a step it bounds is bound by set-up), and a report shows it only
+  where there is some;
 - device idle, by what the host was doing: ``input`` (waiting on tf.data) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
   ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
@@ -99,7 +100,7 @@ SHOWN_WHEN_PRESENT = frozenset({"setup"})
 BUSY_KEYS = ("collective", "copy_h2d", "copy_d2h", "copy_other")
 # What bounded a step: its largest group of categories (the critical path's kind).
 BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
-                "input": "input", "launch": "host", "host": "host"}
+                "input": "input", "launch": "host", "host": "host", "setup": "one-time set-up"}
 
 
 @dataclass
@@ -265,7 +266,7 @@ def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int, compute: str)
     starts, ends, labels = [], [], []
     for key, group in (("compute", compute), ("collective", "communication"), ("copy", "copies"),
                        ("not_traced", "not traced"), ("input", "input"), ("host_ops", "host"),
-                       ("launch", "host"), ("other_host", "host")):
+                       ("launch", "host"), ("other_host", "host"), ("setup", "one-time set-up")):
         s, e = iv.clip(sets[key], lo, hi)
         starts.append(s)
         ends.append(e)

@@ -423,6 +423,7 @@ def with_unreadable(finding: Finding, errors: list[dict]) -> Finding:
 
 @register(CHECK_ID, "Profile quality", __doc__,
           what_if=NoReplay("it judges the capture, not the training step"), aspect="capture",
+          explains="one-time set-up",
           compared=Compared(timed=False), worst_host=True,
           # Counts of the capture add up over hosts.
           per_host=PerHostJoin(summed=("gpu_count", "active_gpu_count", "dropped_events"),
