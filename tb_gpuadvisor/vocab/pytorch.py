@@ -240,8 +240,9 @@ DROPOUT = "dropout"
 TRAINING_BATCH_NORM = "training-mode batch norm"
 # Backward and optimizer work: the autograd engine's functions, "*Backward0" nodes, aten
 # "*_backward" ops and torch.optim's recorded calls.  A trace with none of them is inference.
-_TRAINING_WORK = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^aten::\w+_backward$|"
-                            r"^Optimizer\.(step|zero_grad)#")
+_BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|^aten::\w+_backward$"
+_BACKWARD_OP = re.compile(_BACKWARD)
+_TRAINING_WORK = re.compile(_BACKWARD + r"|^Optimizer\.(step|zero_grad)#")
 # Annotations (torch.profiler.record_function) that name an inference phase: the tutorials'
 # "model_inference", or eval/validation/predict/no_grad/inference_mode as a word of the name.
 _INFERENCE_SCOPE = re.compile(r"(?<![a-z])(inference|inference_mode|no_grad|eval|evaluation|validation|"
@@ -255,6 +256,11 @@ def training_mode_kernel(name: str) -> str | None:
     if _TRAINING_BATCH_NORM_KERNEL.search(name):
         return TRAINING_BATCH_NORM
     return None
+
+
+def is_backward_op(name: str) -> bool:
+    """Whether a host op is backward-pass work (the kernels it launches compute gradients)."""
+    return bool(_BACKWARD_OP.search(name))
 
 
 def is_training_work(name: str) -> bool:
