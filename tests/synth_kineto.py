@@ -451,3 +451,26 @@ def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: f
     return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
             "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 42_505_273_344,
                                   "computeMajor": 8, "computeMinor": 0, "numSms": 108}]}
+
+
+def untraced_device_trace(steps: int = 4, item_ms: float = 12.0, ops: int = 20, op_us: float = 40.0) -> dict:
+    """A training loop whose device the profiler did not trace (Apple's MPS: Kineto records its host
+    side only): each ``ProfilerStep#N`` dispatches OPS ops of OP_US (``aten::linear``, no launch call,
+    no device event) and ends in ``loss.item()`` (``aten::item`` > ``aten::_local_scalar_dense``)
+    lasting ITEM_MS while the host waits for the device. ITEM_MS of microseconds is a CPU run."""
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+    t = 1000.0
+    for s in range(steps):
+        start = t
+        for _ in range(ops):
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 7, "ts": t,
+                           "dur": op_us})
+            t += op_us + 2
+        item_us = item_ms * 1000
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 7, "ts": t, "dur": item_us},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "pid": 1, "tid": 7,
+                    "ts": t + 0.5, "dur": item_us - 1}]
+        t += item_us + 5
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": 1, "tid": 7,
+                       "ts": start, "dur": t - start})
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}

@@ -144,3 +144,67 @@ def test_the_gain_note_names_both_ways_to_a_warning():
     note = _Step(0.5).gain_note(Severity.INFO, 0.09)
     assert "0.2 ms" in note and "25% of the step" in note
     assert json.dumps(note)
+
+
+def test_a_run_on_an_untraced_device_is_not_told_it_ran_on_the_cpu(tmp_path):
+    """synth_kineto.untraced_device_trace: 4 steps of 20 x 40 us of op dispatch and a 12 ms
+    ``.item()`` with no device event at all (what an MPS run writes). Reading a CPU tensor back
+    takes microseconds, so 12 ms per step of waiting is for a device the profiler did not trace."""
+    from synth_kineto import untraced_device_trace
+
+    session = _session(untraced_device_trace(), tmp_path / "mps")
+    first = session["findings"][0]
+    assert first["check"] == "profile_quality" and first["severity"] == "warning"
+    assert first["title"].startswith("The model ran on a device the profiler cannot trace")
+    assert "ran on the CPU" not in first["title"] and "MPS" in first["summary"]
+    assert "torch.mps.profiler.profile" in first["fixes"][0]["code"]
+    placement = session["trust"]["placement"]
+    assert placement["where"] == "cpu_only"
+    assert placement["untraced_device_wait_ms_per_step"] == pytest.approx(12.0, abs=0.01)
+
+
+def test_a_cpu_run_with_quick_read_backs_ran_on_the_cpu(tmp_path):
+    """The same loop whose ``.item()`` returns in 20 us: a CPU run, told so."""
+    from synth_kineto import untraced_device_trace
+
+    session = _session(untraced_device_trace(item_ms=0.02), tmp_path / "cpu")
+    first = session["findings"][0]
+    assert first["title"].startswith("No GPU: the model ran on the CPU")
+    assert "untraced_device_wait_ms_per_step" not in session["trust"]["placement"]
+
+
+def _export_calls(path: Path, calls: int) -> None:
+    """A small model's first CALLS calls in the process, the first one without a warm-up, each
+    profiled on its own the way the profiler recipe shows (one ``with profile()`` window, no schedule,
+    written by ``export_chrome_trace``): PATH is the last call's trace."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    x = torch.randn(64, 256)
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x).sum().item()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_recipe_windows_of_a_cpu_model_are_one_window_on_the_cpu(tmp_path, calls):
+    """Real traces made here: the profiler recipe's window around a CPU model's first call, and
+    around its second. Neither has a step mark; read from the raw JSON, each holds the aten ops
+    (``cpu_op``) of two linears and a relu, a sum and an item, no device and no runtime call, inside
+    the profiler's own ``PyTorch Profiler (0)`` event (category ``Trace``, not the program's). So:
+    one window from the first op's start to the last op's end, a CPU run (its .item() reads a CPU
+    tensor in microseconds: 8 us on the first call here), no GPU set-up and nothing to retake."""
+    path = tmp_path / "run" / "trace.pt.trace.json"
+    _export_calls(path, calls)
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
+    span_ms = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1000
+    session = build_report(find_sessions(str(tmp_path / "run")))["sessions"][0]
+    assert session["steps"]["source"] == "window" and session["steps"]["count"] == 1
+    assert session["steps"]["mean_ms"] == pytest.approx(span_ms, abs=0.01)
+    assert session["trust"]["model_ran_on"] == "cpu_only" and "capture_to_retake" not in session["trust"]
+    assert "untraced_device_wait_ms_per_step" not in session["trust"]["placement"]
+    assert session["findings"][0]["title"].startswith("No GPU: the model ran on the CPU")

@@ -159,12 +159,18 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     if tpus:
         return "tpu", (f"a TPU capture ({len(tpus)} TPU(s) on {where}); the GPU checks do not apply, "
                        "the step-level checks still do")
+    waits = analysis.trust.placement.untraced_device_ms_per_step
+    if waits:
+        return "cpu", (f"a capture with no device activity on {where}, whose value read-backs (.item()) waited "
+                       f"{waits:.2f} ms per step for a device: the model ran on {pytorch.UNTRACED_DEVICES}, "
+                       "not on the CPU, and every number in this report is about the host")
     return "cpu", (f"a CPU-only capture on {where}: no GPU or TPU was recorded, so the model ran on the CPU "
                    "and every number in this report is about the CPU and the host")
 
 
 # Leads the title of a CPU-only capture's finding, whatever else is wrong with the capture.
 NO_GPU = "No GPU: the model ran on the CPU"
+UNTRACED_DEVICE = "The model ran on a device the profiler cannot trace"
 
 HOST_TRACER = Remedy(
     text="Record the ops the CPU runs: profile with the host tracer at its verbose level 3 (level 2, "
@@ -217,6 +223,19 @@ TORCH_CUPTI = Fix(
          "print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=5))",
     doc=TORCH_PROFILER_DOC)
 TRACE_MISSING = "Device trace missing"
+# A PyTorch run on Apple's MPS: Kineto traces none of its work; the backend's own profiler writes OS
+# signposts that Xcode Instruments shows.
+TORCH_UNTRACED_DEVICE = Fix(
+    text="Trace the device with its own profiler: on Apple silicon, torch.mps.profiler writes the MPS "
+         "operations as OS signposts that Xcode Instruments (Logging, Metal System Trace) shows; and read "
+         "values back (.item(), .cpu(), print) once every few steps, each waits for the device.",
+    code="import torch\n"
+         "with torch.mps.profiler.profile(mode='interval', wait_until_completed=False):\n"
+         "    for step, (x, y) in enumerate(loader):\n"
+         "        loss = train_step(x.to('mps'), y.to('mps'))\n"
+         "        if step % 50 == 0:\n"
+         "            print(loss.item())     # one wait for the device per 50 steps",
+    doc="https://pytorch.org/docs/stable/generated/torch.mps.profiler.profile.html")
 # A PyTorch trace of the GPU's activity alone (activities=[ProfilerActivity.CUDA]): no op, launch
 # call or step of the host was recorded.
 TORCH_HOST_ACTIVITY = Fix(
@@ -248,6 +267,14 @@ def _host_issues(analysis: Analysis) -> list[Issue]:
 def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
     torch = analysis.model.framework == pytorch.FRAMEWORK
+    if placement.where == "cpu_only" and placement.untraced_device_ms_per_step:
+        return [Issue(Severity.WARNING, UNTRACED_DEVICE,
+                      "The trace holds no device activity, yet the host's .item() calls waited "
+                      f"{placement.untraced_device_ms_per_step:.2f} ms per step (milliseconds each; reading a CPU "
+                      f"tensor takes microseconds): the model ran on {pytorch.UNTRACED_DEVICES}. PyTorch's "
+                      "profiler records only the host's side of it, so the device's busy and idle time are "
+                      "unknown and findings about the host are about dispatch, not compute.",
+                      TORCH_UNTRACED_DEVICE, leads=True)]
     if placement.where == "cpu_only":
         # A PyTorch run on the CPU is the finding (no GPU advice applies); a TF/JAX one is told so.
         issues = [Issue(Severity.WARNING if torch else Severity.INFO, NO_GPU,
@@ -440,7 +467,7 @@ def check(analysis: Analysis) -> Finding:
         summary += (f" {total} step{' was' if total == 1 else 's were'} found "
                     f"({_SOURCES.get(trust.candidates.source, trust.candidates.source)}); {counted}.")
     summary += (" " + " ".join(i.text for i in issues)) if issues else " Nothing in it limits the analysis."
-    worst = [i for i in issues if i.severity is severity or i.title == NO_GPU]
+    worst = [i for i in issues if i.severity is severity or i.title in (NO_GPU, UNTRACED_DEVICE)]
     title = ("; ".join(i.title for i in worst) if issues and severity is not Severity.OK
              else "Capture is complete and usable")
     fix_list: list[Fix] = []

@@ -304,6 +304,18 @@ _LIBRARY_FRAME = re.compile(r"^(torch|torchvision|torchaudio|transformers|accele
                             r"numpy|triton|functorch)/|(site|dist)-packages/|/lib/python3")
 
 
+# .item() / .cpu() read a tensor's value back (ATen's _local_scalar_dense): on a CPU tensor in
+# microseconds; one that lasts milliseconds in a capture with no device waited for a device the
+# profiler does not trace (Apple's MPS: Kineto records no MPS activity).
+_READ_BACK = re.compile(r"^aten::_local_scalar_dense$")
+UNTRACED_DEVICE_WAIT_PS = 1_000_000_000      # 1 ms
+UNTRACED_DEVICES = "Apple's MPS (an Apple-silicon GPU) or another device PyTorch's profiler does not trace"
+
+
+def is_read_back(name: str) -> bool:
+    return bool(_READ_BACK.match(name))
+
+
 def is_sync_op(name: str) -> bool:
     """Whether a host op or runtime call makes the host wait for the GPU."""
     return bool(_SYNC_OP.match(name))
