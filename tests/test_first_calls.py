@@ -208,3 +208,38 @@ def test_recipe_windows_of_a_cpu_model_are_one_window_on_the_cpu(tmp_path, calls
     assert session["trust"]["model_ran_on"] == "cpu_only" and "capture_to_retake" not in session["trust"]
     assert "untraced_device_wait_ms_per_step" not in session["trust"]["placement"]
     assert session["findings"][0]["title"].startswith("No GPU: the model ran on the CPU")
+
+
+def test_a_window_opening_on_a_busy_device_counts_that_work_as_not_traced(tmp_path):
+    """The warmed-up call, profiled while the GPU still ran 42 ms of work queued before the window:
+    its first copy call (``cudaMemcpyAsync`` of ``aten::to``) starts at the window's start and
+    returns 42 ms later, when the queue drained and its copy ran. By hand: the GPU's first traced
+    event starts 42.007 ms into the window; before it the GPU was busy with untraced work, so those
+    42 ms are not traced, not idle, and no host finding is made of them."""
+    trace = first_call_trace(cold=False)
+    call = next(e for e in trace["traceEvents"] if e.get("name") == "cudaMemcpyAsync")
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["ts"] > call["ts"]:
+            e["ts"] += 42_000.0
+    call["dur"] += 42_000.0
+    next(e for e in trace["traceEvents"] if e.get("name") == "aten::to")["dur"] += 42_000.0
+    session = _session(trace, tmp_path)
+    device = session["trust"]["devices"][0]
+    first_copy_ms = device["covered_ms"][0]
+    assert first_copy_ms == pytest.approx(42.007, abs=0.002)
+    assert device["busy_before_window_until_ms"] == pytest.approx(first_copy_ms, abs=0.001)
+    part = session["breakdown"]["per_device"][0]
+    assert part["not_traced_ms"] == pytest.approx(42.0, abs=0.01)
+    assert part["other_host_ms"] < 0.05
+    for check in ("host_overhead", "kernel_launch", "memcpy"):
+        assert _finding(session, check)["severity"] not in ACTIONABLE
+    quality = _finding(session, "profile_quality")
+    assert "work queued before it" in quality["summary"]
+    assert any("torch.cuda.synchronize()" in fix["code"] for fix in quality["fixes"])
+
+
+def test_a_window_opening_on_an_idle_device_covers_it_all(tmp_path):
+    """The warmed-up call on an idle device: its copy call returns in 6 us, nothing was queued."""
+    session = _session(first_call_trace(cold=False), tmp_path)
+    assert "busy_before_window_until_ms" not in session["trust"]["devices"][0]
+    assert session["breakdown"]["per_device"][0]["not_traced_ms"] == 0.0

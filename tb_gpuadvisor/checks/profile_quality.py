@@ -223,6 +223,14 @@ TORCH_CUPTI = Fix(
          "print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=5))",
     doc=TORCH_PROFILER_DOC)
 TRACE_MISSING = "Device trace missing"
+# Work queued before the profiler started runs on inside its window, untraced.
+TORCH_SYNC_BEFORE_CAPTURE = Fix(
+    text="Let the device finish what was queued before profiling starts: call torch.cuda.synchronize() "
+         "right before entering the profiler, so its window opens on an idle device.",
+    code="torch.cuda.synchronize()      # earlier work done: the window holds only what it traces\n"
+         "with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+         "    model(x)",
+    doc=TORCH_PROFILER_DOC)
 # A PyTorch run on Apple's MPS: Kineto traces none of its work; the backend's own profiler writes OS
 # signposts that Xcode Instruments shows.
 TORCH_UNTRACED_DEVICE = Fix(
@@ -338,6 +346,15 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             "The device trace is partial: " + "; ".join(parts) + "." + used + effect, FULL_DEVICE_TRACE,
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
+    queued = [d for d in trust.devices if d.covers_from_ps]
+    if queued:
+        issues.append(Issue(
+            Severity.INFO, "Device busy with work from before the capture",
+            "The capture opened while the device still ran work queued before it: "
+            + "; ".join(f"{d.name} until {d.covers_from_ps / PS_PER_MS:.2f} ms (a blocking call waited for it)"
+                        for d in queued)
+            + ". The trace holds none of that work, so that time is counted as not traced, not as idle.",
+            TORCH_SYNC_BEFORE_CAPTURE))
     if trust.retake:
         # One window without steps is the profiler recipe's capture of a first call: warm it up.
         one_window = trust.candidates.source == "window"

@@ -83,10 +83,11 @@ class Trust:
     @cached_property
     def covered(self) -> dict[str, Intervals]:
         """Device name -> the time its trace covers: the whole capture for a traced device (it may
-        simply be idle at either end), up to its last event for one that stopped early; devices
-        that recorded no kernel are absent."""
+        simply be idle at either end), up to its last event for one that stopped early, from the end
+        of the work queued before the capture for one still running it; devices that recorded no
+        kernel are absent."""
         whole = np.iinfo(np.int64).max
-        return {d.name: (np.array([0], np.int64),
+        return {d.name: (np.array([d.covers_from_ps], np.int64),
                          np.array([d.last_ps if d.status == "stops_early" else whole], np.int64))
                 for d in self.devices if d.last_ps is not None and d.kernels}
 

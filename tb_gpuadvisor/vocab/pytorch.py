@@ -321,6 +321,17 @@ def is_sync_op(name: str) -> bool:
     return bool(_SYNC_OP.match(name))
 
 
+# Runtime calls that return only once the device reached them: synchronising calls, and copies
+# (a pageable or blocking copy waits for the work queued on its stream first).
+_BLOCKING_CALL = re.compile(r"^((cuda|hip)(Stream|Device|Event)Synchronize|(cuda|hip)Memcpy\w*|cuCtxSynchronize|"
+                            r"cuStreamSynchronize)$")
+
+
+def may_block(name: str) -> bool:
+    """Whether a runtime call can wait for the device's queued work."""
+    return bool(_BLOCKING_CALL.match(name))
+
+
 def user_frame(name: str) -> str | None:
     """"file:line in function" for a Python frame of the user's code, None for any other event."""
     match = _FRAME.match(name)
