@@ -30,7 +30,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
                  device_properties: dict | None = None, kernel_durations: tuple[float, ...] = (),
                  item_copy: bool = False, graph_us: float = 0.0, host: bool = True,
-                 gpu_steps: bool = False) -> dict:
+                 gpu_steps: bool = False, copy_staging_us: float = 0.0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -69,7 +69,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     ``cudaGraphLaunch`` call that long, whose correlation id all of them carry), 6 us apart on the GPU.
     HOST: False leaves out every host event (a capture of ``ProfilerActivity.CUDA`` only), keeping
     the device's.  GPU_STEPS: each ``ProfilerStep#N`` is also written on the GPU
-    (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work."""
+    (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work.
+    COPY_STAGING_US: COPY_US's call first stages the pageable batch on the host that long (the
+    call lasts the staging and the copy, whose device event starts once it is staged)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -114,13 +116,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             t += cpu_input_us
         gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
+            call_us = copy_staging_us + copy_us + 1 if copy_staging_us else launch_us
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
-                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                                "ts": t + 1, "dur": call_us, "args": {"correlation": corr}})
+            copy_at = t + 1 + copy_staging_us if copy_staging_us else t + launch_us + 2
             step_events.append({"ph": "X", "cat": "Memcpy" if old else "gpu_memcpy", "name": copy_name,
-                                "pid": 0, "tid": 8, "ts": t + launch_us + 2, "dur": copy_us,
+                                "pid": 0, "tid": 8, "ts": copy_at, "dur": copy_us,
                                 "args": {"device": 0, "stream": 8, "correlation": corr, "bytes": copy_bytes}})
-            gpu_free = t + launch_us + 2 + copy_us
-            t += launch_us + 3
+            gpu_free = copy_at + copy_us
+            t += call_us + 3
             corr += 1
         if graph_us:
             step_events += [{"ph": "X", "cat": cat["op"], "name": "CompiledFunction", "pid": 1, "tid": 7, "ts": t,

@@ -243,3 +243,22 @@ def test_a_window_opening_on_an_idle_device_covers_it_all(tmp_path):
     session = _session(first_call_trace(cold=False), tmp_path)
     assert "busy_before_window_until_ms" not in session["trust"]["devices"][0]
     assert session["breakdown"]["per_device"][0]["not_traced_ms"] == 0.0
+
+
+def test_a_pageable_batch_copy_is_input_not_host_overhead(tmp_path):
+    """synth_kineto.kineto_trace with a 16.5 MB pageable host-to-device copy per step whose call
+    stages the batch for 4 ms before its 1.4 ms copy runs, then 20 kernels of 400 us. By hand: the
+    GPU idles 4 ms per step inside the copy's call (and ~0.3 ms between launches), so about 4 ms of a
+    ~13.7 ms step is the batch's feeding: input first, with pinned non-blocking copies as the fix."""
+    from synth_kineto import kineto_trace
+
+    trace = kineto_trace(steps=4, kernels=20, copy_us=1400.0, copy_staging_us=4000.0, copy_bytes=16_500_000)
+    session = _session(trace, tmp_path)
+    part = session["breakdown"]["per_device"][0]
+    assert part["input_ms"] == pytest.approx(4.0, abs=0.01)
+    first = session["findings"][0]
+    assert first["check"] == "input_bound" and first["severity"] in ACTIONABLE
+    assert "pageable memory" in first["summary"]
+    assert "pin_memory=True" in first["fixes"][0]["code"] and "non_blocking=True" in first["fixes"][0]["code"]
+    assert first["estimated_savings_ms_per_step"] == pytest.approx(4.0, abs=0.1)
+    assert _finding(session, "host_overhead")["severity"] not in ACTIONABLE

@@ -15,7 +15,8 @@ taken in priority order:
   creation, a library's initialisation, lazily loaded kernels): a warmed-up step does not pay
   it, so it is no host cost (a step it bounds is bound by set-up), and a report shows it only
   where there is some;
-- device idle, by what the host was doing: ``input`` (waiting on tf.data) >
+- device idle, by what the host was doing: ``input`` (waiting on tf.data or the DataLoader, or,
+  in a PyTorch trace, inside a host-to-device copy's call: a pageable batch being staged) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
   ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
   launch calls and the short gaps between them, never a sync's aftermath) >
@@ -48,6 +49,7 @@ from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import BLOCK, Intervals
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.timeline import (
     PS_PER_MS, PS_PER_US, Device, DeviceActivity, HostActivity, HostModel, SessionModel, Steps,
@@ -514,16 +516,31 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
         dev.parts["collective_transfer"] = row - wait
 
 
-def _input_waits(host: HostModel) -> Intervals:
-    """When the host waited on tf.data or handed its batch to the device; shared by every device
-    of the host, built once."""
-    waits = _MEMO.of(host.activity).get("input_waits")
+def _input_waits(host: HostModel, copies: bool = False) -> Intervals:
+    """When the host waited on tf.data or the DataLoader or handed its batch to the device (COPIES,
+    PyTorch: inside the runtime calls of host-to-device copies, ``batch_copies``); shared by every
+    device of the host, built once."""
+    key = "input_waits_and_copies" if copies else "input_waits"
+    waits = _MEMO.of(host.activity).get(key)
     if waits is None:
         activity = host.activity
-        sends = kernels.named_events(activity, "input_sends", _INPUT_SEND.search)
-        waits = _MEMO.of(host.activity)["input_waits"] = _set(
-            activity.start_ps, activity.end_ps, (activity.kind == HostEventKind.INPUT_WAIT) | sends)
+        mask = (activity.kind == HostEventKind.INPUT_WAIT) | kernels.named_events(
+            activity, "input_sends", _INPUT_SEND.search)
+        waits = _MEMO.of(host.activity)[key] = _set(
+            activity.start_ps, activity.end_ps, mask | batch_copies(host) if copies else mask)
     return waits
+
+
+def batch_copies(host: HostModel) -> np.ndarray:
+    """Per host event: a call that copied data host-to-device (joined to its copy by correlation id).
+    A pageable batch's call lasts while the driver stages it: the device idles behind the copy's
+    host side, a cost of feeding input (pinned memory and non_blocking=True take it away)."""
+    activity = host.activity
+    mask = np.zeros(len(activity), bool)
+    for dev in host.devices:
+        rows = launch_rows(activity, dev)[dev.kind == DeviceEventKind.MEMCPY_H2D]
+        mask[rows[rows >= 0]] = True
+    return mask
 
 
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
@@ -541,7 +558,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_h2d=_set(start, end, kind == DeviceEventKind.MEMCPY_H2D),
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
-        covered=covered, setup=setup, waits=_input_waits(host),
+        covered=covered, setup=setup, waits=_input_waits(host, copies=by_rate),
         host_ops=host_ops,
         launch=_launch_set(host, dev, by_rate),
         # After a sync the queue is empty and the device idles until the host launches again: the
@@ -639,7 +656,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
 
     def host_parts(host: HostModel) -> None:
-        _input_waits(host)
+        _input_waits(host, copies=by_rate)
         dispatch = _Dispatch.of(host, by_rate)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
             dispatch.common(host.activity, _op_keys(dev))

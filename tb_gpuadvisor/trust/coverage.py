@@ -17,6 +17,7 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import reduce_by_key
 from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel, Steps
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.trust.warmup import before_final_sync
@@ -198,13 +199,18 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
 def queued_before(host: HostModel, dev: DeviceActivity) -> int:
     """When DEV finished work queued before the capture began, 0 when nothing says it had any: the
     latest end of a blocking call (a synchronize, a copy) that started ``PRE_WINDOW_WAIT_PS`` or more
-    before DEV's first traced event and lasted that long, with no traced work of DEV to wait for
-    (the call's end, or DEV's first event where the call ends after it: a blocking copy waits for
-    the queue, then runs)."""
+    before DEV's first traced event (beyond the time a copy call may stage its bytes) and lasted that
+    long, with no traced work of DEV to wait for (the call's end, or DEV's first event where the call
+    ends after it: a blocking copy waits for the queue, then runs)."""
     act = host.activity
     first = int(dev.start_ps.min())
+    # A copy call may stage its bytes first (``vocab.pytorch.PAGEABLE_STAGING_BYTES_PER_S``).
+    staging = np.zeros(len(act), np.int64)
+    rows = launch_rows(act, dev)
+    copied = (rows >= 0) & (dev.nbytes > 0)
+    staging[rows[copied]] = (dev.nbytes[copied] * (1000 * PS_PER_MS / pytorch.PAGEABLE_STAGING_BYTES_PER_S)).astype(np.int64)
     calls = (kernels.named_events(act, "may_block", pytorch.may_block)
-             & (act.start_ps <= first - PRE_WINDOW_WAIT_PS) & (act.dur_ps >= PRE_WINDOW_WAIT_PS))
+             & (act.start_ps <= first - PRE_WINDOW_WAIT_PS - staging) & (act.dur_ps >= PRE_WINDOW_WAIT_PS))
     if not calls.any():
         return 0
     return int(np.minimum(act.end_ps[calls], first).max())

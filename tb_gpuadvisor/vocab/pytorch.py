@@ -327,6 +327,12 @@ _BLOCKING_CALL = re.compile(r"^((cuda|hip)(Stream|Device|Event)Synchronize|(cuda
                             r"cuStreamSynchronize)$")
 
 
+# A host stages a pageable host-to-device copy at several GB/s before and while the copy runs: a
+# copy call that waited longer than its bytes at this rate before its copy started waited for
+# work queued on its stream.
+PAGEABLE_STAGING_BYTES_PER_S = 1e9
+
+
 def may_block(name: str) -> bool:
     """Whether a runtime call can wait for the device's queued work."""
     return bool(_BLOCKING_CALL.match(name))
