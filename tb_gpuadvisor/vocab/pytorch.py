@@ -140,6 +140,9 @@ TF32_MAJOR = 8
 # peak ratio is 8x, 156 vs 19.5 TFLOPS; real GEMMs gain far less).
 FP64_SPEEDUP = 2.0
 TF32_SPEEDUP = 2.0
+# TF32 Tensor Core work run in 16 bits under autocast: the 16-bit peak is twice TF32's (A100 312 vs
+# 156 TFLOPS, H100 SXM 989 vs 495), and the operands move half the bytes.
+TF32_TO_16BIT_SPEEDUP = 2.0
 
 
 def runs_tf32(vendor: str | None, cc_major: int | None) -> bool:
