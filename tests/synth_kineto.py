@@ -387,7 +387,7 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
 
 def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: float = 12.0,
                      lazy_ms: tuple[float, ...] = (20.0, 8.0), kernel_us: tuple[float, ...] = (10.0, 2.0, 10.0, 3.0),
-                     launch_us: float = 6.0, host_ms: float = 0.0) -> dict:
+                     launch_us: float = 6.0, host_ms: float = 0.0, input_ms: float = 0.0) -> dict:
     """One window around a model's call, as the profiler recipe takes it: ``with profile(...):
     model(x)`` with no schedule and no ``prof.step()``, so no ProfilerStep#N.  The call moves the
     input to the GPU (``aten::to``: a 5 us host-to-device copy), runs ``aten::mm`` and the ops
@@ -399,7 +399,8 @@ def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: f
     ``cudaHostAlloc`` and untraced host work, LIBRARY_MS in all, before its launch) and lazily
     loaded kernels (the first launches last LAZY_MS, in turn).  Not COLD: the same call warmed up,
     every launch LAUNCH_US.  HOST_MS: before reading the result back the call runs that much Python
-    (``model.py(30): postprocess``) that launches nothing."""
+    (``model.py(30): postprocess``) that launches nothing.  INPUT_MS: the window opens with the loop
+    waiting that long for its first batch (a DataLoader starting its workers)."""
     t, corr, gpu_free = 1000.0, 1, 0.0
     events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
 
@@ -413,6 +414,9 @@ def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: f
                        "args": {"device": 0, "stream": 7, "correlation": corr, **args}})
         return start + dur
 
+    if input_ms:
+        call("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t, input_ms * 1000, cat="user_annotation")
+        t += input_ms * 1000 + 1
     # aten::to: (context creation, the stream pool,) the input's copy
     op = t
     t += 1
