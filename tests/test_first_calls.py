@@ -267,7 +267,7 @@ def test_a_pageable_batch_copy_is_input_not_host_overhead(tmp_path):
 def test_a_cold_first_iteration_is_judged_over_what_it_traced(tmp_path):
     """A cold first iteration with no step mark: the loop waits 2.7 s for its first batch (the
     DataLoader starting its workers) before the cold call of the first test. By hand: the traced
-    span is 2700 + 1 + 190.44 = 2891.4 ms (first to last GPU activity would be 40 ms of it); the wait
+    span is 2700 ms + 1 us + 190.44 ms = 2890.44 ms (first to last GPU activity would be 40 ms of it); the wait
     is input (2700 ms, 93%), the 190.4 ms of set-up its own part, and input leads."""
     session = _session(first_call_trace(input_ms=2700.0), tmp_path)
     assert session["steps"]["mean_ms"] == pytest.approx(2890.44, abs=0.05)
