@@ -132,8 +132,8 @@ def test_workers_run_is_not_input_bound(corpus):
 def test_traces_without_profiler_step_get_a_chosen_window_said_in_trust(corpus, folder, vendor, launch, source,
                                                                          count, mean_ms):
     """Hand check: no ProfilerStep# event in either file.  b200 (inference, no optimizer): the first
-    to last traced event spans 87.41 ms (the user's ``execute_context_1...`` annotation, from 0 to
-    87.41 ms; the device's events span 84.49 ms of it, from 2.64 ms).  mi300x: 5 ``Optimizer.step#SGD.step`` annotations end
+    to last traced event spans 87.41 ms (the user's ``execute_context_1...`` annotation, from 0
+    to 87.41 ms; the device's events span 84.49 ms of it, from 2.64 ms).  mi300x: 5 ``Optimizer.step#SGD.step`` annotations end
     115.6, 1014.7, 1068.4 and 1076.1 ms apart: 4 iterations, mean 818.7 ms."""
     session = _session(corpus / folder)
     assert session["steps"]["source"] == source and session["steps"]["count"] == count

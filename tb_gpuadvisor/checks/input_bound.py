@@ -181,7 +181,8 @@ def check(analysis: Analysis) -> Finding:
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"input_percent": round(percent, 2), "input_ms_per_step": round(input_ms, 3)},
         estimated_savings_ms_per_step=saving,
-        evidence=evidence, fixes=_fixes(pipeline, copies_ms >= COPY_SHARE * input_ms) if severity is not Severity.OK else [],
+        evidence=evidence,
+        fixes=_fixes(pipeline, copies_ms >= COPY_SHARE * input_ms) if severity is not Severity.OK else [],
     )
 
 

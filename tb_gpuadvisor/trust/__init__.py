@@ -241,7 +241,8 @@ def assess(model: SessionModel) -> Trust:
     view = model.with_steps(trusted, step_columns(trusted, model.hosts, within=True))
     return Trust(candidates=candidates, view=view, devices=devices,
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
-                 placement=where_it_ran(view, trusted), single_step_atypical=single_step_evidence(view, trusted, first_use=retake is None),
+                 placement=where_it_ran(view, trusted),
+                 single_step_atypical=single_step_evidence(view, trusted, first_use=retake is None),
                  expected_devices=expected_device_count(view),
                  missing_work=missing_heavy_work(view) or partial_trace(view), retake=retake, setup=setup)
 

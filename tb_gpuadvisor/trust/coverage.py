@@ -208,7 +208,8 @@ def queued_before(host: HostModel, dev: DeviceActivity) -> int:
     staging = np.zeros(len(act), np.int64)
     rows = launch_rows(act, dev)
     copied = (rows >= 0) & (dev.nbytes > 0)
-    staging[rows[copied]] = (dev.nbytes[copied] * (1000 * PS_PER_MS / pytorch.PAGEABLE_STAGING_BYTES_PER_S)).astype(np.int64)
+    ps_per_byte = 1000 * PS_PER_MS / pytorch.PAGEABLE_STAGING_BYTES_PER_S
+    staging[rows[copied]] = (dev.nbytes[copied] * ps_per_byte).astype(np.int64)
     calls = (kernels.named_events(act, "may_block", pytorch.may_block)
              & (act.start_ps <= first - PRE_WINDOW_WAIT_PS - staging) & (act.dur_ps >= PRE_WINDOW_WAIT_PS))
     if not calls.any():

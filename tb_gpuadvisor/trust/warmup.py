@@ -74,7 +74,8 @@ class SetUp:
         setup = int(self.within.sum())
         if not total or not setup:
             return None
-        parts = ", ".join(f"{ps / PS_PER_MS:.1f} ms of {kind}" for kind, ps in zip(KINDS, self.by_kind.sum(axis=1)) if ps)
+        parts = ", ".join(f"{ps / PS_PER_MS:.1f} ms of {kind}"
+                          for kind, ps in zip(KINDS, self.by_kind.sum(axis=1)) if ps)
         if setup >= WARM_UP_SHARE * total:
             return (f"one-time set-up fills {100 * setup / total:.0f}% of the captured steps ({parts}): the "
                     "capture holds warm-up, not training steps")
