@@ -26,7 +26,7 @@ const SEVERITY_LABEL = {
  */
 const GROUP_LABEL = {
   compute: 'Compute', collective: 'Collectives', copy: 'Copies', not_traced: 'Not traced',
-  input: 'Input', launch: 'Launch', host: 'Host',
+  input: 'Input', launch: 'Launch', host: 'Host', setup: 'One-time set-up',
 };
 
 /**

@@ -30,7 +30,7 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
                  device_properties: dict | None = None, kernel_durations: tuple[float, ...] = (),
                  item_copy: bool = False, graph_us: float = 0.0, host: bool = True,
-                 gpu_steps: bool = False) -> dict:
+                 gpu_steps: bool = False, copy_staging_us: float = 0.0) -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -69,7 +69,9 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     ``cudaGraphLaunch`` call that long, whose correlation id all of them carry), 6 us apart on the GPU.
     HOST: False leaves out every host event (a capture of ``ProfilerActivity.CUDA`` only), keeping
     the device's.  GPU_STEPS: each ``ProfilerStep#N`` is also written on the GPU
-    (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work."""
+    (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work.
+    COPY_STAGING_US: COPY_US's call first stages the pageable batch on the host that long (the
+    call lasts the staging and the copy, whose device event starts once it is staged)."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -114,13 +116,15 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
             t += cpu_input_us
         gpu_free = max(gpu_free, t)      # a GPU behind the host (AHEAD) still runs earlier steps' work
         if copy_us and device:
+            call_us = copy_staging_us + copy_us + 1 if copy_staging_us else launch_us
             step_events.append({"ph": "X", "cat": cat["runtime"], "name": "cudaMemcpyAsync", "pid": 1, "tid": 7,
-                                "ts": t + 1, "dur": launch_us, "args": {"correlation": corr}})
+                                "ts": t + 1, "dur": call_us, "args": {"correlation": corr}})
+            copy_at = t + 1 + copy_staging_us if copy_staging_us else t + launch_us + 2
             step_events.append({"ph": "X", "cat": "Memcpy" if old else "gpu_memcpy", "name": copy_name,
-                                "pid": 0, "tid": 8, "ts": t + launch_us + 2, "dur": copy_us,
+                                "pid": 0, "tid": 8, "ts": copy_at, "dur": copy_us,
                                 "args": {"device": 0, "stream": 8, "correlation": corr, "bytes": copy_bytes}})
-            gpu_free = t + launch_us + 2 + copy_us
-            t += launch_us + 3
+            gpu_free = copy_at + copy_us
+            t += call_us + 3
             corr += 1
         if graph_us:
             step_events += [{"ph": "X", "cat": cat["op"], "name": "CompiledFunction", "pid": 1, "tid": 7, "ts": t,
@@ -379,3 +383,102 @@ def kineto_ranks(ranks: int = 4, steps: int = 4, layers: int = 4, kernel_us: flo
                        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000,
                                              "computeMajor": 9, "computeMinor": 0, "numSms": 132}]})
     return traces
+
+
+def first_call_trace(cold: bool = True, context_ms: float = 150.0, library_ms: float = 12.0,
+                     lazy_ms: tuple[float, ...] = (20.0, 8.0), kernel_us: tuple[float, ...] = (10.0, 2.0, 10.0, 3.0),
+                     launch_us: float = 6.0, host_ms: float = 0.0, input_ms: float = 0.0) -> dict:
+    """One window around a model's call, as the profiler recipe takes it: ``with profile(...):
+    model(x)`` with no schedule and no ``prof.step()``, so no ProfilerStep#N.  The call moves the
+    input to the GPU (``aten::to``: a 5 us host-to-device copy), runs ``aten::mm`` and the ops
+    after it (one kernel of KERNEL_US each) and reads the result back (``aten::item``: a blocking
+    device-to-host copy).  COLD: the first CUDA call of the process, so the window also holds its
+    set-up: context creation (a ``cudaFree`` of CONTEXT_MS before the copy), PyTorch's stream pool
+    (``cudaStreamCreateWithFlags``), cuBLAS initialisation inside the first ``aten::mm``
+    (``cudaGetDeviceProperties``, ``cudaGetSymbolAddress``, ``cudaFuncGetAttributes``,
+    ``cudaHostAlloc`` and untraced host work, LIBRARY_MS in all, before its launch) and lazily
+    loaded kernels (the first launches last LAZY_MS, in turn).  Not COLD: the same call warmed up,
+    every launch LAUNCH_US.  HOST_MS: before reading the result back the call runs that much Python
+    (``model.py(30): postprocess``) that launches nothing.  INPUT_MS: the window opens with the loop
+    waiting that long for its first batch (a DataLoader starting its workers)."""
+    t, corr, gpu_free = 1000.0, 1, 0.0
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+
+    def call(name: str, at: float, dur: float, cat: str = "cuda_runtime", **args) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 7, "ts": at, "dur": dur,
+                       **({"args": args} if args else {})})
+
+    def device(name: str, cat: str, at: float, dur: float, **args) -> float:
+        start = max(at, gpu_free)
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": corr, **args}})
+        return start + dur
+
+    if input_ms:
+        call("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t, input_ms * 1000, cat="user_annotation")
+        t += input_ms * 1000 + 1
+    # aten::to: (context creation, the stream pool,) the input's copy
+    op = t
+    t += 1
+    if cold:
+        call("cudaFree", t, context_ms * 1000)
+        t += context_ms * 1000 + 1
+        call("cudaStreamCreateWithFlags", t, 400.0)
+        t += 401
+    call("cudaMemcpyAsync", t, launch_us, correlation=corr)
+    gpu_free = device("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t + launch_us, 5.0, bytes=1 << 16)
+    corr += 1
+    t += launch_us + 1
+    call("aten::to", op, t - op, cat="cpu_op")
+    lazy = list(lazy_ms) if cold else []
+    for k, kus in enumerate(kernel_us):
+        op = t
+        t += 1
+        if cold and k == 0:
+            # cuBLAS's handle: its queries and pinned workspace, between untraced host work
+            for name, us in (("cudaGetDeviceProperties", 300.0), ("cudaGetSymbolAddress", 2000.0),
+                             ("cudaFuncGetAttributes", 100.0), ("cudaHostAlloc", 1600.0)):
+                call(name, t, us)
+                t += us + 1
+            t += library_ms * 1000 - 4000 - 4
+        dur = lazy.pop(0) * 1000 if lazy else launch_us
+        call("cudaLaunchKernel", t, dur, correlation=corr)
+        name = "ampere_sgemm_64x32_sliced1x4_nn" if k % 2 == 0 else "vectorized_elementwise_kernel<relu>"
+        gpu_free = device(name, "kernel", t + dur + 1, kus)
+        corr += 1
+        t += dur + 1
+        call("aten::mm" if k % 2 == 0 else "aten::relu", op, t - op, cat="cpu_op")
+    if host_ms:
+        call("model.py(30): postprocess", t, host_ms * 1000, cat="python_function")
+        t += host_ms * 1000 + 1
+    op = t
+    call("cudaMemcpyAsync", t + 1, max(gpu_free + 5 - t, launch_us), correlation=corr)
+    device("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", max(gpu_free, t + 2), 2.0, bytes=4)
+    t = max(gpu_free + 6, t + launch_us + 2)
+    call("aten::item", op, t - op, cat="cpu_op")
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 42_505_273_344,
+                                  "computeMajor": 8, "computeMinor": 0, "numSms": 108}]}
+
+
+def untraced_device_trace(steps: int = 4, item_ms: float = 12.0, ops: int = 20, op_us: float = 40.0) -> dict:
+    """A training loop whose device the profiler did not trace (Apple's MPS: Kineto records its host
+    side only): each ``ProfilerStep#N`` dispatches OPS ops of OP_US (``aten::linear``, no launch call,
+    no device event) and ends in ``loss.item()`` (``aten::item`` > ``aten::_local_scalar_dense``)
+    lasting ITEM_MS while the host waits for the device. ITEM_MS of microseconds is a CPU run."""
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+    t = 1000.0
+    for s in range(steps):
+        start = t
+        for _ in range(ops):
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 7, "ts": t,
+                           "dur": op_us})
+            t += op_us + 2
+        item_us = item_ms * 1000
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 7, "ts": t, "dur": item_us},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "pid": 1, "tid": 7,
+                    "ts": t + 0.5, "dur": item_us - 1}]
+        t += item_us + 5
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": 1, "tid": 7,
+                       "ts": start, "dur": t - start})
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}

@@ -114,13 +114,16 @@ def test_turing_gets_float16_and_ampere_bfloat16_with_tf32(tmp_path):
 
 def test_work_already_on_tensor_cores_is_not_flagged(tmp_path):
     """TF32 (sm80 xmma tf32, CUTLASS s1688 tensorop) GEMMs on an A100 are 32-bit but already on
-    Tensor Cores: nothing to offer.  A Volta run under autocast (h884 GEMMs and fp16 s884 cuDNN
+    Tensor Cores: no CUDA-core work to move and no TF32 switch to offer, only the next step (16-bit
+    autocast, at twice TF32's rate).  A Volta run under autocast (h884 GEMMs and fp16 s884 cuDNN
     convolutions, 3 of 4 eligible kernels) with one fp32 sgemm left is not told to turn on mixed
     precision by either check."""
     tf32 = (("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4", LINEAR),
             ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>()", ("aten::bmm",)))
     found = _findings(tmp_path, _trace(tf32), "tf32")
-    assert found["precision"]["severity"] == "ok" and found["precision"]["metrics"]["fp32_eligible_ms_per_step"] == 0
+    assert found["precision"]["metrics"]["fp32_eligible_ms_per_step"] == 0
+    assert found["precision"]["title"].startswith("TF32 matmuls and convolutions")
+    assert all("allow_tf32" not in fix["code"] for fix in found["precision"]["fixes"])
     assert found["tensor_core"]["severity"] == "ok" and found["tensor_core"]["metrics"]["tensor_core_percent"] == 100
     amp = (("volta_h884gemm_64x64_ldg8_nn", LINEAR), ("volta_fp16_s884cudnn_fp16_256x128_ldg8_relu_f2f_exp_small_nhwc", CONV),
            ("volta_h884gemm_256x128_ldg8_nt", ("aten::bmm",)), ("volta_sgemm_128x64_nt", ("aten::mm",)))
@@ -250,3 +253,41 @@ def test_mi300x_fp32_tensile_gemms_are_told_bfloat16_autocast(tmp_path):
     assert "torch.bfloat16" in code and "GradScaler" not in code and "allow_tf32" not in code
     assert tensor_core["title"].endswith("misses Matrix Cores")
     assert tensor_core["metrics"]["tensor_core_percent"] == pytest.approx(100 / 3, abs=0.5)
+
+
+_TF32_CONV = ("sm86_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_"
+              "warpsize2x2x1_g1_tensor16x8x8_kernel")
+_CONV_CHAIN = ("aten::conv2d", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution")
+_RTX_4090 = {"name": "NVIDIA GeForce RTX 4090", "computeMajor": 8, "computeMinor": 9, "numSms": 128}
+
+
+def _precision(tmp_path: Path, **kwargs) -> dict:
+    write_trace(tmp_path / "run" / "w.pt.trace.json", kineto_trace(steps=4, kernels=20, **kwargs))
+    session = build_report(find_sessions(str(tmp_path / "run")))["sessions"][0]
+    return session
+
+
+def test_tf32_convolutions_are_not_the_end_of_the_precision_road(tmp_path):
+    """An fp32 convolution net on an RTX 4090 (cc 8.9) whose 20 convolutions per step run as TF32
+    (cuDNN's ``..._tf32f32_tf32f32_f32_...`` Tensor Core kernels, 400 us each, the GPU busy
+    throughout). By hand: 8 ms of TF32 per step; 16-bit runs at twice TF32's rate, so autocast
+    saves about 4 ms, and channels_last is the convolutions' layout for it."""
+    session = _precision(tmp_path, kernel_us=400.0, kernel_names=(_TF32_CONV,), op_chains=(_CONV_CHAIN,),
+                         device_properties=_RTX_4090)
+    first = session["findings"][0]
+    assert first["check"] == "precision" and first["severity"] == "warning"
+    assert first["metrics"]["tf32_ms_per_step"] == pytest.approx(8.0, abs=0.01)
+    assert first["estimated_savings_ms_per_step"] == pytest.approx(4.0, abs=0.05)
+    codes = [fix["code"] for fix in first["fixes"]]
+    assert "torch.autocast" in codes[0] and "bfloat16" in codes[0]
+    assert any("channels_last" in code for code in codes)
+
+
+def test_a_little_tf32_is_information(tmp_path):
+    """The same net where the TF32 convolutions are 2 of 20 kernels (10% of compute): worth knowing,
+    not a warning; channels_last still named for the convolutions."""
+    names = (_TF32_CONV,) + ("void at::native::vectorized_elementwise_kernel<4, add>()",) * 9
+    session = _precision(tmp_path, kernel_us=400.0, kernel_names=names, op_chains=(_CONV_CHAIN,) + (("aten::add",),) * 9,
+                         device_properties=_RTX_4090)
+    finding = next(f for f in session["findings"] if f["check"] == "precision")
+    assert finding["severity"] == "info" and finding["metrics"]["tf32_ms_per_step"] == pytest.approx(0.8, abs=0.01)

@@ -11,7 +11,12 @@ taken in priority order:
 - ``not_traced``: step time outside the window the device's trace covers (from
   trust), and all device idle time when the host recorded nothing (a PyTorch capture of
   ``ProfilerActivity.CUDA`` only): missing data is never idle time, nor a host cause;
-- device idle, by what the host was doing: ``input`` (waiting on tf.data) >
+- ``setup``: device idle while its host ran one-time set-up (trust's ``setup``: the context's
+  creation, a library's initialisation, lazily loaded kernels): a warmed-up step does not pay
+  it, so it is no host cost (a step it bounds is bound by set-up), and a report shows it only
+  where there is some;
+- device idle, by what the host was doing: ``input`` (waiting on tf.data or the DataLoader, or,
+  in a PyTorch trace, inside a host-to-device copy's call: a pageable batch being staged) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
   ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
   launch calls and the short gaps between them, never a sync's aftermath) >
@@ -44,6 +49,7 @@ from tb_gpuadvisor import cores
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import BLOCK, Intervals
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.trust.placement import executor_work_mask, host_op_mask, step_threads
 from tb_gpuadvisor.timeline import (
     PS_PER_MS, PS_PER_US, Device, DeviceActivity, HostActivity, HostModel, SessionModel, Steps,
@@ -67,7 +73,7 @@ class Category:
 
     key: str
     label: str
-    group: str      # compute | copy | collective | input | launch | host | gap | not_traced
+    group: str      # compute | copy | collective | input | launch | host | gap | not_traced | setup
 
 
 # Every microsecond of a step belongs to exactly one of these, in this priority order: device
@@ -83,17 +89,20 @@ CATEGORIES = (
     Category("copy_d2h", "device-to-host copies", "copy"),
     Category("copy_other", "other copies and memsets", "copy"),
     Category("not_traced", "not traced", "not_traced"),
+    Category("setup", "one-time set-up (device idle)", "setup"),
     Category("input", "waiting for input", "input"),
     Category("host_ops", "host ops (device idle)", "host"),
     Category("launch", "launch and dispatch", "launch"),
     Category("other_host", "other host work", "host"),
 )
 CATEGORY_KEYS = tuple(c.key for c in CATEGORIES)
+# Categories a report shows only where some step has time in them (most captures have none).
+SHOWN_WHEN_PRESENT = frozenset({"setup"})
 # The busy parts besides compute, in the order the busy set grows by them.
 BUSY_KEYS = ("collective", "copy_h2d", "copy_d2h", "copy_other")
 # What bounded a step: its largest group of categories (the critical path's kind).
 BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
-                "input": "input", "launch": "host", "host": "host"}
+                "input": "input", "launch": "host", "host": "host", "setup": "one-time set-up"}
 
 
 @dataclass
@@ -158,6 +167,10 @@ class DeviceBreakdown:
         duration = int(np.sum(self.duration))
         return 100.0 * self.total(part) / duration if duration else 0.0
 
+    def shown_keys(self) -> tuple[str, ...]:
+        """The category keys a report shows for this device (``SHOWN_WHEN_PRESENT``)."""
+        return tuple(k for k in CATEGORY_KEYS if k not in SHOWN_WHEN_PRESENT or self.parts[k].any())
+
     def to_json(self) -> dict:
         n = max(int(self.duration.size), 1)
         duration = int(np.sum(self.duration))
@@ -170,7 +183,7 @@ class DeviceBreakdown:
             "copy_ms": _ms(self.total("copy") / n),
             "idle_ms": _ms(int(np.sum(self.idle)) / n),
             "busy_percent": round(100.0 * busy / duration, 2) if duration else 0.0,
-            **{f"{key}_ms": _ms(self.total(key) / n) for key in CATEGORY_KEYS},
+            **{f"{key}_ms": _ms(self.total(key) / n) for key in self.shown_keys()},
         }
 
 
@@ -227,8 +240,9 @@ class Breakdown:
     def to_json(self) -> dict:
         primary = self.primary
         steps = []
+        shown = primary.shown_keys() if primary is not None else CATEGORY_KEYS
         if primary is not None:
-            columns = {"duration_ms": primary.duration, **{f"{key}_ms": primary.parts[key] for key in CATEGORY_KEYS}}
+            columns = {"duration_ms": primary.duration, **{f"{key}_ms": primary.parts[key] for key in shown}}
             rounded = {key: np.round(values / PS_PER_MS, 3).tolist() for key, values in columns.items()}
             starts = np.round(self.steps.start_ps / PS_PER_MS, 3).tolist()
             numbers = self.steps.number.tolist()
@@ -237,7 +251,7 @@ class Breakdown:
                      for i in range(len(self.steps))]
         return {
             "device": primary.name if primary else None,
-            "categories": [{"key": c.key, "label": c.label, "group": c.group} for c in CATEGORIES],
+            "categories": [{"key": c.key, "label": c.label, "group": c.group} for c in CATEGORIES if c.key in shown],
             "steps": steps,
             "per_device": [dev.to_json() for dev in self.devices],
             "critical_path": self.critical_path,
@@ -254,7 +268,7 @@ def _labelled_ranges(sets: dict[str, Intervals], lo: int, hi: int, compute: str)
     starts, ends, labels = [], [], []
     for key, group in (("compute", compute), ("collective", "communication"), ("copy", "copies"),
                        ("not_traced", "not traced"), ("input", "input"), ("host_ops", "host"),
-                       ("launch", "host"), ("other_host", "host")):
+                       ("launch", "host"), ("other_host", "host"), ("setup", "one-time set-up")):
         s, e = iv.clip(sets[key], lo, hi)
         starts.append(s)
         ends.append(e)
@@ -411,6 +425,7 @@ class _DeviceSets:
     copy_d2h: Intervals = iv.EMPTY
     copy_other: Intervals = iv.EMPTY
     covered: Intervals | None = None      # None: the trace covers every step
+    setup: Intervals = iv.EMPTY           # the host's one-time set-up (trust)
     waits: Intervals = iv.EMPTY
     host_ops: Intervals = iv.EMPTY
     launch: Intervals = iv.EMPTY
@@ -454,8 +469,8 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     # The rest of the steps is device idle time, cut by priority; what is left is other host work.
     rest = iv.cut(windows, busy)
     launch = raw.launch if raw.syncs is None else iv.subtract(raw.launch, _gaps_from(rest, raw.syncs))
-    for key, candidate in (("not_traced", None), ("input", raw.waits), ("host_ops", raw.host_ops),
-                           ("launch", launch)):
+    for key, candidate in (("not_traced", None), ("setup", raw.setup), ("input", raw.waits),
+                           ("host_ops", raw.host_ops), ("launch", launch)):
         if key == "not_traced" and not raw.host_traced:
             part = rest
         elif key == "not_traced":
@@ -501,20 +516,35 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
         dev.parts["collective_transfer"] = row - wait
 
 
-def _input_waits(host: HostModel) -> Intervals:
-    """When the host waited on tf.data or handed its batch to the device; shared by every device
-    of the host, built once."""
-    waits = _MEMO.of(host.activity).get("input_waits")
+def _input_waits(host: HostModel, copies: bool = False) -> Intervals:
+    """When the host waited on tf.data or the DataLoader or handed its batch to the device (COPIES,
+    PyTorch: inside the runtime calls of host-to-device copies, ``batch_copies``); shared by every
+    device of the host, built once."""
+    key = "input_waits_and_copies" if copies else "input_waits"
+    waits = _MEMO.of(host.activity).get(key)
     if waits is None:
         activity = host.activity
-        sends = kernels.named_events(activity, "input_sends", _INPUT_SEND.search)
-        waits = _MEMO.of(host.activity)["input_waits"] = _set(
-            activity.start_ps, activity.end_ps, (activity.kind == HostEventKind.INPUT_WAIT) | sends)
+        mask = (activity.kind == HostEventKind.INPUT_WAIT) | kernels.named_events(
+            activity, "input_sends", _INPUT_SEND.search)
+        waits = _MEMO.of(host.activity)[key] = _set(
+            activity.start_ps, activity.end_ps, mask | batch_copies(host) if copies else mask)
     return waits
 
 
+def batch_copies(host: HostModel) -> np.ndarray:
+    """Per host event: a call that copied data host-to-device (joined to its copy by correlation id).
+    A pageable batch's call lasts while the driver stages it: the device idles behind the copy's
+    host side, a cost of feeding input (pinned memory and non_blocking=True take it away)."""
+    activity = host.activity
+    mask = np.zeros(len(activity), bool)
+    for dev in host.devices:
+        rows = launch_rows(activity, dev)[dev.kind == DeviceEventKind.MEMCPY_H2D]
+        mask[rows[rows >= 0]] = True
+    return mask
+
+
 def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
-                   covered: Intervals | None, host_ops: Intervals, by_rate: bool) -> DeviceBreakdown:
+                   covered: Intervals | None, setup: Intervals, host_ops: Intervals, by_rate: bool) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
     # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
@@ -528,7 +558,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_h2d=_set(start, end, kind == DeviceEventKind.MEMCPY_H2D),
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
-        covered=covered, waits=_input_waits(host),
+        covered=covered, setup=setup, waits=_input_waits(host, copies=by_rate),
         host_ops=host_ops,
         launch=_launch_set(host, dev, by_rate),
         # After a sync the queue is empty and the device idles until the host launches again: the
@@ -606,12 +636,14 @@ def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, 
     if dev is None:
         return _cpu_breakdown(host, windows, steps)
     covered = trust.covered_by(dev.device.name) if trust is not None else None
-    return _gpu_breakdown(dev, host, windows, steps, covered, host_ops[id(host)], by_rate)
+    setup = trust.setup.get(host.name, iv.EMPTY) if trust is not None else iv.EMPTY
+    return _gpu_breakdown(dev, host, windows, steps, covered, setup, host_ops[id(host)], by_rate)
 
 
 def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
     """Attribute every trusted step of every measured device; TRUST gives the time each
-    device's trace covers (step time outside it is "not traced", never idle)."""
+    device's trace covers (step time outside it is "not traced", never idle) and each host's
+    one-time set-up."""
     steps = model.steps
     windows = iv.union(steps.start_ps, steps.end_ps) if len(steps) else iv.EMPTY
     kind, pairs = measured_devices(model)
@@ -624,7 +656,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
 
     def host_parts(host: HostModel) -> None:
-        _input_waits(host)
+        _input_waits(host, copies=by_rate)
         dispatch = _Dispatch.of(host, by_rate)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
             dispatch.common(host.activity, _op_keys(dev))

@@ -70,7 +70,7 @@ class Scenario:
 
     ``idle``: device-idle category -> fraction of its time the fix removes from the host's
     timeline; ``faster``: kernel class -> speed-up of its kernels ("fp32_eligible",
-    "off_tensor_core", "fp64", "cuda_core_fp32", "unfused"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
+    "off_tensor_core", "fp64", "cuda_core_fp32", "tf32", "unfused"; 0 means each device's own Tensor Core speed-up); ``hide_copies``: copies overlap compute (their exposed time goes);
     ``balance``: the straggler's work brought to the median replica.
     """
 
@@ -248,8 +248,9 @@ def _classes(dev: DeviceActivity, rows: slice | np.ndarray, torch_names: bool) -
     if torch_names:
         # Precision classes of PyTorch kernel names: float64, and fp32 GEMMs on CUDA cores of a GPU
         # with TF32 (TF32 left off); only PyTorch's precision scenario speeds them up.
-        fp64, cuda_core = kernels.torch_precision_masks(dev)
-        classes.update(fp64=(cls.kernel & fp64)[rows], cuda_core_fp32=(cls.kernel & cuda_core)[rows])
+        fp64, cuda_core, tf32 = kernels.torch_precision_masks(dev)
+        classes.update(fp64=(cls.kernel & fp64)[rows], cuda_core_fp32=(cls.kernel & cuda_core)[rows],
+                       tf32=tf32[rows])
         # Chains of small eager element-wise kernels (kernels.unfused_chains): what torch.compile fuses.
         classes["unfused"] = kernels.unfused_chains(dev)[rows]
     return classes

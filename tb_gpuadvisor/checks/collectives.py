@@ -33,7 +33,8 @@ Its saving (``overlap_saving_ms_per_step``), per step and GPU from the timeline:
 transfer beyond what has to stay exposed (per kind with several calls in the step, the most
 exposed call: the first gather before any compute, the last gradient reduction after the last
 gradient; a kind's only call can be split into buckets that overlap), bounded by the compute not
-yet alongside a collective.
+yet alongside a collective, and for gradient reductions (all-reduce, reduce-scatter: issued from
+backward hooks as each bucket's gradients are ready) by the backward compute they can run behind.
 
 Savings model (TensorFlow, JAX: calls not named): only the transfer counts. Time a replica
 spends inside a collective waiting for the slowest one (its collective time beyond the shortest
@@ -58,8 +59,9 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, SessionModel
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "collectives"
 WARNING_AT = 15.0
@@ -68,6 +70,9 @@ ACCEPTABLE_FRACTION = 0.05     # exposed collective time treated as the unavoida
 BYTES_PER_GRADIENT = 4
 TOP = 5
 ALL_REDUCE = "all-reduce"
+# Calls that reduce gradients: issued from backward hooks as each bucket's gradients are ready, one
+# can hide only behind the backward compute still to run, never behind the forward pass.
+GRADIENT_REDUCTIONS = frozenset({ALL_REDUCE, "reduce-scatter"})
 # Bus bandwidth per algorithm bandwidth of a collective over n ranks (the NCCL tests' factors): an
 # all-reduce moves each byte out and back, the others each byte once, to the n-1 other ranks.
 BUS_FACTOR = {ALL_REDUCE: lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
@@ -140,8 +145,9 @@ class GpuCollectives:
     top: list[tuple[str, int, int]]                   # (kernel, ps, calls) of the longest-running kinds
     longest: tuple[str, int, int, int] | None        # (kernel, ps, start_ps, end_ps) of the longest call
     kinds: list[KindCollectives] = field(default_factory=list)   # most exposed first; empty unless named
-    overlap: np.ndarray | None = None     # 3 x step windows where calls are named: exposed, what stays exposed
-                                          # (per kind the most exposed call), compute not alongside a collective
+    overlap: np.ndarray | None = None     # 4 x step windows where calls are named: exposed, what stays exposed
+                                          # (per kind the most exposed call), compute not alongside a collective,
+                                          # what an overlap fix can hide at most (``_overlap_room``)
 
 
 @dataclass
@@ -209,8 +215,10 @@ def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, co
     """Per step window: collective time not alongside compute; the part of it that stays so when the
     calls overlap compute (per kind with several calls in the step, its most exposed call: the first
     gather needs its parameters before any compute, the last gradient reduction follows the last
-    gradient; a kind's only call can be split into buckets or per-layer units that overlap); and
-    compute not yet alongside any collective (what the calls can hide behind)."""
+    gradient; a kind's only call can be split into buckets or per-layer units that overlap);
+    compute not yet alongside any collective (what the calls can hide behind); and what the fix can
+    hide at most: gradient reductions only behind backward compute (``_backward_kernels``), other
+    calls wherever they are exposed (no bound where the host recorded no backward op)."""
     lo, hi, _ = kernels.step_windows(model)
     if not len(model.steps) or dev.step.size != len(dev):
         return None
@@ -223,8 +231,40 @@ def _overlap_room(dev: DeviceActivity, model: SessionModel, coll: np.ndarray, co
     most, count = np.zeros((len(kinds), lo.size), np.int64), np.zeros((len(kinds), lo.size), np.int64)
     np.maximum.at(most, at, per_call)
     np.add.at(count, at, 1)
+    free = intervals.subtract(compute_busy, coll_busy)
+    cap = intervals.per_bin_total(exposed, lo, hi)
+    backward = _backward_kernels(dev, model)
+    if backward is not None:
+        ids = [i for i, call in enumerate(dev.collectives) if call.kind in GRADIENT_REDUCTIONS]
+        reducing = coll & np.isin(dev.collective, ids)
+        others = intervals.subtract(exposed, intervals.union(dev.start_ps[reducing], dev.end_ps[reducing]))
+        behind = intervals.intersect(free, intervals.union(dev.start_ps[backward], dev.end_ps[backward]))
+        cap = intervals.per_bin_total(others, lo, hi) + intervals.per_bin_total(behind, lo, hi)
     return np.vstack([intervals.per_bin_total(exposed, lo, hi), np.where(count >= 2, most, 0).sum(axis=0),
-                      intervals.per_bin_total(intervals.subtract(compute_busy, coll_busy), lo, hi)])
+                      intervals.per_bin_total(free, lo, hi), cap])
+
+
+def _backward_kernels(dev: DeviceActivity, model: SessionModel) -> np.ndarray | None:
+    """Per event of DEV: launched from inside a backward op of its launching thread (the backward
+    pass's kernels); None where its host recorded no backward op (inference, or no host trace)."""
+    host = next((h for h in model.hosts if any(d is dev for d in h.devices)), None)
+    if host is None:
+        return None
+    act = host.activity
+    ops = np.flatnonzero(kernels.named_events(act, "backward_op", pytorch.is_backward_op))
+    if not ops.size:
+        return None
+    # Ops and launches on one axis, thread by thread: a launch is inside an op of its own thread.
+    span = int(act.end_ps.max()) + 1
+    base = act.thread.astype(np.int64) * span
+    starts, ends = intervals.union(base[ops] + act.start_ps[ops], base[ops] + act.end_ps[ops])
+    rows = launch_rows(act, dev)
+    launched = np.flatnonzero(rows >= 0)
+    keys = base[rows[launched]] + act.start_ps[rows[launched]]
+    at = np.searchsorted(starts, keys, side="right") - 1
+    out = np.zeros(len(dev), bool)
+    out[launched[(at >= 0) & (keys < ends[np.clip(at, 0, None)])]] = True
+    return out
 
 
 def _by_kind(dev: DeviceActivity, coll: np.ndarray, compute_busy: np.ndarray) -> list[KindCollectives]:
@@ -409,19 +449,20 @@ class OverlapRoom:
                 f"Issued so they overlap compute (only the first gather or the last gradient reduction of "
                 f"each kind has nothing to hide behind), the step would take about {step_ms - self.saving_ms:.2f} "
                 f"ms instead of {step_ms:.2f} ms: the saving is bounded by the compute not yet alongside a "
-                "collective.")
+                "collective, and a gradient reduction's by the backward compute it can run behind.")
 
 
 def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
     """What overlapping the named calls with compute saves, per step and GPU (mean over GPUs): the
     exposed time beyond what must stay exposed (per kind its most exposed call) and beyond the
     waiting for the last rank (the straggler's, not communication's), capped by the compute
-    available to hide it; None where the trace does not name its calls (TensorFlow, JAX)."""
+    available to hide it and by what the fix can hide (gradient reductions behind backward
+    compute); None where the trace does not name its calls (TensorFlow, JAX)."""
     rows = [row for row in measured.rows if row.overlap is not None]
     if not rows or len(rows) != len(measured.rows):
         return None
-    table = np.stack([row.overlap for row in rows]).astype(np.float64)     # rows x 3 x steps
-    exposed, stays, free = table[:, 0], table[:, 1], table[:, 2]
+    table = np.stack([row.overlap for row in rows]).astype(np.float64)     # rows x 4 x steps
+    exposed, stays, free, cap = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
     steps = exposed.shape[1]
     if not steps:
         return None
@@ -434,7 +475,7 @@ def _overlap_saving(measured: Collectives) -> OverlapRoom | None:
     else:
         found, wait = None, np.zeros_like(exposed)
         transfer_ms, waiting_ms = measured.transfer_ms, measured.waiting_ms
-    saving = np.clip(np.minimum(exposed - wait - stays, free), 0.0, None)
+    saving = np.clip(np.minimum(np.minimum(exposed - wait - stays, free), cap), 0.0, None)
     per = len(rows) * steps * PS_PER_MS
     return OverlapRoom(float(exposed.sum()) / per, float((exposed - wait).sum()) / per, transfer_ms, waiting_ms,
                        float(saving.sum()) / per, len(rows), found is not None)

@@ -26,13 +26,17 @@ from tb_gpuadvisor.trust import Trust
 # CRITICAL_GAIN_SHARE and CRITICAL_MIN_MS. Below that a high metric is reported as info (or a
 # critical one as a warning): the time it describes is not on the step's critical path (e.g.
 # faster kernels on a GPU that mostly waits for the host), or too small to be worth a change (a
-# launch gain of 0.1 ms on a compute-bound 2.6 ms step). The absolute floors keep a large share
+# launch gain of 0.1 ms on a compute-bound 2.6 ms step). The absolute floors keep a small share
 # of a tiny step from sounding urgent: a 0.09 ms input wait of a 0.5 ms step is 18% of it, yet
-# a million steps would win 1.5 minutes.
+# a million steps would win 1.5 minutes. A saving of WARNING_WHOLE_SHARE of the step or more is
+# worth a warning however short the step (a fix that makes a 0.16 ms step 1.5x faster makes the
+# whole loop so), and one of CRITICAL_WHOLE_SHARE a critical one.
 WARNING_GAIN_SHARE = 0.04
 CRITICAL_GAIN_SHARE = 0.10
 WARNING_MIN_MS = 0.2
 CRITICAL_MIN_MS = 0.5
+WARNING_WHOLE_SHARE = 0.25
+CRITICAL_WHOLE_SHARE = 0.5
 
 
 class StepScale:
@@ -47,9 +51,11 @@ class StepScale:
         if not self.mean_step_ms:
             return severity         # no step to measure the saving against
         share = saving_ms / self.mean_step_ms
-        if severity is Severity.CRITICAL and (share < CRITICAL_GAIN_SHARE or saving_ms < CRITICAL_MIN_MS):
+        if severity is Severity.CRITICAL and (share < CRITICAL_GAIN_SHARE or (
+                saving_ms < CRITICAL_MIN_MS and share < CRITICAL_WHOLE_SHARE)):
             severity = Severity.WARNING
-        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or saving_ms < WARNING_MIN_MS):
+        if severity is Severity.WARNING and (share < WARNING_GAIN_SHARE or (
+                saving_ms < WARNING_MIN_MS and share < WARNING_WHOLE_SHARE)):
             severity = Severity.INFO
         return severity
 
@@ -59,7 +65,8 @@ class StepScale:
             return ""
         if self.mean_step_ms and saving_ms / self.mean_step_ms >= WARNING_GAIN_SHARE:
             return (f" Replaying the step without this cause shortens it by {saving_ms:.2f} ms: too little "
-                    f"time per step to be worth a change (a warning needs {WARNING_MIN_MS} ms).")
+                    f"time per step to be worth a change (a warning needs {WARNING_MIN_MS} ms, or "
+                    f"{100 * WARNING_WHOLE_SHARE:.0f}% of the step).")
         return (f" Replaying the step without this cause shortens it by only {saving_ms:.2f} ms, so it is "
                 "not on the critical path: fix the larger findings first.")
 

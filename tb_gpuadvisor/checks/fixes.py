@@ -533,6 +533,23 @@ TORCH_WARM_CAPTURE = Fix(
     doc=TORCH_PROFILER_DOC,
 )
 
+# The profiler recipe's one window around a model's first call holds the process's set-up: warm
+# the model up before profiling, or let a schedule skip the first calls.
+TORCH_WARM_CALL = Fix(
+    text="Profile warmed-up calls: call the model once before the profiler starts (that call creates "
+         "the CUDA context, initialises cuBLAS/cuDNN and loads the kernels), then profile a few calls, "
+         "marking each with prof.step(), or let a schedule skip the first ones.",
+    code="model(x)                      # warm-up call: the set-up happens here, untraced\n"
+         "torch.cuda.synchronize()\n"
+         "with torch.profiler.profile(\n"
+         "        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3),\n"
+         "        on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir)) as prof:\n"
+         "    for _ in range(5):\n"
+         "        model(x)\n"
+         "        prof.step()",
+    doc=TORCH_PROFILER_DOC,
+)
+
 PREFETCH = Remedy(
     text="Let tf.data prepare the next batches while the current step runs: end the pipeline with "
          "prefetch(tf.data.AUTOTUNE).",

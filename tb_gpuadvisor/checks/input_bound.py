@@ -39,6 +39,7 @@ import numpy as np
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.pipeline import Pipeline, pipeline_stages, stage_kind
+from tb_gpuadvisor.attribution.breakdown import batch_copies
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
     Compared, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
@@ -51,6 +52,8 @@ from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
+# The batch's copy calls holding this share of the input time are what it is about (PyTorch).
+COPY_SHARE = 0.5
 
 def _dataloader_waits(analysis: Analysis) -> list[Evidence]:
     """The PyTorch DataLoader calls the training loop waited in, longest first (ms per step)."""
@@ -102,8 +105,10 @@ def _in_memory(pipeline: Pipeline) -> bool:
     return bool(kinds & tensorflow.IN_MEMORY_SOURCES) and not any(k.startswith(tensorflow.FILE_STAGES) for k in kinds)
 
 
-def _fixes(pipeline: Pipeline) -> list:
-    ordered = []
+def _fixes(pipeline: Pipeline, copies: bool = False) -> list:
+    """The remedies in order; COPIES: the batch's copy is most of the wait, so pinned non-blocking
+    copies (PyTorch's form of PARALLEL_MAP) come first."""
+    ordered = [fixes.PARALLEL_MAP] if copies else []
     if pipeline.stages and not pipeline.prefetches:
         ordered.append(fixes.PREFETCH)
     if pipeline.stages and not pipeline.parallel:
@@ -139,12 +144,17 @@ def check(analysis: Analysis) -> Finding:
     loader = _dataloader_waits(analysis) if framework == pytorch.FRAMEWORK else []
     summary = (f"In {percent:.1f}% of step time ({input_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
                f"{who} for the next batch{source}. ")
+    copies_ms = _batch_copy_ms(analysis) if framework == pytorch.FRAMEWORK and not on_cpu else 0.0
     if severity is Severity.OK:
         summary += "The input pipeline keeps up with training."
         title = f"Input pipeline keeps up ({percent:.1f}% of step time waiting)"
     else:
         about = (_dataloader_sentence(loader) if framework == pytorch.FRAMEWORK
                  else _pipeline_sentence(pipeline, analysis.steps_count))
+        if copies_ms >= COPY_SHARE * input_ms:
+            about = (f"{copies_ms:.2f} ms of it per step the host spent inside the calls copying the batch to "
+                     f"{primary.name}: a batch in pageable memory is staged by the host while the GPU waits. Pin it "
+                     "and copy with non_blocking=True, or keep the dataset on the GPU. ")
         summary += about + analysis.gain_note(severity, saving)
         title = f"Training waits on input {percent:.1f}% of step time"
 
@@ -171,5 +181,14 @@ def check(analysis: Analysis) -> Finding:
         check=CHECK_ID, severity=severity, title=title, summary=summary,
         metrics={"input_percent": round(percent, 2), "input_ms_per_step": round(input_ms, 3)},
         estimated_savings_ms_per_step=saving,
-        evidence=evidence, fixes=_fixes(pipeline) if severity is not Severity.OK else [],
+        evidence=evidence,
+        fixes=_fixes(pipeline, copies_ms >= COPY_SHARE * input_ms) if severity is not Severity.OK else [],
     )
+
+
+def _batch_copy_ms(analysis: Analysis) -> float:
+    """Ms per step of the input time spent inside host-to-device copy calls (PyTorch)."""
+    host, primary = analysis.primary_host, analysis.breakdown.primary
+    act = host.activity
+    calls = iv.union(act.start_ps, act.end_ps, batch_copies(host))
+    return analysis.ms_per_step(iv.total(iv.intersect(primary.sets["input"], calls)))

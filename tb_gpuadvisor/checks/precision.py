@@ -74,6 +74,8 @@ TOP = 5
 # PyTorch traces: float64 kernels, or fp32 GEMMs on CUDA cores of an Ampere+ GPU (TF32 off), taking
 # at least this share of GPU compute are a finding of their own.
 WRONG_PRECISION_PERCENT = 5.0
+# PyTorch traces: TF32 Tensor Core kernels taking this share of GPU compute are worth moving to 16 bits.
+TF32_WARNING_AT = 20.0
 
 TORCH_FLOAT32 = fixes.Fix(
     text="Keep tensors and the model in float32 (or lower): float64 runs at a fraction of float32 "
@@ -117,6 +119,8 @@ class GpuPrecision:
     offenders: list[tuple[str, int, int]]   # (kernel, ps, launches) of the largest 32-bit eligible ones
     fp64_ps: int = 0            # float64 kernels (PyTorch traces)
     cuda_core_fp32_ps: int = 0  # fp32 GEMMs on CUDA cores of an Ampere+ NVIDIA GPU: TF32 off (PyTorch traces)
+    tf32_ps: int = 0            # 32-bit Tensor Core (TF32) kernels of an Ampere+ NVIDIA GPU (PyTorch traces)
+    tf32_conv_ps: int = 0       # of which launched by convolution ops
     wrong_kernels: list[tuple[str, int, int]] = field(default_factory=list)  # the largest of either
     vendor: str | None = None
     eligible_low_ps: int = 0    # 16-bit kernels of Tensor-Core-eligible ops (autocast at work)
@@ -128,6 +132,7 @@ class GpuPrecision:
         return replace(self, total_ps=round(self.total_ps * k), low_ps=round(self.low_ps * k),
                        eligible32_ps=round(self.eligible32_ps * k), fp64_ps=round(self.fp64_ps * k),
                        cuda_core_fp32_ps=round(self.cuda_core_fp32_ps * k), eligible_low_ps=round(self.eligible_low_ps * k),
+                       tf32_ps=round(self.tf32_ps * k), tf32_conv_ps=round(self.tf32_conv_ps * k),
                        offenders=[(name, round(ps * k), n) for name, ps, n in self.offenders],
                        wrong_kernels=[(name, round(ps * k), n) for name, ps, n in self.wrong_kernels])
 
@@ -183,7 +188,7 @@ def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray
     is on where 32-bit Tensor Core GEMMs (not convolutions: cuDNN's TF32 is on by default) take at
     least the time of the fp32 CUDA-core GEMMs (cuBLAS still picks an sgemm for some shapes with
     TF32 allowed): then those GEMMs do not say it is off."""
-    fp64, cuda_core = (compute & mask for mask in kernels.torch_precision_masks(dev))
+    fp64, cuda_core, tf32 = (compute & mask for mask in kernels.torch_precision_masks(dev))
     cls = kernels.classify(dev)
     tf32_gemm = compute & cls.tensor_core & ~cls.low_precision & kernels.named_events(dev, "matmul", pytorch.is_matmul_kernel)
     if cuda_core.any() and dev.dur_ps[tf32_gemm].sum() >= dev.dur_ps[cuda_core].sum():
@@ -191,16 +196,26 @@ def _torch_precision(row: GpuPrecision, dev: DeviceActivity, compute: np.ndarray
     wrong = fp64 | cuda_core
     top = [(dev.names[i], int(ps), int(n)) for i, ps, n in kernels.top_by_time(dev.name[wrong], dev.dur_ps[wrong], TOP)]
     eligible32 = compute & cls.eligible & ~cls.low_precision
+    op_of, op_names = kernels.op_column(dev)
+    conv_ops = np.array([pytorch.is_convolution_op(n) for n in op_names] + [False], bool)
+    tf32_conv = tf32 & conv_ops[np.where(op_of >= 0, op_of, len(op_names))]
     return replace(row, fp64_ps=int(dev.dur_ps[fp64].sum()), cuda_core_fp32_ps=int(dev.dur_ps[cuda_core].sum()),
-                   wrong_kernels=top, torch=True, offender_ops=_offender_ops(dev, eligible32, row.offenders))
+                   wrong_kernels=top, torch=True, offender_ops=_offender_ops(dev, eligible32, row.offenders),
+                   tf32_ps=int(dev.dur_ps[tf32].sum()), tf32_conv_ps=int(dev.dur_ps[tf32_conv].sum()))
 
 
 def _scenario(model: SessionModel) -> Scenario:
     """The precision fix: 32-bit eligible work on Tensor Cores; on PyTorch traces also float64
-    kernels computed in float32 and CUDA-core fp32 GEMMs run as TF32."""
+    kernels computed in float32 and CUDA-core fp32 GEMMs run as TF32, or, where neither runs, TF32
+    work in 16 bits."""
     faster = {"fp32_eligible": 0.0}
     if model.framework == pytorch.FRAMEWORK:
         faster.update(fp64=pytorch.FP64_SPEEDUP, cuda_core_fp32=pytorch.TF32_SPEEDUP)
+        # TF32 work moves to 16 bits once nothing runs in float64 or with TF32 off: until then the
+        # first fix is TF32 itself, and its saving is what it wins.
+        if not any(np.any(wrong & kernels.in_steps(dev, model)) for dev in model.active_gpus
+                   for wrong in kernels.torch_precision_masks(dev)[:2]):
+            faster["tf32"] = pytorch.TF32_TO_16BIT_SPEEDUP
     return Scenario(faster=faster)
 
 
@@ -298,12 +313,10 @@ def _torch_judge(gpus: list[GpuPrecision], percent: float, metrics: dict, saving
                        f"Matrix multiplications and convolutions spend {100 * low_ps / (low_ps + fp32_ps):.0f}% "
                        "of their GPU time in 16-bit kernels: the run already uses autocast.", metrics,
                        round(savings, 3), evidence, [])
-    if not fp32_ps:
-        return Finding(CHECK_ID, Severity.OK, "32-bit matrix work already runs on Tensor Cores",
-                       "No 32-bit matmul or convolution kernel runs on CUDA cores: they run as TF32 "
-                       "on Tensor Cores, or the run has none.", metrics, round(savings, 3), evidence, [])
     generations = [(g.vendor, int(g.compute_capability.split(".")[0]) if g.compute_capability else None)
                    for g in capable]
+    if not fp32_ps:
+        return _tf32_judge(gpus, generations, metrics, savings, evidence, scale)
     dtype = pytorch.autocast_dtype(*generations[0])
     how = "float16 with a GradScaler" if dtype == "float16" else "bfloat16"
     cc = ", ".join(sorted({g.compute_capability or "?" for g in capable}))
@@ -320,6 +333,34 @@ def _torch_judge(gpus: list[GpuPrecision], percent: float, metrics: dict, saving
         f"{busy_savings:.2f} ms per step faster (assumed {capable[0].speedup:.0f}x for that work), and a replay "
         f"of the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
         metrics, round(savings, 3), evidence, fixes_now)
+
+
+def _tf32_judge(gpus: list[GpuPrecision], generations: list[tuple[str | None, int | None]], metrics: dict,
+                savings: float, evidence: list[Evidence], scale: StepScale) -> Finding:
+    """No 32-bit matrix work on CUDA cores: where it runs as TF32 on Tensor Cores, 16-bit autocast
+    (with channels_last for convolutions) is the next step; else nothing to do."""
+    compute_ps = sum(g.total_ps for g in gpus)
+    tf32_ps, conv_ps = sum(g.tf32_ps for g in gpus), sum(g.tf32_conv_ps for g in gpus)
+    if not tf32_ps:
+        return Finding(CHECK_ID, Severity.OK, "32-bit matrix work already runs on Tensor Cores",
+                       "No 32-bit matmul or convolution kernel runs on CUDA cores: they run as TF32 "
+                       "on Tensor Cores, or the run has none.", metrics, round(savings, 3), evidence, [])
+    share = 100.0 * tf32_ps / compute_ps
+    tf32_ms = metrics["compute_ms_per_step"] * tf32_ps / compute_ps
+    metrics["tf32_ms_per_step"] = round(tf32_ms, 3)
+    severity = scale.gated(Severity.WARNING if share >= TF32_WARNING_AT else Severity.INFO, savings)
+    dtype = pytorch.autocast_dtype(*generations[0])
+    how = "float16 with a GradScaler" if dtype == "float16" else "bfloat16"
+    remedies = [fixes.mixed_precision_remedy(generations)] + ([fixes.TORCH_CHANNELS_LAST] if conv_ps else [])
+    return Finding(
+        CHECK_ID, severity, f"TF32 matmuls and convolutions: 16-bit would halve {tf32_ms:.2f} ms per step",
+        f"{share:.0f}% of GPU kernel time runs 32-bit matrix math as TF32 on Tensor Cores"
+        + (f" ({100 * conv_ps / tf32_ps:.0f}% of it in convolutions)" if conv_ps else "")
+        + f". TF32 is not the fastest the Tensor Cores go: under torch.autocast in {how} the same work runs "
+        f"at twice TF32's rate on half the bytes ({pytorch.TF32_TO_16BIT_SPEEDUP:.0f}x assumed)"
+        + (", with convolutions in channels_last, the layout 16-bit Tensor Core convolutions read" if conv_ps else "")
+        + f"; a replay of the step predicts it {savings:.2f} ms shorter." + scale.gain_note(severity, savings),
+        metrics, round(savings, 3), evidence, remedies if severity is not Severity.OK else [])
 
 
 def _wrong_precision(gpus: list[GpuPrecision], total_ps: int, steps: int, metrics: dict, savings: float,

@@ -45,7 +45,7 @@ from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
     CHECK_GPU_VISIBLE, JAX_PROFILING_GUIDE, JAX_STEP_ANNOTATION, TORCH_FULL_TRACE, TORCH_PROFILER_DOC,
-    TORCH_WARM_CAPTURE, Remedy,
+    TORCH_WARM_CALL, TORCH_WARM_CAPTURE, Remedy,
 )
 from tb_gpuadvisor.kinds import DeviceEventKind
 from tb_gpuadvisor.timeline import PS_PER_MS
@@ -159,12 +159,18 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     if tpus:
         return "tpu", (f"a TPU capture ({len(tpus)} TPU(s) on {where}); the GPU checks do not apply, "
                        "the step-level checks still do")
+    waits = analysis.trust.placement.untraced_device_ms_per_step
+    if waits:
+        return "cpu", (f"a capture with no device activity on {where}, whose value read-backs (.item()) waited "
+                       f"{waits:.2f} ms per step for a device: the model ran on {pytorch.UNTRACED_DEVICES}, "
+                       "not on the CPU, and every number in this report is about the host")
     return "cpu", (f"a CPU-only capture on {where}: no GPU or TPU was recorded, so the model ran on the CPU "
                    "and every number in this report is about the CPU and the host")
 
 
 # Leads the title of a CPU-only capture's finding, whatever else is wrong with the capture.
 NO_GPU = "No GPU: the model ran on the CPU"
+UNTRACED_DEVICE = "The model ran on a device the profiler cannot trace"
 
 HOST_TRACER = Remedy(
     text="Record the ops the CPU runs: profile with the host tracer at its verbose level 3 (level 2, "
@@ -217,6 +223,27 @@ TORCH_CUPTI = Fix(
          "print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=5))",
     doc=TORCH_PROFILER_DOC)
 TRACE_MISSING = "Device trace missing"
+# Work queued before the profiler started runs on inside its window, untraced.
+TORCH_SYNC_BEFORE_CAPTURE = Fix(
+    text="Let the device finish what was queued before profiling starts: call torch.cuda.synchronize() "
+         "right before entering the profiler, so its window opens on an idle device.",
+    code="torch.cuda.synchronize()      # earlier work done: the window holds only what it traces\n"
+         "with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+         "    model(x)",
+    doc=TORCH_PROFILER_DOC)
+# A PyTorch run on Apple's MPS: Kineto traces none of its work; the backend's own profiler writes OS
+# signposts that Xcode Instruments shows.
+TORCH_UNTRACED_DEVICE = Fix(
+    text="Trace the device with its own profiler: on Apple silicon, torch.mps.profiler writes the MPS "
+         "operations as OS signposts that Xcode Instruments (Logging, Metal System Trace) shows; and read "
+         "values back (.item(), .cpu(), print) once every few steps, each waits for the device.",
+    code="import torch\n"
+         "with torch.mps.profiler.profile(mode='interval', wait_until_completed=False):\n"
+         "    for step, (x, y) in enumerate(loader):\n"
+         "        loss = train_step(x.to('mps'), y.to('mps'))\n"
+         "        if step % 50 == 0:\n"
+         "            print(loss.item())     # one wait for the device per 50 steps",
+    doc="https://pytorch.org/docs/stable/generated/torch.mps.profiler.profile.html")
 # A PyTorch trace of the GPU's activity alone (activities=[ProfilerActivity.CUDA]): no op, launch
 # call or step of the host was recorded.
 TORCH_HOST_ACTIVITY = Fix(
@@ -248,6 +275,14 @@ def _host_issues(analysis: Analysis) -> list[Issue]:
 def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
     torch = analysis.model.framework == pytorch.FRAMEWORK
+    if placement.where == "cpu_only" and placement.untraced_device_ms_per_step:
+        return [Issue(Severity.WARNING, UNTRACED_DEVICE,
+                      "The trace holds no device activity, yet the host's .item() calls waited "
+                      f"{placement.untraced_device_ms_per_step:.2f} ms per step (milliseconds each; reading a CPU "
+                      f"tensor takes microseconds): the model ran on {pytorch.UNTRACED_DEVICES}. PyTorch's "
+                      "profiler records only the host's side of it, so the device's busy and idle time are "
+                      "unknown and findings about the host are about dispatch, not compute.",
+                      TORCH_UNTRACED_DEVICE, leads=True)]
     if placement.where == "cpu_only":
         # A PyTorch run on the CPU is the finding (no GPU advice applies); a TF/JAX one is told so.
         issues = [Issue(Severity.WARNING if torch else Severity.INFO, NO_GPU,
@@ -311,11 +346,25 @@ def _coverage_issues(analysis: Analysis) -> list[Issue]:
             "The device trace is partial: " + "; ".join(parts) + "." + used + effect, FULL_DEVICE_TRACE,
             [Evidence(kind="device", name=d.name, value=d.kernels, unit="kernels", detail=d.note, host=d.host)
              for d in partial]))
+    queued = [d for d in trust.devices if d.covers_from_ps]
+    if queued:
+        issues.append(Issue(
+            Severity.INFO, "Device busy with work from before the capture",
+            "The capture opened while the device still ran work queued before it: "
+            + "; ".join(f"{d.name} until {d.covers_from_ps / PS_PER_MS:.2f} ms (a blocking call waited for it)"
+                        for d in queued)
+            + ". The trace holds none of that work, so that time is counted as not traced, not as idle.",
+            TORCH_SYNC_BEFORE_CAPTURE))
     if trust.retake:
+        # One window without steps is the profiler recipe's capture of a first call: warm it up.
+        one_window = trust.candidates.source == "window"
         issues.append(Issue(
             Severity.WARNING, "Warm-up capture: take it again after warm-up",
-            f"The capture is to be taken again: {trust.retake}. Launch and idle times measured on it are "
-            "set-up, not a trained step's (findings on them are low confidence).", STEP_WINDOW, leads=True))
+            f"The capture is to be taken again: {trust.retake}. It cannot show what a warmed-up "
+            + ("call" if one_window else "step") + " costs: the device's idle time behind the set-up is "
+            "counted as set-up, never as a host cost, and what is left is judged below (launch and idle "
+            "times measured on it are low confidence).",
+            replace(STEP_WINDOW, pytorch=TORCH_WARM_CALL) if one_window else STEP_WINDOW, leads=True))
     if trust.excluded:
         items = [Evidence(kind="step", name=f"step {e.number}", value=round((e.end_ps - e.start_ps) / PS_PER_MS, 3),
                           unit="ms", detail=e.reason, start_ms=round(e.start_ps / PS_PER_MS, 3),
@@ -418,6 +467,7 @@ def with_unreadable(finding: Finding, errors: list[dict]) -> Finding:
 
 @register(CHECK_ID, "Profile quality", __doc__,
           what_if=NoReplay("it judges the capture, not the training step"), aspect="capture",
+          explains="one-time set-up",
           compared=Compared(timed=False), worst_host=True,
           # Counts of the capture add up over hosts.
           per_host=PerHostJoin(summed=("gpu_count", "active_gpu_count", "dropped_events"),
@@ -434,7 +484,7 @@ def check(analysis: Analysis) -> Finding:
         summary += (f" {total} step{' was' if total == 1 else 's were'} found "
                     f"({_SOURCES.get(trust.candidates.source, trust.candidates.source)}); {counted}.")
     summary += (" " + " ".join(i.text for i in issues)) if issues else " Nothing in it limits the analysis."
-    worst = [i for i in issues if i.severity is severity or i.title == NO_GPU]
+    worst = [i for i in issues if i.severity is severity or i.title in (NO_GPU, UNTRACED_DEVICE)]
     title = ("; ".join(i.title for i in worst) if issues and severity is not Severity.OK
              else "Capture is complete and usable")
     fix_list: list[Fix] = []

@@ -113,13 +113,17 @@ def named_events(table: HostActivity | DeviceActivity, key: str, predicate: Call
 
 
 
-def torch_precision_masks(dev: DeviceActivity) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 events, fp32 GEMMs on CUDA cores where the GPU has TF32) of a PyTorch trace's
-    device, by kernel name (vocab.pytorch); the precision check and the replay both read them."""
+def torch_precision_masks(dev: DeviceActivity) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 events, fp32 GEMMs on CUDA cores where the GPU has TF32, 32-bit Tensor Core kernels
+    there: TF32) of a PyTorch trace's device, by kernel name (vocab.pytorch); the precision check
+    and the replay both read them."""
     fp64 = named_events(dev, "fp64", pytorch.is_fp64_kernel)
     if not pytorch.runs_tf32(dev.device.vendor, dev.device.cc_major):
-        return fp64, np.zeros(len(dev), bool)
-    return fp64, named_events(dev, "cuda_core_fp32", pytorch.is_fp32_cuda_core_gemm)
+        none = np.zeros(len(dev), bool)
+        return fp64, none, none
+    cls = classify(dev)
+    return (fp64, named_events(dev, "cuda_core_fp32", pytorch.is_fp32_cuda_core_gemm),
+            cls.tensor_core & ~cls.low_precision)
 
 @dataclass
 class KernelClasses:

@@ -98,8 +98,9 @@ def _inferred(hosts: list[HostCapture], made_by: str) -> Steps | None:
     if made_by == pytorch.FRAMEWORK:
         # Eager PyTorch has no function runs to repeat: without ProfilerStep#N, iterations run
         # from one optimizer step's end to the next one's; with fewer than two optimizer steps
-        # the capture is judged on the span of its device work (the host's set-up is not a step).
-        return _optimizer_iterations(hosts) or _window(hosts)
+        # the capture is judged over the whole traced span: what the user paid, set-up before the
+        # first kernel and DataLoader start-up included (trust tells set-up apart).
+        return _optimizer_iterations(hosts) or _window(hosts, traced=True)
     best: tuple[int, int, np.ndarray, np.ndarray, str] | None = None
     for hc in hosts:
         act = hc.activity
@@ -266,16 +267,19 @@ def _optimizer_iterations(hosts: list[HostCapture]) -> Steps | None:
     return None
 
 
-def _window(hosts: list[HostCapture]) -> Steps:
-    """The capture as one window: from the first to the last device activity."""
-    lo, hi = _capture_span(hosts)
+def _window(hosts: list[HostCapture], traced: bool = False) -> Steps:
+    """The capture as one window: from the first to the last device activity (host activity when
+    no device ran anything), or, TRACED, from the first to the last event of any kind."""
+    lo, hi = _capture_span(hosts, traced)
     one = np.zeros(1, np.int64)
     return Steps("window", one, one + lo, one + hi, one - 1)
 
 
-def _capture_span(hosts: list[HostCapture]) -> tuple[int, int]:
-    """First and last device activity (host activity when no device ran anything)."""
-    tables = [dev for hc in hosts for dev in hc.devices if len(dev)] or [hc.activity for hc in hosts if len(hc.activity)]
+def _capture_span(hosts: list[HostCapture], traced: bool = False) -> tuple[int, int]:
+    """First and last device activity (host activity when no device ran anything; both, TRACED)."""
+    devices = [dev for hc in hosts for dev in hc.devices if len(dev)]
+    activity = [hc.activity for hc in hosts if len(hc.activity)]
+    tables = devices + activity if traced else devices or activity
     return (min(int(t.start_ps.min()) for t in tables), max(int(t.end_ps.max()) for t in tables))
 
 

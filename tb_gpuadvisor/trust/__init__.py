@@ -72,6 +72,8 @@ class Trust:
     expected_devices: int = 0
     missing_work: str | None = None        # why the device trace holds only part of the steps' work
     retake: str | None = None              # why the capture holds warm-up, not training steps (PyTorch)
+    # host name -> its one-time set-up (PyTorch): device idle behind it is set-up, not a host cost
+    setup: dict[str, Intervals] = field(default_factory=dict)
 
     @property
     def steps(self) -> Steps:
@@ -81,10 +83,11 @@ class Trust:
     @cached_property
     def covered(self) -> dict[str, Intervals]:
         """Device name -> the time its trace covers: the whole capture for a traced device (it may
-        simply be idle at either end), up to its last event for one that stopped early; devices
-        that recorded no kernel are absent."""
+        simply be idle at either end), up to its last event for one that stopped early, from the end
+        of the work queued before the capture for one still running it; devices that recorded no
+        kernel are absent."""
         whole = np.iinfo(np.int64).max
-        return {d.name: (np.array([0], np.int64),
+        return {d.name: (np.array([d.covers_from_ps], np.int64),
                          np.array([d.last_ps if d.status == "stops_early" else whole], np.int64))
                 for d in self.devices if d.last_ps is not None and d.kernels}
 
@@ -187,17 +190,17 @@ def _emptied(steps: Steps, cuts: list[ExportCut], already: set[int]) -> list[Exc
             for c in empty]
 
 
-def _warm_up(model: SessionModel, steps: Steps) -> tuple[str | None, list[ExcludedStep]]:
-    """Why the capture is to be taken again (None: it is not), and the warm-up iterations left
-    out (``warmup``); none are left out when nothing else would remain."""
+def _warm_up(model: SessionModel, steps: Steps) -> tuple[warmup.SetUp, str | None, list[ExcludedStep]]:
+    """The set-up found, why the capture is to be taken again (None: it is not), and the warm-up
+    iterations left out (``warmup``); none are left out when nothing else would remain."""
     setup = warmup.measure(model.hosts, steps)
     warm = np.flatnonzero(setup.share(steps) >= warmup.WARM_UP_SHARE)
     # Set-up filling the capture makes it one to take again unless enough clean steps remain.
     retake = setup.window_reason(steps) if len(steps) - warm.size < warmup.CLEAN_STEPS else None
     if warm.size == len(steps):
-        return retake, []
-    return retake, [ExcludedStep(int(steps.number[i]), int(steps.start_ps[i]), int(steps.end_ps[i]),
-                                 setup.reason(int(i), steps)) for i in warm]
+        return setup, retake, []
+    return setup, retake, [ExcludedStep(int(steps.number[i]), int(steps.start_ps[i]), int(steps.end_ps[i]),
+                                        setup.reason(int(i), steps)) for i in warm]
 
 
 def assess(model: SessionModel) -> Trust:
@@ -215,11 +218,12 @@ def assess(model: SessionModel) -> Trust:
     devices = device_coverage(model, steps)
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
-    retake, excluded = None, []
+    retake, excluded, setup = None, [], {}
     if model.framework == pytorch.FRAMEWORK and len(steps):
         # Warm-up iterations are recognised first: their set-up (a final sync included) is what
         # makes them slow or leaves the device's trace short of them.
-        retake, excluded = _warm_up(model, steps)
+        found, retake, excluded = _warm_up(model, steps)
+        setup = found.by_host
     warm = {e.number for e in excluded}
     excluded += [e for e in _without_device_data(steps, primary_cov) if e.number not in warm]
     excluded += _emptied(steps, cuts, {e.number for e in excluded})
@@ -237,9 +241,10 @@ def assess(model: SessionModel) -> Trust:
     view = model.with_steps(trusted, step_columns(trusted, model.hosts, within=True))
     return Trust(candidates=candidates, view=view, devices=devices,
                  excluded=sorted(excluded, key=lambda e: e.start_ps), export_cuts=cuts, misaligned=misaligned,
-                 placement=where_it_ran(view, trusted), single_step_atypical=single_step_evidence(view, trusted),
+                 placement=where_it_ran(view, trusted),
+                 single_step_atypical=single_step_evidence(view, trusted, first_use=retake is None),
                  expected_devices=expected_device_count(view),
-                 missing_work=missing_heavy_work(view) or partial_trace(view), retake=retake)
+                 missing_work=missing_heavy_work(view) or partial_trace(view), retake=retake, setup=setup)
 
 
 # What a finding rests on, for its confidence: per-step idle attribution on the primary device,

@@ -17,6 +17,7 @@ import numpy as np
 
 from tb_gpuadvisor.arrays import reduce_by_key
 from tb_gpuadvisor.model import kernels
+from tb_gpuadvisor.model.steps import launch_rows
 from tb_gpuadvisor.timeline import PS_PER_MS, DeviceActivity, HostModel, SessionModel, Steps
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 from tb_gpuadvisor.trust.warmup import before_final_sync
@@ -35,6 +36,9 @@ _MEMO = Memo()
 # A device whose last event comes this long before the host's last step activity stopped early.
 STOP_EARLY_MIN_PS = 5 * PS_PER_MS
 STOP_EARLY_SHARE = 0.1
+# A blocking call this long before a device's first traced event waited for work queued before the
+# capture began (with nothing queued it returns in microseconds).
+PRE_WINDOW_WAIT_PS = PS_PER_MS
 
 
 @dataclass
@@ -50,6 +54,9 @@ class DeviceCoverage:
     used_because: list[str] = field(default_factory=list)   # host evidence that the device worked
     status: str = "unused"        # traced | stops_early | no_kernels | missing | unused
     note: str = ""
+    # When the device was still running work queued before the capture (``queued_before``): its
+    # trace holds nothing of it, so it covers the capture from then on.
+    covers_from_ps: int = 0
 
     @property
     def partial(self) -> bool:
@@ -64,6 +71,8 @@ class DeviceCoverage:
             out["used_because"] = self.used_because
         if self.note:
             out["note"] = self.note
+        if self.covers_from_ps:
+            out["busy_before_window_until_ms"] = round(self.covers_from_ps / PS_PER_MS, 3)
         return out
 
 
@@ -181,8 +190,31 @@ def device_coverage(model: SessionModel, steps: Steps) -> list[DeviceCoverage]:
                 cov = _coverage_of(dev, [] if copies_only else why, any_kernels, until)
                 if copies_only and len(dev):
                     cov.status = "traced"
+                if model.framework == pytorch.FRAMEWORK and len(dev):
+                    cov.covers_from_ps = queued_before(host, dev)
             out.append(cov)
     return out
+
+
+def queued_before(host: HostModel, dev: DeviceActivity) -> int:
+    """When DEV finished work queued before the capture began, 0 when nothing says it had any: the
+    latest end of a blocking call (a synchronize, a copy) that started ``PRE_WINDOW_WAIT_PS`` or more
+    before DEV's first traced event (beyond the time a copy call may stage its bytes) and lasted that
+    long, with no traced work of DEV to wait for (the call's end, or DEV's first event where the call
+    ends after it: a blocking copy waits for the queue, then runs)."""
+    act = host.activity
+    first = int(dev.start_ps.min())
+    # A copy call may stage its bytes first (``vocab.pytorch.PAGEABLE_STAGING_BYTES_PER_S``).
+    staging = np.zeros(len(act), np.int64)
+    rows = launch_rows(act, dev)
+    copied = (rows >= 0) & (dev.nbytes > 0)
+    ps_per_byte = 1000 * PS_PER_MS / pytorch.PAGEABLE_STAGING_BYTES_PER_S
+    staging[rows[copied]] = (dev.nbytes[copied] * ps_per_byte).astype(np.int64)
+    calls = (kernels.named_events(act, "may_block", pytorch.may_block)
+             & (act.start_ps <= first - PRE_WINDOW_WAIT_PS - staging) & (act.dur_ps >= PRE_WINDOW_WAIT_PS))
+    if not calls.any():
+        return 0
+    return int(np.minimum(act.end_ps[calls], first).max())
 
 
 def misaligned_replicas(model: SessionModel, steps: Steps, primary: DeviceActivity | None) -> list[str]:

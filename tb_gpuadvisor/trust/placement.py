@@ -24,7 +24,7 @@ from tb_gpuadvisor.timeline import (
     PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity, SessionModel, Steps,
 )
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import jax, tensorflow
+from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 from tb_gpuadvisor.stages import Memo
 
 # What this stage derives from the tables and asks for again (see stages.Memo).
@@ -147,6 +147,9 @@ class Placement:
     # False when the runtime ran the steps (executor activity) but the host tracer recorded none
     # of their ops: CPU compute is then known only as executor time, and idle time not at all.
     ops_traced: bool = True
+    # cpu_only PyTorch captures: time per step the host waited in value read-backs lasting
+    # milliseconds (``untraced_device_waits``): the model ran on a device the profiler does not trace.
+    untraced_device_ms_per_step: float = 0.0
 
     def to_json(self) -> dict:
         out = {"where": self.where, "host_op_percent": round(self.host_op_percent, 2),
@@ -154,6 +157,8 @@ class Placement:
                "long_host_op_share": round(self.long_op_share, 3), "top_host_ops": self.ops}
         if not self.ops_traced:
             out["ops_traced"] = False
+        if self.untraced_device_ms_per_step:
+            out["untraced_device_wait_ms_per_step"] = round(self.untraced_device_ms_per_step, 3)
         return out
 
 
@@ -214,7 +219,9 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
     if not model.gpus:
         ran = any(bool(np.any(executor_work_mask(h.activity) & (steps.locate(h.activity.start_ps) >= 0)))
                   for h in model.hosts) if len(steps) else False
-        return Placement("cpu_only", percent, ms, long_share, ops, launches, ops_traced=percent > 0 or not ran)
+        waits = untraced_device_waits(model, steps) if model.framework == pytorch.FRAMEWORK else 0.0
+        return Placement("cpu_only", percent, ms, long_share, ops, launches, ops_traced=percent > 0 or not ran,
+                         untraced_device_ms_per_step=waits)
     on_host = percent >= 100 * MODEL_ON_HOST_SHARE and long_share >= LONG_OP_SHARE
     if not on_host and not launches and percent > 0 and not _sends_to_gpu(model):
         # Nothing on the host drove a GPU: no launch call, and none of the copies TensorFlow makes
@@ -222,6 +229,23 @@ def where_it_ran(model: SessionModel, steps: Steps) -> Placement:
         # model ops ran on host threads: a small model's ops are short on the CPU too.
         on_host = True
     return Placement("host_despite_gpu" if on_host else "gpu_trace_lost", percent, ms, long_share, ops, launches)
+
+
+def untraced_device_waits(model: SessionModel, steps: Steps) -> float:
+    """Ms per step the host spent in value read-backs (``.item()``) whose median call lasts
+    ``vocab.pytorch.UNTRACED_DEVICE_WAIT_PS`` or more, in a capture with no device: reading a CPU
+    tensor takes microseconds, so these waited for a device the profiler does not trace."""
+    durations = []
+    for host in model.hosts:
+        act = host.activity
+        reads = named_events(act, "read_back", pytorch.is_read_back)
+        if len(steps):
+            reads = reads & (steps.locate(act.start_ps) >= 0)
+        durations.append(act.dur_ps[reads])
+    found = np.concatenate(durations) if durations else np.empty(0, np.int64)
+    if not found.size or np.median(found) < pytorch.UNTRACED_DEVICE_WAIT_PS:
+        return 0.0
+    return float(found.sum()) / PS_PER_MS / max(len(steps), 1)
 
 
 def _sends_to_gpu(model: SessionModel) -> bool:

@@ -63,8 +63,9 @@ def steps_per_marker(steps: Steps) -> int:
     return 1
 
 
-def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
-    """Reasons one captured step is not a typical step (empty when it looks clean)."""
+def single_step_evidence(model: SessionModel, steps: Steps, first_use: bool = True) -> list[str]:
+    """Reasons one captured step is not a typical step (empty when it looks clean); FIRST_USE:
+    False when set-up was measured already (``warmup``), so it is not said twice."""
     if len(steps) != 1:
         return []
     lo, hi = int(steps.start_ps[0]), int(steps.end_ps[0])
@@ -100,7 +101,7 @@ def single_step_evidence(model: SessionModel, steps: Steps) -> list[str]:
         first = (act.kind == HostEventKind.FIRST_USE) & (act.start_ps >= lo) & (act.start_ps < hi)
         first_use_n += int(first.sum())
         first_use_ps += int(act.dur_ps[first].sum())
-    if first_use_ps > ATYPICAL_SHARE * step_ps:
+    if first_use and first_use_ps > ATYPICAL_SHARE * step_ps:
         reasons.append(f"{first_use_ps / PS_PER_MS:.1f} ms of first-use set-up ran in it ({first_use_n} lazy kernel "
                        "loads, kernel attribute queries and launches of a millisecond or more): it is a warm-up "
                        "iteration, so its launch and host times are not those of a typical step")

@@ -34,10 +34,17 @@ WARM_UP_SHARE = 0.5
 # Steps left once warm-up iterations are out from which the rest of a capture is still judged
 # (fewer, and a capture mostly of set-up is taken again).
 CLEAN_STEPS = 3
+# A capture with set-up whose devices worked less than this share of its steps holds first calls
+# (a warmed-up call's host runs ahead of its device, or waits for it), when set-up holds at least
+# TINY_SETUP_SHARE of them (a host-bound loop with one lazily loaded kernel is judged as it is).
+TINY_DEVICE_SHARE = 0.05
+TINY_SETUP_SHARE = 0.1
 # A synchronize that returns this long after the last device event ended waited for something
 # the trace does not hold (a warmed-up step's sync returns microseconds after its last kernel).
 FINAL_SYNC_PS = 10 * PS_PER_MS
-KINDS = ("first-use set-up (lazy kernel loading, library queries, slow first launches)",
+# A context-creating call this long made the context (a cudaFree of memory takes microseconds).
+CONTEXT_CREATION_PS = PS_PER_MS
+KINDS = ("first-use set-up (context creation, library initialisation, lazy kernel loading, slow first launches)",
          "torch.compile tracing, compilation and autotuning",
          "cuDNN autotuning (convolutions timing every algorithm)",
          "a final synchronize outlasting the last kernel")
@@ -49,6 +56,8 @@ class SetUp:
 
     by_kind: np.ndarray         # kinds x steps
     within: np.ndarray          # per step: the union of every kind inside its window
+    device_busy: np.ndarray     # per step: the time any device worked inside its window
+    by_host: dict[str, Intervals]   # host name -> its set-up (every kind), over the whole capture
 
     def share(self, steps: Steps) -> np.ndarray:
         return self.within / np.maximum(steps.duration_ps, 1)
@@ -62,11 +71,19 @@ class SetUp:
     def window_reason(self, steps: Steps) -> str | None:
         """Why the whole capture must be taken again, or None when its steps are mostly work."""
         total = int(steps.duration_ps.sum())
-        if not total or self.within.sum() < WARM_UP_SHARE * total:
+        setup = int(self.within.sum())
+        if not total or not setup:
             return None
-        parts = [f"{ps / PS_PER_MS:.1f} ms of {kind}" for kind, ps in zip(KINDS, self.by_kind.sum(axis=1)) if ps]
-        return (f"one-time set-up fills {100 * self.within.sum() / total:.0f}% of the captured steps ("
-                + ", ".join(parts) + "): the capture holds warm-up, not training steps")
+        parts = ", ".join(f"{ps / PS_PER_MS:.1f} ms of {kind}"
+                          for kind, ps in zip(KINDS, self.by_kind.sum(axis=1)) if ps)
+        if setup >= WARM_UP_SHARE * total:
+            return (f"one-time set-up fills {100 * setup / total:.0f}% of the captured steps ({parts}): the "
+                    "capture holds warm-up, not training steps")
+        busy = int(self.device_busy.sum())
+        if busy < TINY_DEVICE_SHARE * total and setup >= TINY_SETUP_SHARE * total:
+            return (f"the devices worked {100 * busy / total:.1f}% of the captured time and the rest holds "
+                    f"one-time set-up ({parts}): the capture holds first calls, not warmed-up ones")
+        return None
 
 
 def final_syncs(hosts: list[HostModel]) -> Intervals:
@@ -95,8 +112,9 @@ def before_final_sync(hosts: list[HostModel], until: int) -> int:
 
 
 def _first_use(host: HostModel) -> np.ndarray:
-    """The host's first-use events: kernel loads and library queries, and launch calls of a
-    millisecond or more that launched a kernel's first run on its device (a lazily loaded kernel).
+    """The host's first-use events: kernel loads, library queries and the stream pool's creation;
+    launch calls of a millisecond or more that launched a kernel's first run on its device (a
+    lazily loaded kernel); and the call that created the device's context (``_context_creation``).
     A long launch of a kernel run before waited for a full launch queue, and a long copy call
     for the copy itself: neither is set-up."""
     act = host.activity
@@ -109,7 +127,55 @@ def _first_use(host: HostModel) -> np.ndarray:
             _, first = np.unique(dev.name, return_index=True)
             rows = launch_rows(act, dev)[first[dev.kind[first] == DeviceEventKind.KERNEL]]
             mask[np.intersect1d(rows, slow)] = True
+    context = _context_creation(host)
+    if context is not None:
+        mask[context] = True
     return mask
+
+
+def _context_creation(host: HostModel) -> int | None:
+    """The row of the call that created the device's context: the host's first call of a name
+    that does so on first use (``vocab.pytorch.may_create_context``), lasting
+    ``CONTEXT_CREATION_PS`` or more and ending before any of its devices' work started. A later
+    or shorter one frees memory."""
+    act = host.activity
+    starts = [int(dev.start_ps.min()) for dev in host.devices if len(dev)]
+    calls = np.flatnonzero(named_events(act, "context_creation", pytorch.may_create_context))
+    if not calls.size:
+        return None
+    first = int(calls[np.argmin(act.start_ps[calls])])
+    long_enough = act.end_ps[first] - act.start_ps[first] >= CONTEXT_CREATION_PS
+    return first if long_enough and (not starts or act.end_ps[first] <= min(starts)) else None
+
+
+def _library_set_up(host: HostModel, first_use: np.ndarray) -> Intervals:
+    """The part of an op's call spent setting up a library on its first use: from the start of the
+    innermost op around the first query of each set-up name (cuBLAS's handle inside the first
+    ``aten::mm``: symbol and attribute queries, its pinned workspace, loading the library, none
+    of them a kernel's work) to the op's first launch after it, or the op's end. Only the first
+    query of a name counts, so a library that asks again on every call adds microseconds."""
+    act = host.activity
+    queries = np.flatnonzero(first_use & (act.kind == HostEventKind.FIRST_USE))
+    if not queries.size:
+        return iv.EMPTY
+    order = queries[np.lexsort((act.start_ps[queries], act.name[queries]))]
+    keep = np.ones(order.size, bool)
+    keep[1:] = act.name[order[1:]] != act.name[order[:-1]]
+    queries = order[keep]
+    ops = np.flatnonzero(act.kind == HostEventKind.FRAMEWORK_OP)
+    launches = np.flatnonzero(named_events(act, "launch_call", LAUNCH_CALL.search))
+    starts, ends = [], []
+    for q in queries:
+        around = ops[(act.thread[ops] == act.thread[q]) & (act.start_ps[ops] <= act.start_ps[q])
+                     & (act.end_ps[ops] >= act.end_ps[q])]
+        if not around.size:
+            continue
+        op = int(around[np.argmax(act.start_ps[around])])
+        after = launches[(act.thread[launches] == act.thread[q]) & (act.start_ps[launches] >= act.end_ps[q])
+                         & (act.start_ps[launches] < act.end_ps[op])]
+        starts.append(int(act.start_ps[op]))
+        ends.append(int(act.start_ps[after].min()) if after.size else int(act.end_ps[op]))
+    return iv.union(np.array(starts, np.int64), np.array(ends, np.int64))
 
 
 def _autotuning(act: HostActivity) -> Intervals:
@@ -132,15 +198,28 @@ def _autotuning(act: HostActivity) -> Intervals:
 
 
 def measure(hosts: list[HostModel], steps: Steps) -> SetUp:
-    """Each step's set-up time, by kind, inside its window."""
+    """Each step's set-up time, by kind, inside its window, and each host's set-up."""
     kinds: list[list[Intervals]] = [[], [], [], [final_syncs(hosts)]]
+    by_host: dict[str, Intervals] = {}
     for host in hosts:
         act = host.activity
-        kinds[0].append(iv.union(act.start_ps, act.end_ps, _first_use(host)))
-        kinds[1].append(iv.union(act.start_ps, act.end_ps, named_events(act, "torch_compile", pytorch.is_compile)))
-        kinds[2].append(_autotuning(act))
-    merged = [iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
-              for sets in kinds]
+        first_use = _first_use(host)
+        own = [iv.union_of(iv.union(act.start_ps, act.end_ps, first_use), _library_set_up(host, first_use)),
+               iv.union(act.start_ps, act.end_ps, named_events(act, "torch_compile", pytorch.is_compile)),
+               _autotuning(act)]
+        for kind, found in zip(kinds, own):
+            kind.append(found)
+        by_host[host.name] = _merge(own + [final_syncs([host])])
+    merged = [_merge(sets) for sets in kinds]
     by_kind = np.vstack([iv.per_bin_total(m, steps.start_ps, steps.end_ps) for m in merged])
-    every = iv.union(np.concatenate([s for s, _ in merged]), np.concatenate([e for _, e in merged]))
-    return SetUp(by_kind, iv.per_bin_total(every, steps.start_ps, steps.end_ps))
+    every = _merge(merged)
+    busy = _merge([iv.union(dev.start_ps, dev.end_ps) for host in hosts for dev in host.devices if len(dev)])
+    return SetUp(by_kind, iv.per_bin_total(every, steps.start_ps, steps.end_ps),
+                 iv.per_bin_total(busy, steps.start_ps, steps.end_ps), by_host)
+
+
+def _merge(sets: list[Intervals]) -> Intervals:
+    """The union of SETS."""
+    if not sets:
+        return iv.EMPTY
+    return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))

@@ -42,10 +42,18 @@ _INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data
 # Work of the DataLoader's own pin-memory thread and of its pinning.
 _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
 
-# Costs of first use: lazy kernel loading and attribute queries (cuBLAS/cuDNN set-up).
+# Costs of first use: lazy kernel loading, the attribute, symbol and occupancy queries cuBLAS,
+# cuDNN and PyTorch's own kernels make on their first call, and the stream pool PyTorch creates
+# on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).
 _WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
                       r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
-                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*)$")
+                      r"hipFuncGetAttributes|cudaGetDeviceProperties\w*|hipGetDeviceProperties\w*|"
+                      r"(cuda|hip)GetSymbolAddress|(cuda|hip)StreamCreate(WithFlags|WithPriority)?|"
+                      r"(cuda|hip)OccupancyMaxActiveBlocksPerMultiprocessor\w*|cuOccupancy\w*|"
+                      r"cuInit|cuDevicePrimaryCtxRetain|cuCtxCreate\w*)$")
+# PyTorch creates a device's CUDA/HIP context lazily, with ``cudaFree(nullptr)`` on its first use:
+# the process's first such call lasts from about 100 ms to seconds, before any device work.
+_CONTEXT_CREATION = re.compile(r"^(cuda|hip)Free$")
 
 # Device and pinned-host memory allocated or freed through the runtime or driver.  PyTorch's
 # caching allocator calls these only when its cache misses or is emptied; cudaFree/hipFree (and
@@ -96,6 +104,12 @@ def gpu_allocator_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def may_create_context(name: str) -> bool:
+    """Whether a runtime call named NAME creates the device's context when it is the first one
+    (then it is long, and no device work came before it)."""
+    return bool(_CONTEXT_CREATION.match(name))
+
+
 # A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
 # warmed-up launch takes microseconds.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
@@ -126,6 +140,9 @@ TF32_MAJOR = 8
 # peak ratio is 8x, 156 vs 19.5 TFLOPS; real GEMMs gain far less).
 FP64_SPEEDUP = 2.0
 TF32_SPEEDUP = 2.0
+# TF32 Tensor Core work run in 16 bits under autocast: the 16-bit peak is twice TF32's (A100 312 vs
+# 156 TFLOPS, H100 SXM 989 vs 495), and the operands move half the bytes.
+TF32_TO_16BIT_SPEEDUP = 2.0
 
 
 def runs_tf32(vendor: str | None, cc_major: int | None) -> bool:
@@ -226,8 +243,9 @@ DROPOUT = "dropout"
 TRAINING_BATCH_NORM = "training-mode batch norm"
 # Backward and optimizer work: the autograd engine's functions, "*Backward0" nodes, aten
 # "*_backward" ops and torch.optim's recorded calls.  A trace with none of them is inference.
-_TRAINING_WORK = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^aten::\w+_backward$|"
-                            r"^Optimizer\.(step|zero_grad)#")
+_BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|^aten::\w+_backward$"
+_BACKWARD_OP = re.compile(_BACKWARD)
+_TRAINING_WORK = re.compile(_BACKWARD + r"|^Optimizer\.(step|zero_grad)#")
 # Annotations (torch.profiler.record_function) that name an inference phase: the tutorials'
 # "model_inference", or eval/validation/predict/no_grad/inference_mode as a word of the name.
 _INFERENCE_SCOPE = re.compile(r"(?<![a-z])(inference|inference_mode|no_grad|eval|evaluation|validation|"
@@ -241,6 +259,11 @@ def training_mode_kernel(name: str) -> str | None:
     if _TRAINING_BATCH_NORM_KERNEL.search(name):
         return TRAINING_BATCH_NORM
     return None
+
+
+def is_backward_op(name: str) -> bool:
+    """Whether a host op is backward-pass work (the kernels it launches compute gradients)."""
+    return bool(_BACKWARD_OP.search(name))
 
 
 def is_training_work(name: str) -> bool:
@@ -284,9 +307,38 @@ _LIBRARY_FRAME = re.compile(r"^(torch|torchvision|torchaudio|transformers|accele
                             r"numpy|triton|functorch)/|(site|dist)-packages/|/lib/python3")
 
 
+# .item() / .cpu() read a tensor's value back (ATen's _local_scalar_dense): on a CPU tensor in
+# microseconds; one that lasts milliseconds in a capture with no device waited for a device the
+# profiler does not trace (Apple's MPS: Kineto records no MPS activity).
+_READ_BACK = re.compile(r"^aten::_local_scalar_dense$")
+UNTRACED_DEVICE_WAIT_PS = 1_000_000_000      # 1 ms
+UNTRACED_DEVICES = "Apple's MPS (an Apple-silicon GPU) or another device PyTorch's profiler does not trace"
+
+
+def is_read_back(name: str) -> bool:
+    return bool(_READ_BACK.match(name))
+
+
 def is_sync_op(name: str) -> bool:
     """Whether a host op or runtime call makes the host wait for the GPU."""
     return bool(_SYNC_OP.match(name))
+
+
+# Runtime calls that return only once the device reached them: synchronising calls, and copies
+# (a pageable or blocking copy waits for the work queued on its stream first).
+_BLOCKING_CALL = re.compile(r"^((cuda|hip)(Stream|Device|Event)Synchronize|(cuda|hip)Memcpy\w*|cuCtxSynchronize|"
+                            r"cuStreamSynchronize)$")
+
+
+# A host stages a pageable host-to-device copy at several GB/s before and while the copy runs: a
+# copy call that waited longer than its bytes at this rate before its copy started waited for
+# work queued on its stream.
+PAGEABLE_STAGING_BYTES_PER_S = 1e9
+
+
+def may_block(name: str) -> bool:
+    """Whether a runtime call can wait for the device's queued work."""
+    return bool(_BLOCKING_CALL.match(name))
 
 
 def user_frame(name: str) -> str | None:
