@@ -708,6 +708,21 @@ def mixed_precision_remedy(gpus: list[tuple[str | None, int | None]]) -> Remedy:
     return MIXED_PRECISION_FP16 if fp16 else MIXED_PRECISION
 
 
+# PyTorch's form of "is the GPU usable": a CPU-only wheel or a CUDA build the driver cannot run says
+# False, and a model or batch never moved with .to() computes on the CPU even when it says True.
+TORCH_GPU_VISIBLE = Fix(
+    text="Check that PyTorch can use the GPU (torch.cuda.is_available() is False with a CPU-only wheel, "
+         "'+cpu' in torch.__version__, or a CUDA build newer than the driver supports), then move the model "
+         "and every batch to it.",
+    code="import torch\n"
+         "print(torch.__version__, torch.version.cuda, torch.cuda.is_available())  # False: this build cannot use it\n"
+         "device = torch.device('cuda')\n"
+         "model = model.to(device)\n"
+         "for x, y in loader:\n"
+         "    x, y = x.to(device), y.to(device)\n"
+         "    train_step(x, y)",
+    doc="https://pytorch.org/get-started/locally/")
+
 CHECK_GPU_VISIBLE = Remedy(
     text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
          "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
@@ -725,6 +740,7 @@ CHECK_GPU_VISIBLE = Remedy(
              "print(jax.default_backend())  # 'gpu' expected\n"
              "# pip install -U 'jax[cuda12]'",
         doc="https://docs.jax.dev/en/latest/installation.html"),
+    pytorch=TORCH_GPU_VISIBLE,
 )
 
 

@@ -163,6 +163,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
                    "and every number in this report is about the CPU and the host")
 
 
+# What lists the GPUs each framework can use, said in a CPU-only capture's finding.
+_LISTS_GPUS = {"tensorflow": "tf.config.list_physical_devices('GPU') lists the GPUs TensorFlow can use",
+               "jax": "jax.devices() lists GPU devices only where a CUDA build of jaxlib is installed"}
 # Leads the title of a CPU-only capture's finding, whatever else is wrong with the capture.
 NO_GPU = "No GPU: the model ran on the CPU"
 
@@ -183,21 +186,6 @@ HOST_TRACER = Remedy(
 )
 
 
-# PyTorch's form of "is the GPU usable": a CPU-only wheel or a CUDA build the driver cannot run says
-# False, and a model or batch never moved with .to() computes on the CPU even when it says True.
-TORCH_GPU_VISIBLE = Fix(
-    text="Check that PyTorch can use the GPU (torch.cuda.is_available() is False with a CPU-only wheel, "
-         "'+cpu' in torch.__version__, or a CUDA build newer than the driver supports), then move the model "
-         "and every batch to it.",
-    code="import torch\n"
-         "print(torch.__version__, torch.version.cuda, torch.cuda.is_available())  # False: this build cannot use it\n"
-         "device = torch.device('cuda')\n"
-         "model = model.to(device)\n"
-         "for x, y in loader:\n"
-         "    x, y = x.to(device), y.to(device)\n"
-         "    train_step(x, y)",
-    doc="https://pytorch.org/get-started/locally/")
-GPU_VISIBLE = replace(CHECK_GPU_VISIBLE, pytorch=TORCH_GPU_VISIBLE)
 # A PyTorch trace whose host launched GPU work but holds no device event: Kineto's CUPTI could not
 # trace this driver (a CUPTI older than the driver, or none found), or CUDA activity was not asked for.
 TORCH_CUPTI = Fix(
@@ -249,12 +237,15 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
     placement = analysis.trust.placement
     torch = analysis.model.framework == pytorch.FRAMEWORK
     if placement.where == "cpu_only":
-        # A PyTorch run on the CPU is the finding (no GPU advice applies); a TF/JAX one is told so.
-        issues = [Issue(Severity.WARNING if torch else Severity.INFO, NO_GPU,
+        # No GPU was listed at all: context, in every framework, and the run's own largest cost is
+        # the first fix (a trace that lists a GPU the model never used is op_placement's finding).
+        # The check is said in the text: the fix's code is not printed without -v.
+        issues = [Issue(Severity.INFO, NO_GPU,
                         "If this machine has a GPU, PyTorch did not use it: torch.cuda.is_available() was False, "
-                        "or the model and its batches stayed on the CPU; a fix below shows how to check." if torch
-                        else "If this machine has a GPU, the framework did not see it; a fix below shows how to check.",
-                        GPU_VISIBLE, leads=torch)]
+                        "or the model and its batches stayed on the CPU." if torch
+                        else "If this machine has a GPU, the framework did not see it: "
+                        + _LISTS_GPUS.get(analysis.model.framework, _LISTS_GPUS["tensorflow"]) + ".",
+                        CHECK_GPU_VISIBLE)]
         if not placement.ops_traced:
             issues.append(Issue(Severity.WARNING, "CPU ops not traced",
                                 "The runtime ran the steps on its own threads but the host tracer recorded none "
@@ -281,7 +272,8 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
                        for d in gpus])]
     if placement.where == "host_despite_gpu":
         return [Issue(Severity.INFO, "The GPU trace is empty because the model ran on the CPU",
-                      f"The model ran on the CPU: TensorFlow saw a GPU (the profiler wrote its plane) but the "
+                      f"The model ran on the CPU: {'PyTorch' if torch else 'TensorFlow'} saw a GPU (the profiler "
+                      "wrote its plane) but the "
                       f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, "
                       + ("most of them for milliseconds each" if placement.long_op_share >= LONG_OP_SHARE
                          else "and nothing on the host launched GPU work or sent it inputs")

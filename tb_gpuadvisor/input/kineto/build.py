@@ -403,11 +403,14 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
     every call of that op at once; the host table holds each op call.  The op that launched each
-    event (OP_OF, by correlation id) is its ``launch_op``."""
+    event (OP_OF, by correlation id) is its ``launch_op``.  A trace without a single device event
+    still lists the GPUs deviceProperties name, each with no work: the process saw them and the
+    model ran on the CPU (a rank's trace with device events lists every GPU of its machine, and only
+    the ones it used are its devices)."""
     props = {p.id: p for p in cols.devices}
     device = cols.device[rows]
     out = []
-    for index in np.unique(device).tolist():
+    for index in (np.unique(device).tolist() if rows.size else sorted(i for i in props if i >= 0)):
         sel = rows[device == index]
         sel = sel[np.argsort(start[sel], kind="stable")]
         names, name_idx = _subset(name[sel], name_list)

@@ -1,0 +1,59 @@
+"""What a new user tripped on, round four (issue 44): the fix-first on CPU runs, fixes that must run
+as pasted, the all-hosts view of DDP ranks, compare's default base, unreadable captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from synth_kineto import kineto_trace, write_trace
+
+from tb_gpuadvisor.input.discovery import find_sessions
+from tb_gpuadvisor.multihost import build_report
+from tb_gpuadvisor.render import render_text
+
+# The host events of a GPU launch: a trace without them is of a model that never touched a GPU.
+_LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+
+
+def _cpu_trace(path: Path, lists_gpu: bool) -> dict:
+    """A PyTorch run on the CPU whose DataLoader makes each step wait 3 ms (kineto_trace's input
+    wait) beside 2 ms of ops; LISTS_GPU keeps the deviceProperties entry a machine with a GPU writes
+    (the process saw a GPU and never used it)."""
+    trace = kineto_trace(device=False, input_us=3000, kernel_us=100)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in _LAUNCH_CATEGORIES]
+    if not lists_gpu:
+        del trace["deviceProperties"]
+    write_trace(path / "run" / "w.1.pt.trace.json", trace)
+    (session,) = build_report(find_sessions(str(path)))["sessions"]
+    return session
+
+
+def test_no_gpu_at_all_is_context_and_the_input_wait_is_the_first_fix(tmp_path):
+    """No GPU listed: "No GPU" is an info finding (as in TensorFlow and JAX reports) and the 3 ms
+    input wait of each 5.2 ms step is ranked and named first; the text says how to check for a GPU
+    without a fix that only -v prints."""
+    session = _cpu_trace(tmp_path, lists_gpu=False)
+    assert session["trust"]["model_ran_on"] == "cpu_only"
+    first = session["findings"][0]
+    assert first["check"] == "input_bound" and first["severity"] == "critical"
+    assert session["first_fix"]["check"] == "input_bound"
+    no_gpu = next(f for f in session["findings"] if f["title"].startswith("No GPU"))
+    assert no_gpu["severity"] == "info" and "leads" not in no_gpu["metrics"]
+    assert "torch.cuda.is_available()" in no_gpu["summary"] and "fix below" not in no_gpu["summary"]
+    assert "torch.device('cuda')" in no_gpu["fixes"][0]["code"]
+    assert "fix below" not in render_text({"sessions": [session]}, width=100)
+
+
+def test_a_listed_gpu_that_got_no_work_is_the_first_fix(tmp_path):
+    """deviceProperties lists an A100 and no event ran on it: moving the model there comes first,
+    before the input wait that saves more, said in PyTorch's words with PyTorch's check."""
+    session = _cpu_trace(tmp_path, lists_gpu=True)
+    assert session["trust"]["model_ran_on"] == "host_despite_gpu"
+    first = session["findings"][0]
+    assert first["check"] == "op_placement" and first["severity"] == "critical"
+    assert "PyTorch saw the GPU" in first["summary"] and "TensorFlow" not in first["summary"]
+    assert "torch.cuda.is_available()" in first["fixes"][0]["code"]
+    assert session["first_fix"]["check"] == "op_placement"
+    assert "before the findings that save more" in session["first_fix"]["why"]
+    waits = next(f for f in session["findings"] if f["check"] == "input_bound")
+    assert waits["estimated_savings_ms_per_step"] > first["estimated_savings_ms_per_step"]
