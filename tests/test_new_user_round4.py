@@ -57,3 +57,37 @@ def test_a_listed_gpu_that_got_no_work_is_the_first_fix(tmp_path):
     assert "before the findings that save more" in session["first_fix"]["why"]
     waits = next(f for f in session["findings"] if f["check"] == "input_bound")
     assert waits["estimated_savings_ms_per_step"] > first["estimated_savings_ms_per_step"]
+
+
+def _input_fixes(session: dict) -> list[str]:
+    return [fix["code"] for fix in next(f for f in session["findings"] if f["check"] == "input_bound")["fixes"]]
+
+
+def test_a_batch_cheaper_than_a_worker_hand_off_is_told_to_index_whole_batches(tmp_path):
+    """0.2 ms of DataLoader wait per step (an in-memory TensorDataset's indexing and collate) is less
+    than a worker's hand-off of a batch (vocab.pytorch.WORKER_HANDOFF_MS): workers are not the fix,
+    one indexing call per batch is. 3 ms of wait per step (the test above) still gets workers."""
+    trace = kineto_trace(device=False, input_us=200, kernel_us=100)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in _LAUNCH_CATEGORIES]
+    del trace["deviceProperties"]
+    write_trace(tmp_path / "run" / "w.1.pt.trace.json", trace)
+    (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
+    codes = _input_fixes(session)
+    assert any("BatchSampler" in code for code in codes)
+    assert not any("num_workers" in code for code in codes)
+    slow = _cpu_trace(tmp_path / "slow", lists_gpu=False)
+    assert any("num_workers=workers" in code for code in _input_fixes(slow))
+
+
+def test_a_multi_rank_runs_dataloader_fix_keeps_the_distributed_sampler(tmp_path):
+    """Two ranks' traces of one session, each waiting 3 ms per step on its DataLoader: the loader the
+    fix builds takes a DistributedSampler, not shuffle=True over the whole dataset."""
+    for rank in (0, 1):
+        trace = kineto_trace(device=False, input_us=3000, kernel_us=100)
+        trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in _LAUNCH_CATEGORIES]
+        del trace["deviceProperties"]
+        write_trace(tmp_path / "run" / f"rank{rank}.1.pt.trace.json", trace)
+    (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
+    assert len(session["hosts"]) == 2
+    codes = [code for code in _input_fixes(session) if "DataLoader(" in code]
+    assert codes and all("DistributedSampler(" in code and "shuffle=True" not in code for code in codes)
