@@ -51,6 +51,8 @@ STATUSES = ("new", "worse", "better", "fixed", "unchanged")
 # kernel compute, then the parts checks declare (Compared.device_parts), then copies and idle.
 DEVICE_COMPUTE = (("compute_ms", "kernel compute"),)
 DEVICE_REST = (("copy_ms", "copies"), ("idle_ms", "GPU idle"))
+# A run without a GPU: the host is the device, its compute the CPU's, its idle time no op running.
+CPU_LABELS = {"kernel compute": "CPU compute", "GPU idle": "no op running"}
 
 
 def _weight(severity: str | None) -> int:
@@ -145,7 +147,8 @@ def _device_time(session: dict) -> dict[str, float]:
                 value = finding["metrics"].get(part.metric) if part.metric else _time_ms(check.id, finding)
             parts.append((part.label, value))
     parts += [(label, device.get(key)) for key, label in DEVICE_REST]
-    return {label: float(value) for label, value in parts if _number(value)}
+    cpu = (session.get("trust") or {}).get("model_ran_on") == "cpu_only"
+    return {CPU_LABELS.get(label, label) if cpu else label: float(value) for label, value in parts if _number(value)}
 
 
 def _device_deltas(base: dict, new: dict, divisors: tuple[float, float]) -> list[dict]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from synth_kineto import kineto_trace, write_trace
 
+from tb_gpuadvisor.compare import compare_sessions, render_comparison_text
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import build_report
 from tb_gpuadvisor.render import render_text
@@ -91,3 +92,19 @@ def test_a_multi_rank_runs_dataloader_fix_keeps_the_distributed_sampler(tmp_path
     assert len(session["hosts"]) == 2
     codes = [code for code in _input_fixes(session) if "DataLoader(" in code]
     assert codes and all("DistributedSampler(" in code and "shuffle=True" not in code for code in codes)
+
+
+def test_compare_of_cpu_only_runs_names_no_gpu(tmp_path):
+    """Two CPU-only runs (0.2 ms, then 3 ms of input wait per step): the parts of the step compared
+    are the CPU's compute and the time no op ran (what grew), never "GPU idle" or kernels."""
+    slow = _cpu_trace(tmp_path / "slow", lists_gpu=False)
+    trace = kineto_trace(device=False, input_us=200, kernel_us=100)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in _LAUNCH_CATEGORIES]
+    del trace["deviceProperties"]
+    write_trace(tmp_path / "fast" / "run" / "w.1.pt.trace.json", trace)
+    (fast,) = build_report(find_sessions(str(tmp_path / "fast")))["sessions"]
+    comparison = compare_sessions(fast, slow)
+    text = render_comparison_text(comparison)
+    parts = {row["part"] for row in comparison["device_time"]}
+    assert {"CPU compute", "no op running"} <= parts and not any("GPU" in p or "kernel" in p for p in parts)
+    assert "no op running" in text and "GPU" not in text
