@@ -108,3 +108,29 @@ def test_compare_of_cpu_only_runs_names_no_gpu(tmp_path):
     parts = {row["part"] for row in comparison["device_time"]}
     assert {"CPU compute", "no op running"} <= parts and not any("GPU" in p or "kernel" in p for p in parts)
     assert "no op running" in text and "GPU" not in text
+
+
+def test_an_unreadable_pytorch_capture_says_so_and_nothing_else(tmp_path):
+    """A .pt.trace.json of random bytes: the report is PyTorch's (the file format says so), says
+    nothing was read and where the model ran is unknown, with no CPU-only sentence, no "other hosts",
+    and no TensorFlow step-marker fix."""
+    path = tmp_path / "run" / "w.1.pt.trace.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(range(256)) * 8)
+    (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
+    assert session["framework"] == "pytorch"
+    quality = next(f for f in session["findings"] if f["check"] == "profile_quality")
+    assert quality["metrics"]["model_ran_on"] == "unknown" and quality["metrics"]["capture_kind"] == "unknown"
+    assert "CPU" not in quality["summary"] and "other hosts" not in quality["summary"]
+    assert "No host file could be read" in quality["summary"]
+    codes = " ".join(fix["code"] for f in session["findings"] for fix in f["fixes"])
+    assert "tf." not in codes and "StepTraceAnnotation" not in codes
+
+
+def test_random_bytes_named_gz_are_not_gzip(tmp_path):
+    path = tmp_path / "run" / "w.1.pt.trace.json.gz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(range(3, 256)) * 8)
+    (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
+    (error,) = session["errors"]
+    assert "is named .gz but is not gzip" in error["message"] and "utf-8" not in error["message"]

@@ -144,6 +144,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     where = f"{hosts} host{'s' if hosts != 1 else ''}"
     if model.hosts and model.session_hosts > hosts:     # one host of a many-host session (multihost's map)
         where = f"host {model.hosts[0].name}, one of the session's {model.session_hosts} hosts"
+    if analysis.trust.placement.where == "unknown":
+        return "unknown", ("a capture none of whose files could be read: nothing says where the model ran, "
+                           "and nothing in this report measures the run")
     if not gpus and analysis.trust.placement.where == "gpu_trace_lost":
         return "gpu_empty", (f"a capture of a GPU run on {where} whose device trace is missing: the host launched "
                              "GPU work and no device event was recorded")
@@ -374,19 +377,22 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
     return issues
 
 
-def unreadable(errors: list[dict]) -> Issue:
-    """Host files that could not be read: the findings speak for the other hosts only."""
+def unreadable(errors: list[dict], others_read: bool = True) -> Issue:
+    """Host files that could not be read: the findings speak for the other hosts only (OTHERS_READ),
+    or for nothing at all."""
     return Issue(Severity.WARNING, f"{len(errors)} host file(s) unreadable",
-                 "Some host files could not be read: " + "; ".join(f"{e.get('host')}: {e.get('message')}"
-                                                                  for e in errors)
-                 + ". Findings cover the other hosts only.")
+                 ("Some host files could not be read: " if others_read else "No host file could be read: ")
+                 + "; ".join(f"{e.get('host')}: {e.get('message')}" for e in errors)
+                 + (". Findings cover the other hosts only." if others_read else "."))
 
 
 def _issues(analysis: Analysis) -> list[Issue]:
     model = analysis.model
     issues: list[Issue] = []
     if model.errors:
-        issues.append(unreadable(model.errors))
+        issues.append(unreadable(model.errors, others_read=bool(model.hosts or model.devices)))
+    if not model.hosts and not model.devices:
+        return issues           # nothing was read: no step, placement or coverage to judge
     issues += (_placement_issues(analysis) + _host_issues(analysis) + _coverage_issues(analysis)
                + _step_issues(analysis))
     dropped = sum(h.dropped_events for h in model.hosts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from tb_gpuadvisor.metadata import KINETO_SUFFIXES, XPLANE_SUFFIX
+from tb_gpuadvisor.vocab import pytorch
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.input.capture import HostCapture
@@ -41,6 +42,9 @@ class Adapter:
     # <host><suffix>); False for files anywhere in a run's folder, grouped into sessions by GROUPER.
     profile_dir: bool = False
     grouper: str = "tb_gpuadvisor.input:one_session"    # "module:function": (file names) -> Sessions
+    # The framework that writes this format, when only one does: a session none of whose files could
+    # be read is still that framework's (its report speaks its words), not "unknown".
+    framework: str | None = None
 
     def claims(self, file_name: str) -> bool:
         return any(file_name.endswith(s) and len(file_name) > len(s) for s in self.suffixes)
@@ -60,7 +64,7 @@ class Adapter:
 XPLANE = Adapter("xplane", (XPLANE_SUFFIX,), "tb_gpuadvisor.input.xplane.build:read_host", xprof=True,
                  profile_dir=True)
 KINETO = Adapter("kineto", KINETO_SUFFIXES, "tb_gpuadvisor.input.kineto.build:read", xprof=False,
-                 grouper="tb_gpuadvisor.input.kineto:cycles")
+                 grouper="tb_gpuadvisor.input.kineto:cycles", framework=pytorch.FRAMEWORK)
 _ADAPTERS: list[Adapter] = [XPLANE, KINETO]
 
 
