@@ -3,7 +3,15 @@ as pasted, the all-hosts view of DDP ranks, compare's default base, unreadable c
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from synth_kineto import kineto_trace, write_trace
 
@@ -12,6 +20,7 @@ from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import build_report
 from tb_gpuadvisor.render import render_text
 
+REPO = Path(__file__).resolve().parent.parent
 # The host events of a GPU launch: a trace without them is of a model that never touched a GPU.
 _LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 
@@ -134,3 +143,31 @@ def test_random_bytes_named_gz_are_not_gzip(tmp_path):
     (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
     (error,) = session["errors"]
     assert "is named .gz but is not gzip" in error["message"] and "utf-8" not in error["message"]
+
+
+def test_stopping_the_demo_server_by_its_pid_stops_tensorboard(tmp_path):
+    """kill PID on `python -m demo.serve` (SIGTERM) reaches its TensorBoard child: the port is free
+    again once the parent has exited."""
+    pytest.importorskip("tensorboard")
+    from demo.serve import port_taken
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "demo.serve", "--logdir", str(tmp_path), "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=REPO, stderr=subprocess.DEVNULL,
+                              start_new_session=True)     # its own group: whatever is left is stopped below
+    try:
+        deadline = time.monotonic() + 120
+        while port_taken("127.0.0.1", port) is None:
+            assert server.poll() is None and time.monotonic() < deadline, "TensorBoard did not start"
+            time.sleep(0.5)
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        assert port_taken("127.0.0.1", port) is None
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait()
