@@ -9,9 +9,10 @@ const POLL_MS = 400;
 
 /** Thrown for non-2xx answers; `status` is the HTTP code. */
 class RequestError extends Error {
-  constructor(message, status) {
+  constructor(message, status, body) {
     super(message);
     this.status = status;
+    this.body = body || {};
   }
 }
 
@@ -35,7 +36,7 @@ async function getJson(url, signal) {
   }
   if (!response.ok) {
     const message = body && body.error ? body.error : `HTTP ${response.status}`;
-    throw new RequestError(message, response.status);
+    throw new RequestError(message, response.status, body);
   }
   return {status: response.status, body};
 }

@@ -690,7 +690,8 @@ export function findingsView(report, context) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
     // Without a GPU the GPU checks (precision, Tensor Cores, replicas, copies, launches) could not
     // look at all: "nothing to fix" would claim more than the capture shows.
-    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPU\b/.test(f.title || ''));
+    // (the titles say "No GPU ..." or "Fewer than two GPUs ...": every one of them is named).
+    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPUs?\b/.test(f.title || ''));
     const cpuOnly = ((report.trust || {}).model_ran_on) === 'cpu_only' && gpuChecks.length;
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :

@@ -268,14 +268,30 @@ def regressions_reaching(result: dict, fail_on: str | Severity) -> list[str]:
                      and c.get("new_confidence") != "low"]
 
 
-def refusal(base: dict, new: dict) -> str | None:
-    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
-    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+def _unread(base: dict, new: dict) -> tuple[str, dict, str] | None:
+    """(side, session, why) of the first of BASE and NEW that could not be analysed at all, or None."""
     for side, session in (("base", base), ("new", new)):
         why = unreadable(session)
         if why:
-            return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+            return side, session, why
     return None
+
+
+def refusal(base: dict, new: dict) -> str | None:
+    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
+    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+    found = _unread(base, new)
+    if found is None:
+        return None
+    side, session, why = found
+    return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+
+
+def refused_side(base: dict, new: dict) -> str | None:
+    """Which of BASE and NEW ("base" or "new") makes the comparison a refusal, or None: the tab
+    drops an unreadable base from its choices and picks the next one."""
+    found = _unread(base, new)
+    return found[0] if found else None
 
 
 def _label(side: dict) -> str:

@@ -148,7 +148,8 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
         except service.NotFound as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=404)
         except service.NotComparable as exc:
-            return http_util.Respond(request, {"error": str(exc)}, "application/json", code=422)
+            return http_util.Respond(request, {"error": str(exc), "unreadable": exc.side}, "application/json",
+                                     code=422)
         except (service.Busy, service.Unavailable) as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=503)
         if isinstance(result, service.Pending):

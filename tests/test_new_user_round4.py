@@ -171,3 +171,23 @@ def test_stopping_the_demo_server_by_its_pid_stops_tensorboard(tmp_path):
         except ProcessLookupError:
             pass
         server.wait()
+
+
+def test_the_jax_helpers_summary_names_step_trace_annotation():
+    """The end-of-training summary of a JAX loop names its markers as the CLI and the tab do."""
+    from tb_gpuadvisor import inloop
+
+    steps = {"count": 5, "source": "custom_loop", "mean_ms": 2.0}
+    report = {"sessions": [{"framework": "jax", "steps": steps, "findings": [], "errors": []}]}
+    line = inloop.summary_line(report, None, "/logs/s")
+    assert "StepTraceAnnotation markers" in line and "custom_loop" not in line
+    assert "custom_loop" not in inloop.advice_text(report, None, "/logs/s", "/logs")
+
+
+def test_analyze_and_compare_help_name_pytorch_traces(capsys):
+    from tb_gpuadvisor.cli import main
+
+    for command in ("analyze", "compare"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ".pt.trace.json" in capsys.readouterr().out
