@@ -15,6 +15,7 @@ class AdvisorApp {
     this.selection = {run: null, session: null, host: '', base: ''};
     this.view = 'report';
     this.controller = null;
+    this.info = {profile_tab: true};
     this.unreadable = new Set();    // "run\u0000session" of sessions that could not be analysed
 
     this.toolbar = h('div', {class: 'toolbar', role: 'toolbar', 'aria-label': 'Session selection'});
@@ -28,6 +29,7 @@ class AdvisorApp {
 
   async start() {
     this.show(views.statusView('Looking for profile captures…'));
+    this.info = await model.fetchInfo();
     await this.refresh();
   }
 
@@ -212,6 +214,7 @@ class AdvisorApp {
     const steps = report.steps || {};
     const context = {
       run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms, timeOriginMs: report.time_origin_ms,
+      profileTab: this.info.profile_tab !== false, profileInstall: this.info.profile_install,
     };
     // The device a check marks (report.marked_device: the straggler), as the report names it.
     const deviceChart = views.deviceChart(report.breakdown, report.marked_device || null);

@@ -72,6 +72,17 @@ export async function listRuns(signal) {
   return body;
 }
 
+/** Whether the Profile tab the evidence links open is installed ({profile_tab, profile_install});
+ * an Advisor that cannot say is taken to have it (its links are drawn as before). */
+export async function fetchInfo(signal) {
+  try {
+    const {body} = await getJson(routeUrl('info'), signal);
+    return body || {profile_tab: true};
+  } catch (_) {
+    return {profile_tab: true};
+  }
+}
+
 /** One session object (contract.md); `host` restricts it to one host. */
 export function fetchReport({run, session, host}, onProgress, signal) {
   return poll(routeUrl('report', {run, session, host}), onProgress, signal);

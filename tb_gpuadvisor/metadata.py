@@ -9,3 +9,9 @@ PROFILE_DIR = ("plugins", "profile")
 XPLANE_SUFFIX = ".xplane.pb"
 # What torch.profiler.tensorboard_trace_handler (Kineto) writes into a run folder.
 KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+# The TensorBoard plugin the evidence links open (XProf's Profile tab), and what installs it: it
+# is not a requirement (it adds about 230 MB to an environment with TensorBoard: XProf itself, then
+# Cloud Storage, gRPC and DuckDB), so the tab says what to install where it is missing.
+PROFILE_PLUGIN = "profile"
+PROFILE_INSTALL = 'pip install xprof (or "tb-gpuadvisor[profile]"), then restart TensorBoard'

@@ -346,6 +346,20 @@ def test_real_capture(page, server):
     _shot(page, server, "7-real-capture")
 
 
+def test_without_the_profile_tab_the_links_say_what_to_install(page, server):
+    """Issue 44 item 4: a TensorBoard without XProf (the Advisor's /info says so) gets no link into a
+    Profile tab it lacks: each evidence row says there is none, and a note says what to install."""
+    page.route("**/data/plugin/gpu_advisor/info*", lambda route: route.fulfill(
+        content_type="application/json",
+        body=json.dumps({"profile_tab": False, "profile_install": "pip install xprof"})))
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings] [data-testid=profile-missing]", timeout=30000)
+    assert frame.locator("[data-testid=findings] a.profile-link, [data-testid=findings] a.range-link").count() == 0
+    note = frame.locator("[data-testid=profile-missing-note]").first.inner_text()
+    assert "pip install xprof" in note, note
+
+
 def test_deep_link_opens_profile_tab_in_parent_page(page, server):
     frame = _advisor(page, server)
     _select_session(frame, "train", GOOD)
