@@ -63,6 +63,10 @@ _ALLOCATOR = re.compile(r"^(cuda|hip)(Malloc|MallocManaged|MallocHost|HostAlloc|
 # launches inside them are the collective's, whatever their own name says (all-reduce of two
 # ranks runs as ``ncclKernel_SendRecv``).
 _COLLECTIVE_SCOPE = re.compile(r"^nccl:(\w+)$")
+# ProcessGroupGloo (CPU tensors, a CPU-only DDP run) records each collective as a ``gloo:<collective>``
+# annotation on its own worker thread, from when the work starts to when every rank has taken
+# part: a rank that is early spends the rest of it waiting for the others, not on host overhead.
+HOST_COLLECTIVE = re.compile(r"^gloo:\w+$")
 COLLECTIVE_ARGS_OP = "record_param_comms"
 # Bytes per element of the ``dtype`` arg (c10 ScalarType names).
 DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4, "Int": 4,
