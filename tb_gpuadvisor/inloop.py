@@ -366,7 +366,7 @@ def advice_text(report: dict | None, problem: str | None, session_dir: str | Non
                     out.append(textwrap.indent(fix["code"], "          "))
     if session_dir:
         out.append(f"  capture: {session_dir}")
-        out.append(f"  see it:  tensorboard --logdir {log_dir}   (Profile and Advisor tabs)")
+        out.append(f"  see it:  tensorboard --logdir {log_dir}   (the Advisor tab; the Profile tab with pip install xprof)")
         out.append(f"  or:      tb-gpuadvisor analyze {session_dir}")
     return "\n".join(out) + "\n"
 
