@@ -240,3 +240,18 @@ def test_ddp_rank_views_and_the_all_hosts_header_agree(ddp_logdir):
         assert f"{saving:.2f} ms per step ({100 * saving / mean:.0f}% of the mean step)" in first["why"]
     if what_if is not None:
         assert what_if["step_ms"] == pytest.approx(mean, abs=0.002)
+
+
+def test_one_ranks_trace_of_collectives_keeps_the_distributed_sampler(tmp_path):
+    """One rank's trace alone (the tab's view of one host) is of a multi-rank run when it records a
+    collective between ranks (here a gloo:all_reduce after each step's ops)."""
+    trace = kineto_trace(device=False, input_us=3000, kernel_us=100)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in _LAUNCH_CATEGORIES]
+    del trace["deviceProperties"]
+    steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    trace["traceEvents"] += [{"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 99,
+                              "ts": s["ts"] + s["dur"] - 50, "dur": 40} for s in steps]
+    write_trace(tmp_path / "run" / "rank1.1.pt.trace.json", trace)
+    (session,) = build_report(find_sessions(str(tmp_path)))["sessions"]
+    codes = [code for code in _input_fixes(session) if "DataLoader(" in code]
+    assert codes and all("DistributedSampler(" in code and "shuffle=True" not in code for code in codes)

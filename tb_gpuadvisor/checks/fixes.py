@@ -91,8 +91,9 @@ def run_facts(analysis: "Analysis") -> RunFacts:
     model = analysis.model
     workers = jitted = op_by_op = multi_rank = cheap = False
     if model.framework == pytorch.FRAMEWORK:
+        # Several ranks in the session, or one rank's trace of collectives (one rank's view of a DDP run).
         multi_rank = max(len(model.hosts), model.session_hosts) > 1 or any(
-            pytorch.COLLECTIVE_ARGS_OP in host.activity.names for host in model.hosts)
+            pytorch.is_collective_call(name) for host in model.hosts for name in host.activity.names)
         waits = [iv.union(h.activity.start_ps[m], h.activity.end_ps[m]) for h in model.hosts
                  for m in [(h.activity.kind == HostEventKind.INPUT_WAIT) & (h.activity.step >= 0)] if m.any()]
         wait_ms = max((analysis.ms_per_step(iv.total(w)) for w in waits), default=0.0)

@@ -89,6 +89,12 @@ def collective_scope(name: str) -> str | None:
     return match.group(1) if match else None
 
 
+def is_collective_call(name: str) -> bool:
+    """Whether host event NAME is a collective between ranks (NCCL's or gloo's, or the op that
+    records a collective's arguments): the trace is one rank's of a multi-rank run."""
+    return name == COLLECTIVE_ARGS_OP or bool(HOST_COLLECTIVE.match(name) or _COLLECTIVE_SCOPE.match(name))
+
+
 def allocator_name(device: int) -> str:
     """The caching allocator of GPU DEVICE, named as torch names the device ("cuda:0")."""
     return f"cuda:{device}"
