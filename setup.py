@@ -66,6 +66,8 @@ setup(
         "demo": ["xprof>=2.20", *TF_CPU],
         "demo-gpu": ["xprof>=2.20", "tensorflow[and-cuda]>=2.16"],
         "test": TEST_REQUIRES,
+        # XProf's Profile tab, which the evidence links open (not a requirement: see README).
+        "profile": ["xprof>=2.20"],
         "remote": ["fsspec>=2023.1"],
         "dask": DASK,
     },

@@ -23,11 +23,21 @@ def harmless(line: str) -> bool:
     return bool(NOTICES.match(line.rstrip("\n")))
 
 
+# Signals that stop this process (kill PID, a closed terminal): passed on to the child, so that
+# stopping the parent by its PID never leaves the child (TensorBoard on its port) running.
+PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
+
+
 def run_quietly(command: list[str], **options) -> int:
     """Runs COMMAND, its stderr passed on without TensorFlow's start-up notices; its exit code.
-    Interrupted, it passes the interrupt on to the child and waits for it to exit."""
+    Interrupted or terminated, it passes the signal on to the child and waits for it to exit."""
     with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
                           **options) as child:
+        def pass_on(signum: int, _frame) -> None:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        before = {signum: signal.signal(signum, pass_on) for signum in PASSED_ON}
         try:
             for line in child.stderr:
                 if not harmless(line):
@@ -36,4 +46,7 @@ def run_quietly(command: list[str], **options) -> int:
         except KeyboardInterrupt:       # a terminal's Ctrl+C reached both; a lone SIGINT only us
             if child.poll() is None:
                 child.send_signal(signal.SIGINT)
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
         return child.wait()

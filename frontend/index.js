@@ -15,6 +15,8 @@ class AdvisorApp {
     this.selection = {run: null, session: null, host: '', base: ''};
     this.view = 'report';
     this.controller = null;
+    this.info = {profile_tab: true};
+    this.unreadable = new Set();    // "run\u0000session" of sessions that could not be analysed
 
     this.toolbar = h('div', {class: 'toolbar', role: 'toolbar', 'aria-label': 'Session selection'});
     this.tabs = h('div', {class: 'tabs', role: 'tablist', 'aria-label': 'Views'});
@@ -27,6 +29,7 @@ class AdvisorApp {
 
   async start() {
     this.show(views.statusView('Looking for profile captures…'));
+    this.info = await model.fetchInfo();
     await this.refresh();
   }
 
@@ -204,12 +207,14 @@ class AdvisorApp {
     if (signal.aborted) return;
     if (model.unreadable(report)) {
       // Nothing was read: a header, chart or findings would describe an empty capture.
+      this.unreadable.add(`${run}\u0000${session}`);
       this.show(views.errorsView(report, true), views.unreadNote());
       return;
     }
     const steps = report.steps || {};
     const context = {
       run, session, host, hosts: report.hosts || [], stepMeanMs: steps.mean_ms, timeOriginMs: report.time_origin_ms,
+      profileTab: this.info.profile_tab !== false, profileInstall: this.info.profile_install,
     };
     // The device a check marks (report.marked_device: the straggler), as the report names it.
     const deviceChart = views.deviceChart(report.breakdown, report.marked_device || null);
@@ -234,9 +239,12 @@ class AdvisorApp {
       this.show(views.errorView('Nothing to compare:', 'this logdir holds a single session.'));
       return;
     }
-    const others = pairs.map((pair) => pair.join('\u0000'));
-    if (!others.includes(this.selection.base)) {
-      const base = model.defaultBase(run, session, pairs);
+    // Sessions found unreadable (their report, or a refused comparison) are no base to offer.
+    const readable = pairs.filter((pair) => !this.unreadable.has(pair.join('\u0000')));
+    const others = readable.map((pair) => pair.join('\u0000'));
+    const picked = others.includes(this.selection.base);
+    if (!picked) {
+      const base = model.defaultBase(run, session, readable);
       this.selection.base = base ? base.join('\u0000') : '';
       this.saveSelection();
     }
@@ -262,6 +270,11 @@ class AdvisorApp {
         this.show(bar, note, views.statusView('Analyzing both sessions…', progress));
       }, signal);
     } catch (error) {
+      if (error.status === 422 && error.body.unreadable === 'base') {
+        this.unreadable.add(this.selection.base);
+        // A base the tab chose itself: the run's next earlier session instead.
+        if (!picked && !signal.aborted) return this.loadCompare(signal);
+      }
       // 422: one side could not be analysed, and the server refuses to tabulate it.
       const title = error.status === 422 ? 'Cannot compare:' : 'Comparison failed:';
       // The route's message may open with the same words as the title (compare.refusal's do).

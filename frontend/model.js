@@ -9,9 +9,10 @@ const POLL_MS = 400;
 
 /** Thrown for non-2xx answers; `status` is the HTTP code. */
 class RequestError extends Error {
-  constructor(message, status) {
+  constructor(message, status, body) {
     super(message);
     this.status = status;
+    this.body = body || {};
   }
 }
 
@@ -35,7 +36,7 @@ async function getJson(url, signal) {
   }
   if (!response.ok) {
     const message = body && body.error ? body.error : `HTTP ${response.status}`;
-    throw new RequestError(message, response.status);
+    throw new RequestError(message, response.status, body);
   }
   return {status: response.status, body};
 }
@@ -69,6 +70,17 @@ async function poll(url, onProgress, signal) {
 export async function listRuns(signal) {
   const {body} = await getJson(routeUrl('runs'), signal);
   return body;
+}
+
+/** Whether the Profile tab the evidence links open is installed ({profile_tab, profile_install});
+ * an Advisor that cannot say is taken to have it (its links are drawn as before). */
+export async function fetchInfo(signal) {
+  try {
+    const {body} = await getJson(routeUrl('info'), signal);
+    return body || {profile_tab: true};
+  } catch (_) {
+    return {profile_tab: true};
+  }
 }
 
 /** One session object (contract.md); `host` restricts it to one host. */

@@ -549,6 +549,12 @@ const TRACE_VIEWER = 'trace_viewer@';
 
 function profileLink(context, host, tool) {
   const name = tool.replace(/@$/, '');
+  if (context.profileTab === false) {
+    // No Profile tab in this TensorBoard: a link would open "no dashboard by the name of profile".
+    return h('span', {class: 'profile-missing muted', 'data-tool': name, 'data-testid': 'profile-missing',
+      title: `The Profile tab is not installed: ${context.profileInstall}`},
+    `${name.replace(/_/g, ' ')} (no Profile tab)`);
+  }
   return h('a', {
     href: profileUrl({run: context.run, session: context.session, host, tool}),
     target: '_parent', class: 'profile-link', 'data-tool': name,
@@ -577,7 +583,7 @@ function rangeLink(context, host, range) {
 
 function profileLinks(item, context, host) {
   if (item.tool !== INPUT_PIPELINE_TOOL && item.tool !== TRACE_VIEWER) return profileLink(context, host, item.tool);
-  const range = rangeLink(context, host, viewRange(item, context.timeOriginMs));
+  const range = context.profileTab === false ? null : rangeLink(context, host, viewRange(item, context.timeOriginMs));
   return h('div', {class: 'links'},
     profileLink(context, host, TRACE_VIEWER),
     range,
@@ -597,6 +603,12 @@ function rangeNote(table) {
   return h('p', {class: 'muted small note', 'data-testid': 'range-note',
     text: '"at this time" opens XProf\'s trace viewer on a page of its own at that time range; ' +
       'the Profile tab\'s trace viewer opens the whole trace (XProf 2.24 drops a range given to it).'});
+}
+
+function profileMissingNote(table, context) {
+  if (!table.querySelector('.profile-missing')) return null;
+  return h('p', {class: 'muted small note', 'data-testid': 'profile-missing-note',
+    text: `The Profile tab these links open is not installed in this TensorBoard: ${context.profileInstall}.`});
 }
 
 function evidenceView(evidence, context) {
@@ -626,6 +638,7 @@ function evidenceView(evidence, context) {
     h('h4', {text: 'Evidence'}),
     h('div', {class: 'table-wrap'}, table),
     rangeNote(table),
+    profileMissingNote(table, context),
     inputPipelineNote(evidence));
 }
 
@@ -690,7 +703,8 @@ export function findingsView(report, context) {
     const broken = (report.errors || []).length && !((report.steps || {}).count);
     // Without a GPU the GPU checks (precision, Tensor Cores, replicas, copies, launches) could not
     // look at all: "nothing to fix" would claim more than the capture shows.
-    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPU\b/.test(f.title || ''));
+    // (the titles say "No GPU ..." or "Fewer than two GPUs ...": every one of them is named).
+    const gpuChecks = findings.filter((f) => f.severity === 'not_applicable' && /\bGPUs?\b/.test(f.title || ''));
     const cpuOnly = ((report.trust || {}).model_ran_on) === 'cpu_only' && gpuChecks.length;
     section.appendChild(broken ?
       h('p', {class: 'muted', text: 'No findings: the capture could not be analysed (see the errors above).'}) :

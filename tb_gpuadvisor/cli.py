@@ -277,7 +277,8 @@ def parser() -> argparse.ArgumentParser:
                "(without --partial); the report is still printed.")
     sub = top.add_subparsers(dest="command", required=True)
     analyze = sub.add_parser("analyze", help="analyse every profile session under PATH")
-    analyze.add_argument("path", help="a logdir, run folder, session folder or one .xplane.pb file")
+    analyze.add_argument("path", help="a logdir, run folder, session folder, or one .xplane.pb or "
+                         ".pt.trace.json[.gz] file")
     analyze.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     analyze.add_argument("--fail-on", choices=FAIL_ON,
                          help="exit 1 when a finding this severe appears (low-confidence findings do not count); "
@@ -291,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
     _add_engine_flags(analyze)
     analyze.set_defaults(func=cmd_analyze)
     compare = sub.add_parser("compare", help="compare two sessions: new, fixed, better, worse findings")
-    compare.add_argument("base", help="the baseline session (folder or .xplane.pb)")
+    compare.add_argument("base", help="the baseline session (folder, .xplane.pb or .pt.trace.json[.gz])")
     compare.add_argument("new", help="the session to judge against it")
     compare.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     compare.add_argument("--fail-on", choices=FAIL_ON,

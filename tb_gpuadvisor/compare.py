@@ -51,6 +51,8 @@ STATUSES = ("new", "worse", "better", "fixed", "unchanged")
 # kernel compute, then the parts checks declare (Compared.device_parts), then copies and idle.
 DEVICE_COMPUTE = (("compute_ms", "kernel compute"),)
 DEVICE_REST = (("copy_ms", "copies"), ("idle_ms", "GPU idle"))
+# A run without a GPU: the host is the device, its compute the CPU's, its idle time no op running.
+CPU_LABELS = {"kernel compute": "CPU compute", "GPU idle": "no op running"}
 
 
 def _weight(severity: str | None) -> int:
@@ -145,7 +147,8 @@ def _device_time(session: dict) -> dict[str, float]:
                 value = finding["metrics"].get(part.metric) if part.metric else _time_ms(check.id, finding)
             parts.append((part.label, value))
     parts += [(label, device.get(key)) for key, label in DEVICE_REST]
-    return {label: float(value) for label, value in parts if _number(value)}
+    cpu = (session.get("trust") or {}).get("model_ran_on") == "cpu_only"
+    return {CPU_LABELS.get(label, label) if cpu else label: float(value) for label, value in parts if _number(value)}
 
 
 def _device_deltas(base: dict, new: dict, divisors: tuple[float, float]) -> list[dict]:
@@ -265,14 +268,30 @@ def regressions_reaching(result: dict, fail_on: str | Severity) -> list[str]:
                      and c.get("new_confidence") != "low"]
 
 
-def refusal(base: dict, new: dict) -> str | None:
-    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
-    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+def _unread(base: dict, new: dict) -> tuple[str, dict, str] | None:
+    """(side, session, why) of the first of BASE and NEW that could not be analysed at all, or None."""
     for side, session in (("base", base), ("new", new)):
         why = unreadable(session)
         if why:
-            return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+            return side, session, why
     return None
+
+
+def refusal(base: dict, new: dict) -> str | None:
+    """Why BASE and NEW cannot be compared (one of them could not be analysed at all), or None.
+    A table against an unread session would list "fixed" and "unchanged" checks nobody measured."""
+    found = _unread(base, new)
+    if found is None:
+        return None
+    side, session, why = found
+    return f"cannot compare: the {side} session {session_title(session)} could not be analysed: {why}"
+
+
+def refused_side(base: dict, new: dict) -> str | None:
+    """Which of BASE and NEW ("base" or "new") makes the comparison a refusal, or None: the tab
+    drops an unreadable base from its choices and picks the next one."""
+    found = _unread(base, new)
+    return found[0] if found else None
 
 
 def _label(side: dict) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
 from tb_gpuadvisor.checks.base import FAIL_ON, Severity, failing
+from tb_gpuadvisor.render import marker_words
 
 log = logging.getLogger("tb_gpuadvisor")
 
@@ -331,10 +332,11 @@ def failing_findings(report: dict | None, fail_on: str | None) -> list[dict]:
     return failing(session["findings"], fail_on) if session is not None else []
 
 
-def _steps_sentence(steps: dict) -> str:
+def _steps_sentence(steps: dict, framework: str | None) -> str:
+    """The steps as the CLI and the tab name their markers (a JAX loop's are StepTraceAnnotation)."""
     if not steps.get("count"):
         return "no training steps were found in the capture"
-    return f"{steps['count']} steps ({steps['source']} markers), mean {steps['mean_ms']:.2f} ms per step"
+    return f"{steps['count']} steps ({marker_words(steps, framework)} markers), mean {steps['mean_ms']:.2f} ms per step"
 
 
 def advice_text(report: dict | None, problem: str | None, session_dir: str | None, log_dir: str) -> str:
@@ -343,7 +345,7 @@ def advice_text(report: dict | None, problem: str | None, session_dir: str | Non
     out = ["", "tb-gpuadvisor: " + ("no advice: " + problem if problem else "advice from the profiled steps")]
     session = _session(report)
     if session is not None:
-        out.append(f"  {_steps_sentence(session['steps'])}")
+        out.append(f"  {_steps_sentence(session['steps'], session.get('framework'))}")
         for err in session.get("errors", []):
             out.append(f"  error: {err['message']}")
         top = top_findings(report)
@@ -364,7 +366,7 @@ def advice_text(report: dict | None, problem: str | None, session_dir: str | Non
                     out.append(textwrap.indent(fix["code"], "          "))
     if session_dir:
         out.append(f"  capture: {session_dir}")
-        out.append(f"  see it:  tensorboard --logdir {log_dir}   (Profile and Advisor tabs)")
+        out.append(f"  see it:  tensorboard --logdir {log_dir}   (the Advisor tab; the Profile tab with pip install xprof)")
         out.append(f"  or:      tb-gpuadvisor analyze {session_dir}")
     return "\n".join(out) + "\n"
 
@@ -377,7 +379,7 @@ def summary_line(report: dict | None, problem: str | None, session_dir: str | No
     top = top_findings(report)
     found = ("; ".join(f"{f['check']} {f['severity']} (saves {f['estimated_savings_ms_per_step']:.2f} ms/step)"
                        for f in top) if top else "no critical or warning finding")
-    return f"tb_gpuadvisor: {_steps_sentence(session['steps'])}: {found}; capture {session_dir}"
+    return f"tb_gpuadvisor: {_steps_sentence(session['steps'], session.get('framework'))}: {found}; capture {session_dir}"
 
 
 def _limit_self(limit_mb: int) -> None:

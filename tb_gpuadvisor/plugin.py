@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from importlib import resources
+from importlib.metadata import entry_points
 
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
@@ -55,6 +56,7 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
             "/runs": self._serve_runs,
             "/report": self._serve_report,
             "/compare": self._serve_compare,
+            "/info": self._serve_info,
         }
         for name in self._static:
             apps["/" + name] = self._serve_static
@@ -105,6 +107,13 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
     # -- routes ------------------------------------------------------------------------
 
     @wrappers.Request.application
+    def _serve_info(self, request: wrappers.Request) -> wrappers.Response:
+        """Whether the Profile tab the evidence links open is installed, and what installs it."""
+        installed = any(e.name == metadata.PROFILE_PLUGIN for e in entry_points(group="tensorboard_plugins"))
+        return http_util.Respond(request, {"profile_tab": installed, "profile_install": metadata.PROFILE_INSTALL},
+                                 "application/json")
+
+    @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         return self._answer(request, self._service.runs)
 
@@ -148,7 +157,8 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
         except service.NotFound as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=404)
         except service.NotComparable as exc:
-            return http_util.Respond(request, {"error": str(exc)}, "application/json", code=422)
+            return http_util.Respond(request, {"error": str(exc), "unreadable": exc.side}, "application/json",
+                                     code=422)
         except (service.Busy, service.Unavailable) as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=503)
         if isinstance(result, service.Pending):

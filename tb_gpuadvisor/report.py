@@ -111,6 +111,11 @@ def _first_fix(ranked: list[Finding], mean_step_ms: float) -> dict | None:
                 "why": f"{top.title}. It saves no time by itself, but the other findings are only "
                        "as good as the capture: fix this first and profile again."}
     share = f" ({100 * saving / mean_step_ms:.0f}% of the mean step)" if mean_step_ms else ""
+    if top.metrics.get("leads") is True and any(f.estimated_savings_ms_per_step > saving for f in ranked
+                                                 if f.severity in ACTIONABLE):
+        return {"check": top.check,
+                "why": f"{top.title}. It comes before the findings that save more: until it is fixed they "
+                       f"describe a different run (its own estimated saving: {saving:.2f} ms per step{share})."}
     return {"check": top.check,
             "why": f"{top.title}. Fixing it has the largest estimated saving: "
                    f"{saving:.2f} ms per step{share}."}

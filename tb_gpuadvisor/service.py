@@ -69,7 +69,11 @@ class Busy(RuntimeError):
 
 class NotComparable(ValueError):
     """One of two sessions to compare could not be analysed at all (HTTP 422): a comparison
-    would list checks nobody measured."""
+    would list checks nobody measured. ``side``: which one ("base" or "new")."""
+
+    def __init__(self, why: str, side: str) -> None:
+        super().__init__(why)
+        self.side = side
 
 
 class Unavailable(RuntimeError):
@@ -326,11 +330,11 @@ class AdvisorService:
         pending = [item for item in (new, base) if isinstance(item, Pending)]
         if pending:
             return Pending(min((p.progress for p in pending), key=lambda p: p["fraction"]))
-        from tb_gpuadvisor.compare import compare_sessions, refusal
+        from tb_gpuadvisor.compare import compare_sessions, refusal, refused_side
 
         why = refusal(base, new)
         if why:
-            raise NotComparable(why)
+            raise NotComparable(why, refused_side(base, new) or "new")
         return compare_sessions(base, new)
 
     def _job_for(self, ref: discovery.SessionRef, host: str | None) -> _Job:

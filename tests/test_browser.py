@@ -308,6 +308,21 @@ def test_compare_defaults_to_the_runs_previous_session(page, server):
     assert frame.locator("[data-testid=base-note]").count() == 0
 
 
+def test_compare_skips_an_unreadable_previous_session_and_stops_offering_it(page, server):
+    """Issue 44 item 6: the session before MALICIOUS in "train" is BROKEN (sessions sort by name,
+    "<" after the dates). Compare opens on the one before it, BETTER, with no error, and BROKEN is no
+    longer among the bases offered."""
+    frame = _advisor(page, server)
+    _select_session(frame, "train", MALICIOUS)
+    frame.wait_for_selector("[data-testid=findings]", timeout=30000)
+    frame.click("#tab-compare")
+    frame.wait_for_selector("[data-testid=compare]", timeout=30000)
+    assert frame.locator("[data-testid=base-select]").input_value() == f"train\u0000{BETTER}"
+    assert frame.locator(".compare-bar ~ [role=alert]").count() == 0
+    offered = frame.locator("[data-testid=base-select] option").evaluate_all("(options) => options.map((o) => o.value)")
+    assert f"train\u0000{BROKEN}" not in offered and f"train\u0000{GOOD}" in offered
+
+
 def test_compare_refuses_a_session_that_could_not_be_analysed(page, server):
     """Issue 26.5: the broken capture as a base gives one error line, no table of invented changes."""
     frame = _compare_tab(page, server, BETTER)
@@ -329,6 +344,20 @@ def test_real_capture(page, server):
     assert frame.locator("[data-testid=step-chart] g.step-bar").count() >= 10
     assert frame.locator("[data-testid=report-errors]").count() == 0
     _shot(page, server, "7-real-capture")
+
+
+def test_without_the_profile_tab_the_links_say_what_to_install(page, server):
+    """Issue 44 item 4: a TensorBoard without XProf (the Advisor's /info says so) gets no link into a
+    Profile tab it lacks: each evidence row says there is none, and a note says what to install."""
+    page.route("**/data/plugin/gpu_advisor/info*", lambda route: route.fulfill(
+        content_type="application/json",
+        body=json.dumps({"profile_tab": False, "profile_install": "pip install xprof"})))
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    frame.wait_for_selector("[data-testid=findings] [data-testid=profile-missing]", timeout=30000)
+    assert frame.locator("[data-testid=findings] a.profile-link, [data-testid=findings] a.range-link").count() == 0
+    note = frame.locator("[data-testid=profile-missing-note]").first.inner_text()
+    assert "pip install xprof" in note, note
 
 
 def test_deep_link_opens_profile_tab_in_parent_page(page, server):
@@ -645,6 +674,8 @@ def test_cpu_run_with_nothing_to_fix_says_the_gpu_checks_need_a_gpu(page, server
     note = frame.wait_for_selector("[data-testid=needs-gpu]", timeout=30000).inner_text()
     assert "need a GPU capture" in note and "precision" in note, note
     assert frame.locator("p.good").count() == 0
+    # As many named as the N/A list shows (issue 44 item 10: it named 6 of 9, "GPUs" unmatched).
+    assert "multi_gpu_imbalance" in note and "launch_skew" in note, note
 
 
 def test_missing_logdir_is_told_apart_from_an_empty_one(page, server):

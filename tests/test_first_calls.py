@@ -164,12 +164,14 @@ def test_a_run_on_an_untraced_device_is_not_told_it_ran_on_the_cpu(tmp_path):
 
 
 def test_a_cpu_run_with_quick_read_backs_ran_on_the_cpu(tmp_path):
-    """The same loop whose ``.item()`` returns in 20 us: a CPU run, told so."""
+    """The same loop whose ``.item()`` returns in 20 us: a CPU run, told so (as context, since no
+    GPU is listed: issue 44 ranks the run's real costs above it)."""
     from synth_kineto import untraced_device_trace
 
     session = _session(untraced_device_trace(item_ms=0.02), tmp_path / "cpu")
-    first = session["findings"][0]
-    assert first["title"].startswith("No GPU: the model ran on the CPU")
+    told = [f for f in session["findings"] if f["title"].startswith("No GPU: the model ran on the CPU")]
+    assert len(told) == 1 and told[0]["severity"] == "info"
+    assert not any("cannot trace" in f["title"] for f in session["findings"])
     assert "untraced_device_wait_ms_per_step" not in session["trust"]["placement"]
 
 
@@ -207,7 +209,8 @@ def test_recipe_windows_of_a_cpu_model_are_one_window_on_the_cpu(tmp_path, calls
     assert session["steps"]["mean_ms"] == pytest.approx(span_ms, abs=0.01)
     assert session["trust"]["model_ran_on"] == "cpu_only" and "capture_to_retake" not in session["trust"]
     assert "untraced_device_wait_ms_per_step" not in session["trust"]["placement"]
-    assert session["findings"][0]["title"].startswith("No GPU: the model ran on the CPU")
+    told = [f for f in session["findings"] if f["title"].startswith("No GPU: the model ran on the CPU")]
+    assert len(told) == 1 and told[0]["severity"] == "info"     # context: no GPU is listed (issue 44)
 
 
 def test_a_window_opening_on_a_busy_device_counts_that_work_as_not_traced(tmp_path):

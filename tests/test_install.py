@@ -110,6 +110,10 @@ def test_wheel_declares_its_requirements_and_extras(wheel: Path):
     assert not set(FRAMEWORKS) & set(base) and "tensorflow-cpu" not in base
     assert "fsspec" in _requirement_names(requires, "remote")
     assert "dask" in _requirement_names(requires, "dask")
+    # The Profile tab the evidence links open is an extra, as the README's install lines say.
+    assert "xprof" in _requirement_names(requires, "profile") and "xprof" not in base
+    readme = (REPO / "README.md").read_text()
+    assert 'pip install "./tb-gpuadvisor[profile]"' in readme and "pip install xprof" in readme
     # the tab's files and the schema ship with it
     assert any(n.endswith("frontend/index.js") for n in names)
     assert any(n.endswith("schema/report.schema.json") for n in names)

@@ -273,3 +273,15 @@ def test_real_capture_first_report_under_two_seconds(tmp_path):
     started = time.perf_counter()
     assert client.get(url).status_code == 200
     assert time.perf_counter() - started < 0.1
+
+
+def test_info_says_whether_the_profile_tab_is_installed(client, monkeypatch):
+    """Issue 44 item 4: the tab learns whether XProf's Profile plugin (its "profile" entry point) is
+    there before drawing links into it, and what installs it."""
+    from importlib import metadata as importlib_metadata
+
+    here = json.loads(client.get(PLUGIN_ROOT + "/info").get_data())
+    installed = any(e.name == "profile" for e in importlib_metadata.entry_points(group="tensorboard_plugins"))
+    assert here["profile_tab"] is installed and "pip install xprof" in here["profile_install"]
+    monkeypatch.setattr(plugin, "entry_points", lambda group: [])
+    assert json.loads(client.get(PLUGIN_ROOT + "/info").get_data())["profile_tab"] is False

@@ -613,8 +613,11 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceB
     step_ops = (((activity.kind == HostEventKind.FRAMEWORK_OP) | eager) & step_threads(activity)
                 | executor_work_mask(activity))
     ops = iv.subtract(_set(start, end, step_ops), waits)
+    # Collectives between ranks (gloo's, on its own threads) are the host's collective time: split
+    # like a GPU's into transfer and waiting for the slowest rank, never host overhead.
+    collective = _set(start, end, kernels.named_events(activity, "host_collectives", pytorch.HOST_COLLECTIVE.match))
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
-    return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits))
+    return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits, collective=collective))
 
 
 def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivity | None, HostModel]]]:

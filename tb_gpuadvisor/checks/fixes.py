@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tb_gpuadvisor.checks.finding import Fix
+from tb_gpuadvisor.kinds import HostEventKind
+from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.vocab import jax, pytorch
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ class RunFacts:
     loader_workers: bool = False    # PyTorch: the DataLoader already loads in worker processes
     jitted_step: bool = False       # JAX: each step is one (or a few) jitted calls already
     op_by_op_step: bool = False     # JAX: each step dispatches dozens of jitted primitives from Python
+    multi_rank: bool = False        # PyTorch: one of several ranks (its DataLoader keeps a DistributedSampler)
+    cheap_batches: bool = False     # PyTorch: a batch costs less to make than a worker's hand-off
 
 
 # A JAX step is compiled already when the trusted steps hold at most this many jitted calls each
@@ -84,7 +89,15 @@ JITTED_CALLS_PER_STEP = 4
 def run_facts(analysis: "Analysis") -> RunFacts:
     """The facts of ANALYSIS's capture that decide which fixes fit (see :func:`for_run`)."""
     model = analysis.model
-    workers = jitted = op_by_op = False
+    workers = jitted = op_by_op = multi_rank = cheap = False
+    if model.framework == pytorch.FRAMEWORK:
+        # Several ranks in the session, or one rank's trace of collectives (one rank's view of a DDP run).
+        multi_rank = max(len(model.hosts), model.session_hosts) > 1 or any(
+            pytorch.is_collective_call(name) for host in model.hosts for name in host.activity.names)
+        waits = [iv.union(h.activity.start_ps[m], h.activity.end_ps[m]) for h in model.hosts
+                 for m in [(h.activity.kind == HostEventKind.INPUT_WAIT) & (h.activity.step >= 0)] if m.any()]
+        wait_ms = max((analysis.ms_per_step(iv.total(w)) for w in waits), default=0.0)
+        cheap = 0.0 < wait_ms < pytorch.WORKER_HANDOFF_MS
     if model.framework in (pytorch.FRAMEWORK, jax.FRAMEWORK):
         steps = analysis.steps_count
         calls = 0
@@ -99,7 +112,7 @@ def run_facts(analysis: "Analysis") -> RunFacts:
         jitted = bool(steps) and 0 < calls <= JITTED_CALLS_PER_STEP * steps
         op_by_op = bool(steps) and calls > JITTED_CALLS_PER_STEP * steps
     return RunFacts(cpu_only=analysis.trust.placement.where == "cpu_only", loader_workers=workers,
-                    jitted_step=jitted, op_by_op_step=op_by_op)
+                    jitted_step=jitted, op_by_op_step=op_by_op, multi_rank=multi_rank, cheap_batches=cheap)
 
 
 def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
@@ -111,6 +124,8 @@ def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
     rest: list[Fix] = []
     after: list[Fix] = []
     for fix in for_framework(fixes, framework):
+        if facts.cheap_batches and fix in _WORKER_FIXES:
+            fix = TORCH_BATCHED_INDEXING
         if facts.cpu_only:
             fix = next((cpu for gpu, cpu in _CPU_FORMS if gpu == fix), fix)
             if fix is None:
@@ -122,7 +137,27 @@ def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
             continue
         first = any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
         (leading if first else rest).append(fix)
-    return leading + rest + [fix for fix in after if fix not in leading + rest]
+    ordered = leading + rest + [fix for fix in after if fix not in leading + rest]
+    return [_with_sampler(fix) for fix in ordered] if facts.multi_rank else ordered
+
+
+# A DataLoader the fix builds with shuffle=True (DataLoader(<dataset>, ... shuffle=True), and a
+# sampler that shuffles the whole dataset.
+_SHUFFLED_LOADER = re.compile(r"DataLoader\((?P<before>\s*)(?P<data>\w+)(?P<between>[^()]*?)shuffle=True")
+_WHOLE_DATASET_SAMPLER = re.compile(r"torch\.utils\.data\.RandomSampler\((\w+)\)")
+_RANK_SAMPLER = "torch.utils.data.distributed.DistributedSampler"
+
+
+def _with_sampler(fix: Fix) -> Fix:
+    """FIX as a rank of a multi-rank run pastes it: each DataLoader it builds keeps the rank's share
+    of the data (a DistributedSampler, which shuffles) instead of shuffling the whole dataset."""
+    code = _SHUFFLED_LOADER.sub(lambda m: f"DataLoader({m['before']}{m['data']}{m['between']}"
+                                f"sampler={_RANK_SAMPLER}({m['data']})", fix.code)
+    code = _WHOLE_DATASET_SAMPLER.sub(lambda m: f"{_RANK_SAMPLER}({m.group(1)})", code)
+    if code == fix.code:
+        return fix
+    return replace(fix, code=code + "\n# at each epoch's start call the DistributedSampler's set_epoch(epoch), "
+                                    "so the ranks reshuffle alike")
 
 
 FRAMEWORKS = ("tensorflow", "jax", "pytorch")
@@ -294,12 +329,18 @@ TORCH_DDP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.parallel.Dis
 TORCH_PROFILER_DOC = "https://pytorch.org/docs/stable/profiler.html"
 TORCH_CHANNELS_LAST_DOC = "https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"
 
+# Every code fix runs as pasted on any machine: a worker or thread count is an expression of the
+# machine's own cores, at least 1 (os.cpu_count() may be None; 2 cores minus 4 is not a count).
+_IMPORT_OS = "import os\n"
+SPARE_CORES = "max(1, min(8, (os.cpu_count() or 2) - 1))"
+
 TORCH_WORKERS = Fix(
     text="Load batches in DataLoader worker processes that stay alive between epochs and keep "
          "batches queued ahead of the step, instead of in the training loop's own process.",
-    code="loader = torch.utils.data.DataLoader(\n"
+    code=_IMPORT_OS
+         + "loader = torch.utils.data.DataLoader(\n"
          "    dataset, batch_size=batch_size, shuffle=True,\n"
-         "    num_workers=8,            # about the CPU cores you can spare\n"
+         f"    num_workers={SPARE_CORES},  # the cores you can spare, at most 8\n"
          "    persistent_workers=True,  # no worker start-up at every epoch\n"
          "    prefetch_factor=4,        # batches each worker keeps ready\n"
          "    pin_memory=True)",
@@ -310,10 +351,13 @@ TORCH_WORKERS_ON_CPU = Fix(
     text="Load batches in DataLoader worker processes that stay alive between epochs and keep "
          "batches queued ahead of the step; without a GPU the workers share the cores with the "
          "training threads, so give each side its own.",
-    code="torch.set_num_threads(os.cpu_count() - 4)   # the training process's compute threads\n"
+    code=_IMPORT_OS
+         + "cores = os.cpu_count() or 2\n"
+         "workers = max(1, cores // 4)                    # a quarter of the cores load, at least one\n"
+         "torch.set_num_threads(max(1, cores - workers))  # the rest compute in the training process\n"
          "loader = torch.utils.data.DataLoader(\n"
          "    dataset, batch_size=batch_size, shuffle=True,\n"
-         "    num_workers=4,            # the cores left to loading\n"
+         "    num_workers=workers,\n"
          "    persistent_workers=True,  # no worker start-up at every epoch\n"
          "    prefetch_factor=4)        # batches each worker keeps ready",
     doc=TORCH_DATA_GUIDE,
@@ -323,17 +367,32 @@ TORCH_FASTER_WORKERS = Fix(
     text="The DataLoader already loads in worker processes and the step still waits for it: make "
          "each sample cheaper first (above); then keep the workers alive between epochs, queue more "
          "batches per worker, and add workers only while cores are idle.",
-    code="loader = torch.utils.data.DataLoader(\n"
+    code=_IMPORT_OS
+         + "loader = torch.utils.data.DataLoader(\n"
          "    dataset, batch_size=batch_size, shuffle=True,\n"
-         "    num_workers=num_workers,  # raise only while `top` shows idle cores\n"
+         f"    num_workers={SPARE_CORES},  # raise only while `top` shows idle cores\n"
          "    persistent_workers=True, prefetch_factor=4)",
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_BATCHED_INDEXING = Fix(
+    text="Each batch costs less to make than a DataLoader worker's hand-off of it (an in-memory dataset, "
+         "a cheap collate), so workers would make the step slower: make the batch in one call instead of "
+         "one per sample, with a sampler that yields whole batches of indices (a TensorDataset takes a "
+         "list of them) or by slicing the tensors directly.",
+    code="sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset),\n"
+         "                                        batch_size=batch_size, drop_last=False)\n"
+         "loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None)  # dataset[indices]: one call a batch\n"
+         "# or, with the tensors at hand:  x, y = x_all[i:i + batch_size], y_all[i:i + batch_size]",
     doc=TORCH_DATA_GUIDE,
 )
 
 TORCH_PINNED_COPIES = Fix(
     text="Copy batches from pinned (page-locked) host memory without blocking, so the copy runs "
          "on the GPU's copy engine while the host goes on launching work.",
-    code="loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=8, pin_memory=True)\n"
+    code=_IMPORT_OS
+         + "loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, pin_memory=True,\n"
+         f"                                     num_workers={SPARE_CORES})\n"
          "for x, y in loader:\n"
          "    x = x.to(device, non_blocking=True)\n"
          "    y = y.to(device, non_blocking=True)",
@@ -396,7 +455,9 @@ TORCH_CUDA_GRAPHS = Fix(
 TORCH_LARGER_BATCH = Fix(
     text="Use a larger batch (in training, scale the learning rate with it): the same kernel launches "
          "and collectives then do more work each, so their fixed costs shrink relative to compute.",
-    code="loader = torch.utils.data.DataLoader(dataset, batch_size=256, num_workers=8, pin_memory=True)",
+    code=_IMPORT_OS
+         + "loader = torch.utils.data.DataLoader(dataset, batch_size=256, pin_memory=True,\n"
+         f"                                     num_workers={SPARE_CORES})",
     doc=TORCH_TUNING_GUIDE,
 )
 
@@ -488,7 +549,9 @@ TORCH_MEMORY_HEADROOM = Fix(
 TORCH_MEMORY_LARGER_BATCH = Fix(
     text="Raise the batch size until torch.cuda.max_memory_allocated() approaches ~80% of the GPU; "
          "scale the learning rate with it.",
-    code="loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, num_workers=8, pin_memory=True)\n"
+    code=_IMPORT_OS
+         + "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, pin_memory=True,\n"
+         f"                                     num_workers={SPARE_CORES})\n"
          "optimizer = torch.optim.AdamW(model.parameters(), lr=2 * lr)\n"
          "torch.cuda.reset_peak_memory_stats()\n"
          "train_step(*next(iter(loader)))\n"
@@ -725,6 +788,21 @@ def mixed_precision_remedy(gpus: list[tuple[str | None, int | None]]) -> Remedy:
     return MIXED_PRECISION_FP16 if fp16 else MIXED_PRECISION
 
 
+# PyTorch's form of "is the GPU usable": a CPU-only wheel or a CUDA build the driver cannot run says
+# False, and a model or batch never moved with .to() computes on the CPU even when it says True.
+TORCH_GPU_VISIBLE = Fix(
+    text="Check that PyTorch can use the GPU (torch.cuda.is_available() is False with a CPU-only wheel, "
+         "'+cpu' in torch.__version__, or a CUDA build newer than the driver supports), then move the model "
+         "and every batch to it.",
+    code="import torch\n"
+         "print(torch.__version__, torch.version.cuda, torch.cuda.is_available())  # False: this build cannot use it\n"
+         "device = torch.device('cuda')\n"
+         "model = model.to(device)\n"
+         "for x, y in loader:\n"
+         "    x, y = x.to(device), y.to(device)\n"
+         "    train_step(x, y)",
+    doc="https://pytorch.org/get-started/locally/")
+
 CHECK_GPU_VISIBLE = Remedy(
     text="Check that TensorFlow can use the GPU: it must list it, and the installed CUDA and cuDNN must "
          "be the versions this TensorFlow build was made with (pip install 'tensorflow[and-cuda]' brings "
@@ -742,6 +820,7 @@ CHECK_GPU_VISIBLE = Remedy(
              "print(jax.default_backend())  # 'gpu' expected\n"
              "# pip install -U 'jax[cuda12]'",
         doc="https://docs.jax.dev/en/latest/installation.html"),
+    pytorch=TORCH_GPU_VISIBLE,
 )
 
 
@@ -760,6 +839,8 @@ _CPU_FORMS: tuple[tuple[Fix, Fix | None], ...] = (
     (GPU_PRIVATE_THREADS.variant("tensorflow"), None),
     (LOG_DEVICE_PLACEMENT.variant("tensorflow"), None),
 )
+# The fixes that add or tune DataLoader workers: not the fix where a batch is cheaper than a hand-off.
+_WORKER_FIXES: tuple[Fix, ...] = (TORCH_WORKERS, TORCH_WORKERS_ON_CPU, TORCH_FASTER_WORKERS)
 # (fix, the RunFacts field that says the run has applied it, what is left to do or None).
 _ALREADY_DONE: tuple[tuple[Fix, str, Fix | None], ...] = (
     (TORCH_WORKERS, "loader_workers", TORCH_FASTER_WORKERS),

@@ -56,7 +56,7 @@ from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.checks import _ranks
 from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks.fixes import (
-    DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, TORCH_DDP_DOC, Remedy,
+    DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, SPARE_CORES, TORCH_DDP_DOC, Remedy,
 )
 from tb_gpuadvisor.checks.base import (
     Chart, Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, measured_parts, register,
@@ -103,9 +103,10 @@ FIXES = [
         pytorch=Fix(
             "Give every rank the same share of the data and the same batch: a DistributedSampler "
             "with drop_last, and one per-rank batch size everywhere.",
+            "import os\n"
             "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)\n"
             "loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler,\n"
-            "                                     num_workers=8, pin_memory=True, persistent_workers=True)\n"
+            f"                                     num_workers={SPARE_CORES}, pin_memory=True, persistent_workers=True)\n"
             "for epoch in range(epochs):\n"
             "    sampler.set_epoch(epoch)",
             TORCH_DDP_DOC)),
@@ -154,8 +155,9 @@ HOST_CORES_FIX = _torch_only(Fix(
     "rank-only work (logging, evaluation, checkpoints) out of the step, and look for other load on the late "
     "rank's host; every collective waits for its slowest host.",
     "import os\n"
-    "cores = os.cpu_count() // local_world_size          # the host's cores split evenly between its ranks\n"
-    "os.sched_setaffinity(0, range(local_rank * cores, (local_rank + 1) * cores))\n"
+    "cores = max(1, (os.cpu_count() or 1) // local_world_size)   # the host's cores split evenly between its ranks\n"
+    "if hasattr(os, 'sched_setaffinity') and (os.cpu_count() or 1) >= local_world_size:   # Linux\n"
+    "    os.sched_setaffinity(0, range(local_rank * cores, (local_rank + 1) * cores))\n"
     "torch.set_num_threads(cores)",
     TORCH_DDP_DOC))
 

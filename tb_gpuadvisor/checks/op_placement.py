@@ -69,7 +69,7 @@ from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.timeline import PS_PER_MS, PS_PER_US, DeviceActivity, HostActivity
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "op_placement"
 # Host ops moved to the GPU run about this much faster there (a conservative factor).
@@ -176,15 +176,21 @@ def _model_on_host(analysis: Analysis) -> Finding:
            "and nothing on the host drove a GPU (no kernel launch, no function input sent to it)")
     summary = (f"The model ran on the CPU: {placement.host_op_percent:.1f}% of the step "
                f"({placement.host_op_ms_per_step:.2f} ms per step) is model ops executing on host threads, {how}, "
-               f"while {gpus} recorded nothing. TensorFlow sees the GPU but does not run the "
-               "model on it: a CPU-only TensorFlow package, CUDA/cuDNN libraries that do not match the "
-               "TensorFlow build, a hidden GPU (CUDA_VISIBLE_DEVICES) or a CPU device scope. Fix this first: "
-               "every other number describes a CPU run.")
+               f"while {gpus} recorded nothing. " + (
+                   "PyTorch saw the GPU but the model and its batches stayed on the CPU: a model or batch "
+                   "never moved with .to('cuda'), a CPU-only torch wheel or a hidden GPU (CUDA_VISIBLE_DEVICES)"
+                   if analysis.model.framework == pytorch.FRAMEWORK else
+                   "TensorFlow sees the GPU but does not run the model on it: a CPU-only TensorFlow package, "
+                   "CUDA/cuDNN libraries that do not match the TensorFlow build, a hidden GPU "
+                   "(CUDA_VISIBLE_DEVICES) or a CPU device scope")
+               + ". Fix this first: every other number describes a CPU run.")
     return Finding(
         check=CHECK_ID, severity=Severity.CRITICAL, title="The model ran on the CPU, not on the GPU",
         summary=summary,
+        # leads: a GPU the trace lists got no work, so moving the model to it comes before any other fix.
         metrics={"host_op_percent": round(placement.host_op_percent, 2),
-                 "host_op_ms_per_step": round(placement.host_op_ms_per_step, 3), "measured_on": "cpu"},
+                 "host_op_ms_per_step": round(placement.host_op_ms_per_step, 3), "measured_on": "cpu",
+                 "leads": True},
         # On the GPU these ops would take a fraction of their host time (the replay's stated speed-up).
         estimated_savings_ms_per_step=placement.host_op_ms_per_step * (1.0 - 1.0 / HOST_OP_GPU_SPEEDUP),
         evidence=evidence, fixes=[fixes.CHECK_GPU_VISIBLE, fixes.LOG_DEVICE_PLACEMENT, FIND_CPU_OPS])

@@ -144,6 +144,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
     where = f"{hosts} host{'s' if hosts != 1 else ''}"
     if model.hosts and model.session_hosts > hosts:     # one host of a many-host session (multihost's map)
         where = f"host {model.hosts[0].name}, one of the session's {model.session_hosts} hosts"
+    if analysis.trust.placement.where == "unknown":
+        return "unknown", ("a capture none of whose files could be read: nothing says where the model ran, "
+                           "and nothing in this report measures the run")
     if not gpus and analysis.trust.placement.where == "gpu_trace_lost":
         return "gpu_empty", (f"a capture of a GPU run on {where} whose device trace is missing: the host launched "
                              "GPU work and no device event was recorded")
@@ -168,6 +171,9 @@ def capture_kind(analysis: Analysis) -> tuple[str, str]:
                    "and every number in this report is about the CPU and the host")
 
 
+# What lists the GPUs each framework can use, said in a CPU-only capture's finding.
+_LISTS_GPUS = {"tensorflow": "tf.config.list_physical_devices('GPU') lists the GPUs TensorFlow can use",
+               "jax": "jax.devices() lists GPU devices only where a CUDA build of jaxlib is installed"}
 # Leads the title of a CPU-only capture's finding, whatever else is wrong with the capture.
 NO_GPU = "No GPU: the model ran on the CPU"
 UNTRACED_DEVICE = "The model ran on a device the profiler cannot trace"
@@ -189,21 +195,6 @@ HOST_TRACER = Remedy(
 )
 
 
-# PyTorch's form of "is the GPU usable": a CPU-only wheel or a CUDA build the driver cannot run says
-# False, and a model or batch never moved with .to() computes on the CPU even when it says True.
-TORCH_GPU_VISIBLE = Fix(
-    text="Check that PyTorch can use the GPU (torch.cuda.is_available() is False with a CPU-only wheel, "
-         "'+cpu' in torch.__version__, or a CUDA build newer than the driver supports), then move the model "
-         "and every batch to it.",
-    code="import torch\n"
-         "print(torch.__version__, torch.version.cuda, torch.cuda.is_available())  # False: this build cannot use it\n"
-         "device = torch.device('cuda')\n"
-         "model = model.to(device)\n"
-         "for x, y in loader:\n"
-         "    x, y = x.to(device), y.to(device)\n"
-         "    train_step(x, y)",
-    doc="https://pytorch.org/get-started/locally/")
-GPU_VISIBLE = replace(CHECK_GPU_VISIBLE, pytorch=TORCH_GPU_VISIBLE)
 # A PyTorch trace whose host launched GPU work but holds no device event: Kineto's CUPTI could not
 # trace this driver (a CUPTI older than the driver, or none found), or CUDA activity was not asked for.
 TORCH_CUPTI = Fix(
@@ -284,12 +275,15 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
                       "unknown and findings about the host are about dispatch, not compute.",
                       TORCH_UNTRACED_DEVICE, leads=True)]
     if placement.where == "cpu_only":
-        # A PyTorch run on the CPU is the finding (no GPU advice applies); a TF/JAX one is told so.
-        issues = [Issue(Severity.WARNING if torch else Severity.INFO, NO_GPU,
+        # No GPU was listed at all: context, in every framework, and the run's own largest cost is
+        # the first fix (a trace that lists a GPU the model never used is op_placement's finding).
+        # The check is said in the text: the fix's code is not printed without -v.
+        issues = [Issue(Severity.INFO, NO_GPU,
                         "If this machine has a GPU, PyTorch did not use it: torch.cuda.is_available() was False, "
-                        "or the model and its batches stayed on the CPU; a fix below shows how to check." if torch
-                        else "If this machine has a GPU, the framework did not see it; a fix below shows how to check.",
-                        GPU_VISIBLE, leads=torch)]
+                        "or the model and its batches stayed on the CPU." if torch
+                        else "If this machine has a GPU, the framework did not see it: "
+                        + _LISTS_GPUS.get(analysis.model.framework, _LISTS_GPUS["tensorflow"]) + ".",
+                        CHECK_GPU_VISIBLE)]
         if not placement.ops_traced:
             issues.append(Issue(Severity.WARNING, "CPU ops not traced",
                                 "The runtime ran the steps on its own threads but the host tracer recorded none "
@@ -316,7 +310,8 @@ def _placement_issues(analysis: Analysis) -> list[Issue]:
                        for d in gpus])]
     if placement.where == "host_despite_gpu":
         return [Issue(Severity.INFO, "The GPU trace is empty because the model ran on the CPU",
-                      f"The model ran on the CPU: TensorFlow saw a GPU (the profiler wrote its plane) but the "
+                      f"The model ran on the CPU: {'PyTorch' if torch else 'TensorFlow'} saw a GPU (the profiler "
+                      "wrote its plane) but the "
                       f"model's ops ran on host threads, {placement.host_op_percent:.0f}% of the step, "
                       + ("most of them for milliseconds each" if placement.long_op_share >= LONG_OP_SHARE
                          else "and nothing on the host launched GPU work or sent it inputs")
@@ -431,19 +426,22 @@ def _step_issues(analysis: Analysis) -> list[Issue]:
     return issues
 
 
-def unreadable(errors: list[dict]) -> Issue:
-    """Host files that could not be read: the findings speak for the other hosts only."""
+def unreadable(errors: list[dict], others_read: bool = True) -> Issue:
+    """Host files that could not be read: the findings speak for the other hosts only (OTHERS_READ),
+    or for nothing at all."""
     return Issue(Severity.WARNING, f"{len(errors)} host file(s) unreadable",
-                 "Some host files could not be read: " + "; ".join(f"{e.get('host')}: {e.get('message')}"
-                                                                  for e in errors)
-                 + ". Findings cover the other hosts only.")
+                 ("Some host files could not be read: " if others_read else "No host file could be read: ")
+                 + "; ".join(f"{e.get('host')}: {e.get('message')}" for e in errors)
+                 + (". Findings cover the other hosts only." if others_read else "."))
 
 
 def _issues(analysis: Analysis) -> list[Issue]:
     model = analysis.model
     issues: list[Issue] = []
     if model.errors:
-        issues.append(unreadable(model.errors))
+        issues.append(unreadable(model.errors, others_read=bool(model.hosts or model.devices)))
+    if not model.hosts and not model.devices:
+        return issues           # nothing was read: no step, placement or coverage to judge
     issues += (_placement_issues(analysis) + _host_issues(analysis) + _coverage_issues(analysis)
                + _step_issues(analysis))
     dropped = sum(h.dropped_events for h in model.hosts)

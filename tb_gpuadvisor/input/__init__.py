@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from tb_gpuadvisor.metadata import CHROME_TRACE_SUFFIXES, KINETO_SUFFIXES, XPLANE_SUFFIX
+from tb_gpuadvisor.vocab import pytorch
 
 if TYPE_CHECKING:
     from tb_gpuadvisor.input.capture import HostCapture
@@ -63,6 +64,9 @@ class Adapter:
     # (path, opener) into a Sniffed from the file's first bytes, says they do (any .json).
     sniffed: tuple[str, ...] = ()
     sniffer: str | None = None
+    # The framework that writes this format, when only one does: a session none of whose files could
+    # be read is still that framework's (its report speaks its words), not "unknown".
+    framework: str | None = None
 
     def claims(self, file_name: str) -> bool:
         return _ends(file_name, self.suffixes)
@@ -91,7 +95,7 @@ XPLANE = Adapter("xplane", (XPLANE_SUFFIX,), "tb_gpuadvisor.input.xplane.build:r
                  profile_dir=True)
 KINETO = Adapter("kineto", KINETO_SUFFIXES, "tb_gpuadvisor.input.kineto.build:read", xprof=False,
                  grouper="tb_gpuadvisor.input.kineto:sessions", sniffed=CHROME_TRACE_SUFFIXES,
-                 sniffer="tb_gpuadvisor.input.kineto.sniff:sniff")
+                 sniffer="tb_gpuadvisor.input.kineto.sniff:sniff", framework=pytorch.FRAMEWORK)
 _ADAPTERS: list[Adapter] = [XPLANE, KINETO]
 
 

@@ -26,6 +26,7 @@ class SessionCaptures:
     captures: list[tuple[HostCapture, str]]     # (capture, its file's path)
     errors: list[dict]                          # {"host", "file", "message"} or {"message"}
     warnings: list[str]
+    framework: str | None = None                # the one framework the files' format says wrote them
 
 
 # Peak memory of an analysis, measured by benchmarks/bench.py: about 3-4x the capture size.
@@ -140,4 +141,6 @@ def read_session(ref: SessionRef) -> SessionCaptures:
         origin = min(c.origin_ns for c, _ in captures)
         for capture, _ in captures:
             capture.shift((capture.origin_ns - origin) * 1000)
-    return SessionCaptures(ref.run, ref.session, captures, errors, [budget_warning] if budget_warning else [])
+    told = {(format_of(os.path.basename(path)) or XPLANE).framework for path in paths}
+    return SessionCaptures(ref.run, ref.session, captures, errors, [budget_warning] if budget_warning else [],
+                           told.pop() if len(told) == 1 else None)

@@ -15,6 +15,8 @@ def build_session(read: SessionCaptures, session_hosts: int = 0) -> SessionModel
     made_by = framework(host_captures)
     with stage("model", hand_back=False):
         steps = find_steps(host_captures, made_by)
+    if not host_captures and read.framework is not None:
+        made_by = read.framework        # no file could be read: its format still says who wrote it
     hosts = [HostModel(c.host, path, c.activity, c.memory, c.devices, c.origin_ns, c.warnings, c.dropped_events,
                        c.partial_trace)
              for c, path in read.captures]

@@ -225,6 +225,11 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
     return out
 
 
+# A saving that all hosts together allow this much less of than the primary host alone is said in
+# the finding's text, beside the primary's own numbers.
+SAID_LOSS_MS = 0.01
+
+
 def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: MergedAnalysis) -> Finding:
     """A primary-host finding with its saving as all hosts allow it (a replayed cause gains only
     what the slowest host gains) and its severity judged on that saving."""
@@ -233,7 +238,14 @@ def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: 
         return finding
     lost = host.standalone_ms[check] - merged.saving_ms(check)
     saving = max(0.0, finding.estimated_savings_ms_per_step - max(lost, 0.0))
-    return replace(finding, estimated_savings_ms_per_step=saving, severity=scale.gated(finding.severity, saving))
+    summary = finding.summary
+    if lost >= SAID_LOSS_MS and finding.estimated_savings_ms_per_step > 0:
+        # The text measured host HOST alone; the saving shown beside it is what every host allows.
+        summary += (f" These numbers are {host.host}'s; the saving shown, {saving:.2f} ms per step, is what "
+                    "the fix replayed on every host allows (the least any host gains), not "
+                    f"{finding.estimated_savings_ms_per_step:.2f} ms as on {host.host} alone.")
+    return replace(finding, estimated_savings_ms_per_step=saving, summary=summary,
+                   severity=scale.gated(finding.severity, saving))
 
 
 def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
@@ -305,7 +317,11 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
                                "every host; the cross-host findings compare those")
     merged = MergedWhatIf(alignment, durations, mean_ms)
     per_marker = primary.training_steps / primary.durations.size if primary.durations is not None else 1
-    scale = MergedAnalysis(merged, mean_ms, round(durations.size * per_marker))
+    # The step the report's header and the primary's findings describe: all of its trusted steps, also
+    # where fewer ran on every host (the cross-host gains are means over those).
+    own_ms = (float(primary.durations.mean()) / PS_PER_MS if primary.durations is not None and primary.durations.size
+              else mean_ms)
+    scale = MergedAnalysis(merged, own_ms, round(durations.size * per_marker))
     delta_ms = (primary.origin_ns - alignment.origin_ns) / 1e6
     failed = [e for s in summaries if not s.analysed for e in s.errors]
     findings = [_per_host(f.check, primary, good, failed) or f for f in primary.findings]

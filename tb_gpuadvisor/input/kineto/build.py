@@ -45,12 +45,15 @@ def read(path: str, host: str, opener: Opener | None = None, budget: int | None 
         _check_budget(_remote_size(path, opener), budget)
         stored = read_bytes(path, opener)
         _check_budget(len(stored), budget)
+        _check_gzip(name, bytes(stored[:2]))
         return build(_decode_bytes(stored, budget, name), host)
     before = _stamp(path)
     try:
         with LocalFile(path) as local:
             _check_budget(len(local), budget)
-            gzipped = bytes(local.read(0, 2)) == GZIP_MAGIC
+            head = bytes(local.read(0, 2))
+            _check_gzip(name, head)
+            gzipped = head == GZIP_MAGIC
             cols = _decode_bytes(local.read(0, len(local)), budget, name) if gzipped else decode(local)
     except CaptureError as err:
         writing = _still_written(path, before, err)
@@ -58,6 +61,14 @@ def read(path: str, host: str, opener: Opener | None = None, budget: int | None 
             raise BeingWritten(f"being written: {writing}; it can be read once the profiler has finished it") from None
         raise
     return build(cols, host)
+
+
+def _check_gzip(name: str, head: bytes) -> None:
+    """A file named ``.gz`` whose first bytes HEAD are neither gzip's nor a JSON document's is
+    corrupt: said so, not decoded as text."""
+    if name.endswith(".gz") and head != GZIP_MAGIC and head[:1] != b"{":
+        raise CaptureError("this file is named .gz but is not gzip (it does not start with gzip's "
+                           "magic bytes 1f 8b); the file is corrupt")
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -268,7 +279,7 @@ def build(cols: Columns, host: str) -> HostCapture:
     scopes = _CollectiveScopes(cols, host_rows, host_tid, start, dur, kind, name, name_list)
     op_of = _launching_ops(host_tid, start[host_rows], dur[host_rows], kind, launch_corr, name[host_rows], name_list)
     devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names,
-                       scopes, op_of)
+                       scopes, op_of, unused=not (kind == HostEventKind.LAUNCH).any())
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
         warnings.append(f"the host made {int(np.count_nonzero(kind == HostEventKind.LAUNCH)):,} GPU launch "
@@ -396,15 +407,19 @@ def _sampled(ids: np.ndarray) -> str | None:
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
              correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
              name_list: list[str], cat_names: list[str], scopes: _CollectiveScopes,
-             op_of: SortedKeys) -> list[DeviceActivity]:
+             op_of: SortedKeys, unused: bool) -> list[DeviceActivity]:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
     every call of that op at once; the host table holds each op call.  The op that launched each
-    event (OP_OF, by correlation id) is its ``launch_op``."""
+    event (OP_OF, by correlation id) is its ``launch_op``.  A trace whose host launched nothing
+    (UNUSED) and holds no device event still lists the GPUs deviceProperties name, each with no
+    work: the process saw them and the model ran on the CPU (a rank's trace with device events lists
+    every GPU of its machine, and only the ones it used are its devices; launches without device
+    events are a lost device trace)."""
     props = {p.id: p for p in cols.devices}
     device = cols.device[rows]
     out = []
-    for index in np.unique(device).tolist():
+    for index in (np.unique(device).tolist() if rows.size or not unused else sorted(i for i in props if i >= 0)):
         sel = rows[device == index]
         sel = sel[np.argsort(start[sel], kind="stable")]
         names, name_idx = _subset(name[sel], name_list)
