@@ -274,6 +274,9 @@ def _marks(analysis: Analysis, finding: Finding, index: int, lo: int, hi: int, r
     primary = analysis.breakdown.primary
     if check is None or not isinstance(check.marks, Marks):
         return dict(out, why=check.marks.why if check is not None else "not a registered check")
+    metric = finding.metrics.get(check.marks.metric)
+    if metric is None:
+        return dict(out, why=f"not measured on this capture ({finding.title})")
     if primary is None or any(key not in primary.sets for key in check.marks.causes):
         return dict(out, why="the attribution has no device to mark it on")
     whole = iv.EMPTY
@@ -285,7 +288,6 @@ def _marks(analysis: Analysis, finding: Finding, index: int, lo: int, hi: int, r
     while start.size > MARK_RECTS:
         start, end = _filled(start, end, resolution)
         resolution *= 2
-    metric = finding.metrics.get(check.marks.metric)
     return dict(out, device=primary.name, causes=list(check.marks.causes), metric=check.marks.metric,
                 finding_percent=metric, step_percent=round(100.0 * total / (hi - lo), 2),
                 marked_us=_us(total), start=_us(start - lo), dur=_us(end - start))
