@@ -144,3 +144,44 @@ def test_short_rectangles_merge_and_long_ones_stand_alone():
     assert count.tolist() == [3, 1, 2]
     capped, count, resolution = stepview._merged(rects, 10 * ps, 2)
     assert capped.start.size <= 2 and int(count.sum()) == 6 and resolution > 10 * ps
+
+
+def test_cli_timeline_flag_adds_the_step_and_only_then(tmp_path: Path, capsys):
+    from schema_check import validate
+    from tb_gpuadvisor.cli import main
+    from tb_gpuadvisor.schema import report_schema
+
+    synth.build_training_session(steps=5, input_wait_frac=0.3).write(tmp_path, "good", "s1")
+    assert main(["analyze", str(tmp_path), "--format", "json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(tmp_path), "--format", "json", "--timeline", "representative"]) == 0
+    drawn = json.loads(capsys.readouterr().out)
+    assert validate(drawn, report_schema()) == []
+    timeline = drawn["sessions"][0].pop("timeline")
+    assert drawn == plain
+    assert timeline["step"] in timeline["steps"]
+    assert main(["analyze", str(tmp_path), "--format", "json", "--timeline", "99"]) == 0
+    assert "not one of the trusted steps" in json.loads(capsys.readouterr().out)["sessions"][0]["timeline_error"]
+    assert main(["analyze", str(tmp_path), "--timeline", "2"]) == 2
+    assert "--format json" in capsys.readouterr().err
+
+
+def test_service_route_answers_pending_then_the_step(tmp_path: Path):
+    from tb_gpuadvisor import service
+
+    synth.build_training_session(steps=4, input_wait_frac=0.3).write(tmp_path, "train", "s1")
+    svc = service.AdvisorService([service.LogRoot("", str(tmp_path))], wait_s=10.0)
+    try:
+        first = svc.timeline("train", "s1", None)
+        steps = first["steps"]
+        assert first["step"] in steps
+        again = svc.timeline("train", "s1", str(steps[0]))
+        assert again["step"] == steps[0]
+        with pytest.raises(service.NotFound, match="not one of the trusted steps"):
+            svc.timeline("train", "s1", "12345")
+        with pytest.raises(service.BadRequest, match="step number"):
+            svc.timeline("train", "s1", "first")
+        with pytest.raises(service.BadRequest):
+            svc.timeline("../x", "s1", None)
+    finally:
+        svc.close()
