@@ -434,7 +434,6 @@ class AdvisorService:
                     return_freed_memory()
 
             self._analyze = analyze
-        self._analysed = analysed
         return self._analyze
 
     def _holder(self) -> Callable[[Any], Any]:
