@@ -273,3 +273,15 @@ def test_real_capture_first_report_under_two_seconds(tmp_path):
     started = time.perf_counter()
     assert client.get(url).status_code == 200
     assert time.perf_counter() - started < 0.1
+
+
+def test_timeline_route(tmp_path):
+    synth.build_training_session(steps=4, input_wait_frac=0.3).write(tmp_path, "train", SESSION)
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    response = wait_for_report(client, f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}")
+    assert response.status_code == 200
+    body = json.loads(response.get_data())
+    marks = next(m for m in body["findings"] if m["check"] == "input_bound")
+    assert marks["step_percent"] == pytest.approx(30.0, abs=1.0)
+    assert client.get(f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}&step=x").status_code == 400
+    assert client.get(f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}&step=999").status_code == 404
