@@ -45,11 +45,11 @@ DEVICE_GROUPS = {int(DeviceEventKind.KERNEL): "compute", int(DeviceEventKind.COL
 HOST_KINDS = {int(HostEventKind.INPUT_WAIT): "input", int(HostEventKind.LAUNCH): "launch",
               int(HostEventKind.FRAMEWORK_OP): "host", int(HostEventKind.ALLOCATOR): "host",
               int(HostEventKind.FUNCTION): "host", int(HostEventKind.EXECUTOR): "host"}
-GROUPS = ("compute", "copy", "collective", "input", "launch", "host", "gap", "not_traced")
+GROUPS = ("compute", "copy", "collective", "input", "launch", "host", "host_ops", "not_traced")
 # The attribution's sets drawn in the primary device's cause row, in the legend's groups.
 CAUSE_SETS = (("compute", "compute"), ("collective", "collective"), ("copy", "copy"),
-              ("not_traced", "not_traced"), ("input", "input"), ("host_ops", "host"),
-              ("launch", "launch"), ("other_host", "gap"))
+              ("not_traced", "not_traced"), ("input", "input"), ("host_ops", "host_ops"),
+              ("launch", "launch"), ("other_host", "host"))
 # The cause row's names: the breakdown's labels, and the sets that join several of its categories.
 _CATEGORY_LABELS = {c.key: c.label for c in CATEGORIES}
 _CAUSE_LABELS = {"compute": "compute", "collective": "collectives", "copy": "copies"}
@@ -153,7 +153,8 @@ def _device_rows(analysis: Analysis, lo: int, hi: int) -> list[tuple[dict, _Rect
             for stream in np.unique(streams):
                 at = rows[streams == stream]
                 head = {"host": host.name if hosts > 1 else "", "kind": "device", "device": dev.device.name,
-                        "label": f"{dev.device.name} {dev.streams[int(stream)]}" if dev.streams else dev.device.name}
+                        "label": f"{_short(dev.device.name)} {dev.streams[int(stream)]}" if dev.streams
+                        else dev.device.name}
                 out.append((head, _Rects(dev.start_ps[at], dev.end_ps[at], dev.name[at], group[streams == stream],
                                          _ids(dev.correlation_id, at), np.zeros(at.size, np.int8)), dev.names))
     return out
@@ -181,10 +182,15 @@ def _host_rows(analysis: Analysis, lo: int, hi: int) -> list[tuple[dict, _Rects,
             nested = np.zeros(at.size, np.int8)
             nested[1:] = start[1:] < reach[:-1]
             head = {"host": host.name if hosts > 1 else "", "kind": "host", "device": "",
-                    "label": f"{host.name} {act.threads[int(thread)]}"}
+                    "label": act.threads[int(thread)]}
             out.append((head, _Rects(start, end, act.name[at], group[mine], _ids(act.correlation_id, at), nested),
                         act.names))
     return out
+
+
+def _short(device: str) -> str:
+    """"/device:GPU:0" as "GPU:0": row labels are narrow."""
+    return device.rsplit("/device:", 1)[-1]
 
 
 def _ids(column: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -263,7 +269,7 @@ def _cause_row(analysis: Analysis, lo: int, hi: int, resolution: int, names: _Na
     start, end = np.concatenate(starts), np.concatenate(ends)
     rects = _Rects(start, end, np.concatenate(labels), np.concatenate(groups),
                    np.full(start.size, -1, np.int64), np.zeros(start.size, np.int8))
-    return dict({"host": "", "kind": "cause", "device": primary.name, "label": f"{primary.name} by cause"},
+    return dict({"host": "", "kind": "cause", "device": primary.name, "label": f"{_short(primary.name)} by cause"},
                 **_columns(_merged(rects, resolution, ROW_RECTS), lo, names, table))
 
 
