@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.attribution.breakdown import CATEGORIES
-from tb_gpuadvisor.checks import Finding, all_checks
+from tb_gpuadvisor.checks import Check, Finding, all_checks
 from tb_gpuadvisor.checks.base import Marks
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
@@ -99,13 +99,15 @@ def step_timeline(analysis: Analysis, findings: list[Finding], step: int | None 
     drawn = [dict(head, **_columns(_merged(rects, resolution, row_cap), lo, names, table))
              for head, rects, table in rows]
     cause = _cause_row(analysis, lo, hi, resolution, names)
+    declared = {c.id: c for c in all_checks()}
     return {
         "step": int(steps.number[index]), "index": index, "steps": [int(n) for n in steps.number],
         "start_ms": round(lo / PS_PER_MS, 6), "duration_us": _us(hi - lo),
         "resolution_us": _us(resolution), "groups": list(GROUPS),
         "device": analysis.breakdown.primary.name if analysis.breakdown.primary else None,
         "rows": ([cause] if cause else []) + drawn, "names": names.values,
-        "findings": [_marks(analysis, finding, index, lo, hi, resolution) for finding in findings],
+        "findings": [_marks(analysis, finding, declared.get(finding.check), lo, hi, resolution)
+                     for finding in findings],
     }
 
 
@@ -260,7 +262,7 @@ def _cause_row(analysis: Analysis, lo: int, hi: int, resolution: int, names: _Na
     for key, group in CAUSE_SETS:
         if key not in primary.sets:
             continue
-        s, e = iv.clip(primary.sets[key], lo, hi)
+        s, e = _inside(primary.sets[key], lo, hi)
         starts.append(s)
         ends.append(e)
         groups.append(np.full(s.size, GROUPS.index(group), np.int8))
@@ -273,9 +275,9 @@ def _cause_row(analysis: Analysis, lo: int, hi: int, resolution: int, names: _Na
                 **_columns(_merged(rects, resolution, ROW_RECTS), lo, names, table))
 
 
-def _marks(analysis: Analysis, finding: Finding, index: int, lo: int, hi: int, resolution: int) -> dict:
-    """FINDING's marked intervals in the step, their share of it, and the finding's own number."""
-    check = {c.id: c for c in all_checks()}.get(finding.check)
+def _marks(analysis: Analysis, finding: Finding, check: Check | None, lo: int, hi: int, resolution: int) -> dict:
+    """FINDING's marked intervals in the step (CHECK declares which), their share of it, and the
+    finding's own number."""
     out = {"check": finding.check, "title": finding.title, "severity": finding.severity.value}
     primary = analysis.breakdown.primary
     if check is None or not isinstance(check.marks, Marks):
@@ -285,10 +287,12 @@ def _marks(analysis: Analysis, finding: Finding, index: int, lo: int, hi: int, r
         return dict(out, why=f"not measured on this capture ({finding.title})")
     if primary is None or any(key not in primary.sets for key in check.marks.causes):
         return dict(out, why="the attribution has no device to mark it on")
-    whole = iv.EMPTY
-    for key in check.marks.causes:
-        whole = iv.union_of(whole, primary.sets[key])
-    start, end = iv.clip(whole, lo, hi)
+    start, end = iv.EMPTY
+    for key in check.marks.causes:     # the causes' sets are disjoint: one cause per microsecond
+        s, e = _inside(primary.sets[key], lo, hi)
+        start, end = np.concatenate([start, s]), np.concatenate([end, e])
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
     total = int(np.sum(end - start))
     # Drawn as the attribution cut them; merged (gaps under a pixel filled) only past MARK_RECTS.
     while start.size > MARK_RECTS:
@@ -297,6 +301,15 @@ def _marks(analysis: Analysis, finding: Finding, index: int, lo: int, hi: int, r
     return dict(out, device=primary.name, causes=list(check.marks.causes), metric=check.marks.metric,
                 finding_percent=metric, step_percent=round(100.0 * total / (hi - lo), 2),
                 marked_us=_us(total), start=_us(start - lo), dur=_us(end - start))
+
+
+def _inside(intervals: iv.Intervals, lo: int, hi: int) -> iv.Intervals:
+    """The part of a disjoint sorted set inside [LO, HI), found by binary search: the session's
+    sets hold every step, and a step is a small part of them."""
+    starts, ends = intervals
+    first = int(np.searchsorted(ends, lo, side="right"))
+    last = int(np.searchsorted(starts, hi, side="left"))
+    return iv.clip((starts[first:last], ends[first:last]), lo, hi)
 
 
 def _filled(start: np.ndarray, end: np.ndarray, resolution: int) -> tuple[np.ndarray, np.ndarray]:
