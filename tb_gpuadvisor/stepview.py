@@ -5,8 +5,8 @@ It reads the analysed session (the model through trust's view, the attribution) 
 findings, and writes nothing back. A step comes back as rows (one per device stream and one per
 host thread that did work in it, grouped by host), each a few columns of rectangles in
 microseconds from the step's start. What one pixel cannot show at the closest zoom is merged
-(``RESOLUTION``), and each row keeps at most ``ROW_RECTS`` rectangles, so a step of a 1 GB capture
-stays small enough to send and to draw.
+(``WIDTH_PX`` times ``MAX_ZOOM``), and the step keeps about ``STEP_RECTS`` rectangles, shared by
+its rows, so a step of a 1 GB capture stays small enough to send and to draw.
 
 A finding's marks are the attribution's own intervals for the causes its check declares
 (``checks.base.Marks``): the time the finding's number counts, so the marked share of the step and
@@ -34,9 +34,11 @@ _MEMO = Memo()
 # shorter than one pixel there is merged with its neighbours (never below a nanosecond).
 WIDTH_PX = 900
 MAX_ZOOM = 200
-# Rectangles kept per row and per step; past them the merge resolution doubles until they fit.
-ROW_RECTS = 2000
+# Rectangles kept per step, shared by the rows in proportion to their events (at least ROW_MIN,
+# at most ROW_RECTS each); past its share a row is merged across its smallest gaps.
 STEP_RECTS = 20000
+ROW_RECTS = 4000
+ROW_MIN = 100
 # Marked intervals per finding; past it adjacent ones merge the same way.
 MARK_RECTS = 4000
 
@@ -95,8 +97,9 @@ def step_timeline(analysis: Analysis, findings: list[Finding], step: int | None 
     resolution = max((hi - lo) // (WIDTH_PX * MAX_ZOOM), 1000)
     names = _Names()
     rows = _device_rows(analysis, lo, hi) + _host_rows(analysis, lo, hi)
-    row_cap = max(100, min(ROW_RECTS, STEP_RECTS // max(len(rows), 1)))
-    drawn = [dict(head, **_columns(_merged(rects, resolution, row_cap), lo, names, table))
+    # The step's rectangles shared by the rows in proportion to their events.
+    events = max(sum(rects.start.size for _, rects, _ in rows), 1)
+    drawn = [dict(head, **_columns(_merged(rects, resolution, _row_cap(rects.start.size, events)), lo, names, table))
              for head, rects, table in rows]
     cause = _cause_row(analysis, lo, hi, resolution, names)
     declared = {c.id: c for c in all_checks()}
@@ -109,6 +112,11 @@ def step_timeline(analysis: Analysis, findings: list[Finding], step: int | None 
         "findings": [_marks(analysis, finding, declared.get(finding.check), lo, hi, resolution)
                      for finding in findings],
     }
+
+
+def _row_cap(size: int, events: int) -> int:
+    """How many rectangles a row of SIZE events keeps, of a step of EVENTS."""
+    return max(ROW_MIN, min(ROW_RECTS, STEP_RECTS * size // events))
 
 
 class _Names:
@@ -212,40 +220,46 @@ def _groups_of(start: np.ndarray, end: np.ndarray, resolution: int) -> np.ndarra
     return np.cumsum(~joins) - 1
 
 
-def _merged(rects: _Rects, resolution: int, cap: int) -> tuple[_Rects, np.ndarray, int]:
-    """RECTS merged per lane below RESOLUTION, doubled until the row holds at most CAP; the merged
-    rectangles, each one's count of events, and the resolution used."""
-    while True:
-        parts, counts = [], []
-        for lane in (0, 1):
-            mine = np.flatnonzero(rects.lane == lane)
-            if not mine.size:
-                continue
-            mine = mine[np.argsort(rects.start[mine], kind="stable")]
-            group = _groups_of(rects.start[mine], rects.end[mine], resolution)
+def _merged(rects: _Rects, resolution: int, cap: int) -> tuple[_Rects, np.ndarray]:
+    """RECTS merged per lane below RESOLUTION; a lane still over its part of CAP is merged across
+    its smallest gaps until it fits (the largest gaps stay: what a zoomed-out eye tells apart).
+    The merged rectangles, and each one's count of events."""
+    lanes = [np.flatnonzero(rects.lane == lane) for lane in (0, 1)]
+    total = max(sum(mine.size for mine in lanes), 1)
+    parts, counts = [], []
+    for lane, mine in enumerate(lanes):
+        if not mine.size:
+            continue
+        mine = mine[np.argsort(rects.start[mine], kind="stable")]
+        start, end = rects.start[mine], rects.end[mine]
+        group = _groups_of(start, end, resolution)
+        firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        budget = max(1, cap * mine.size // total)
+        if firsts.size > budget:
+            reach = np.maximum.accumulate(end)
+            gaps = start[firsts[1:]] - reach[firsts[1:] - 1]
+            boundary = np.zeros(firsts.size, bool)
+            boundary[0] = True
+            if budget > 1:
+                boundary[np.argpartition(-gaps, budget - 2)[:budget - 1] + 1] = True
+            group = (np.cumsum(boundary) - 1)[group]
             firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-            count = np.diff(np.r_[firsts, group.size])
-            # The merged rectangle carries its longest event's name, group and id.
-            length = rects.end[mine] - rects.start[mine]
-            order = np.lexsort((-length, group))
-            longest = mine[order[np.r_[0, np.cumsum(count)[:-1]]]]
-            ends = np.maximum.reduceat(rects.end[mine], firsts)
-            parts.append(_Rects(rects.start[mine[firsts]], ends, rects.name[longest], rects.group[longest],
-                                rects.corr[longest], np.full(firsts.size, lane, np.int8)))
-            counts.append(count)
-        total = sum(p.start.size for p in parts)
-        if total <= cap or not parts:
-            break
-        resolution *= 2
+        count = np.diff(np.r_[firsts, group.size])
+        # The merged rectangle carries its longest event's name, group and id.
+        order = np.lexsort((start - end, group))
+        longest = mine[order[firsts]]
+        parts.append(_Rects(start[firsts], np.maximum.reduceat(end, firsts), rects.name[longest],
+                            rects.group[longest], rects.corr[longest], np.full(firsts.size, lane, np.int8)))
+        counts.append(count)
     if not parts:
-        return rects, np.empty(0, np.int64), resolution
+        return rects, np.empty(0, np.int64)
     joined = _Rects(*(np.concatenate([getattr(p, f) for p in parts]) for f in _Rects.__dataclass_fields__))
-    return joined, np.concatenate(counts), resolution
+    return joined, np.concatenate(counts)
 
 
-def _columns(merged: tuple[_Rects, np.ndarray, int], lo: int, names: _Names, table: list[str]) -> dict:
+def _columns(merged: tuple[_Rects, np.ndarray], lo: int, names: _Names, table: list[str]) -> dict:
     """A row's rectangles as JSON columns: start and duration in us from the step's start."""
-    rects, count, _ = merged
+    rects, count = merged
     start = np.maximum(rects.start, lo)
     known = {int(i): names.index(table[int(i)]) for i in np.unique(rects.name)} if rects.name.size else {}
     return {"start": _us(start - lo), "dur": _us(rects.end - start),

@@ -138,12 +138,15 @@ def test_short_rectangles_merge_and_long_ones_stand_alone():
     end = np.array([1, 3, 5, 250, 300.5 * 1, 302], np.float64)
     end = (end * ps).astype(np.int64)
     rects = stepview._Rects(start, end, np.arange(6), np.zeros(6, np.int8), np.full(6, -1), np.zeros(6, np.int8))
-    merged, count, _ = stepview._merged(rects, 10 * ps, 100)
+    merged, count = stepview._merged(rects, 10 * ps, 100)
     assert merged.start.tolist() == [0, 100 * ps, 300 * ps]
     assert merged.end.tolist() == [5 * ps, 250 * ps, 302 * ps]
     assert count.tolist() == [3, 1, 2]
-    capped, count, resolution = stepview._merged(rects, 10 * ps, 2)
-    assert capped.start.size <= 2 and int(count.sum()) == 6 and resolution > 10 * ps
+    # Over its cap, a row is merged across its smallest gaps (50 us here), the largest (95 us) stays.
+    capped, count = stepview._merged(rects, 10 * ps, 2)
+    assert capped.start.tolist() == [0, 100 * ps] and count.tolist() == [3, 3]
+    assert capped.end.tolist() == [5 * ps, 302 * ps]
+    assert capped.name.tolist() == [0, 3]       # the longest event names the merged rectangle
 
 
 def test_cli_timeline_flag_adds_the_step_and_only_then(tmp_path: Path, capsys):
