@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import synth
+from stepview_check import disagreements
 from tb_gpuadvisor import stepview
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.pipeline import Analysed, analysed_session
@@ -41,40 +42,10 @@ def _synth(tmp_path: Path, name: str) -> Analysed:
     return _analysed(tmp_path)
 
 
-def _agrees(analysed: Analysed) -> list[str]:
-    """Per finding with marks: the drawn intervals of every step add up to the attribution's own
-    time of that step within 1 percentage point, and over all steps to the finding's number. The
-    problems found, as lines."""
-    steps = analysed.analysis.model.steps
-    drawn: dict[str, float] = {}
-    numbers: dict[str, float] = {}
-    problems = []
-    for number in steps.number:
-        view = analysed.timeline(int(number))
-        duration = view["duration_us"]
-        for row in view["rows"]:
-            assert len(row["start"]) <= stepview.ROW_RECTS
-            assert all(0 <= s <= duration + 1e-3 for s in row["start"])
-        for mark in view["findings"]:
-            if "why" in mark:
-                assert mark["why"]
-                continue
-            share = 100.0 * sum(mark["dur"]) / duration
-            if abs(share - mark["step_percent"]) > 1.0:
-                problems.append(f"step {number} {mark['check']}: drawn {share:.2f}% vs {mark['step_percent']}%")
-            drawn[mark["check"]] = drawn.get(mark["check"], 0.0) + sum(mark["dur"])
-            numbers[mark["check"]] = mark["finding_percent"]
-    total_us = float(np.sum(steps.duration_ps)) / 1e6
-    for check, marked in drawn.items():
-        if abs(100.0 * marked / total_us - numbers[check]) > 1.0:
-            problems.append(f"{check}: drawn {100.0 * marked / total_us:.2f}% of all steps vs {numbers[check]}%")
-    return problems
-
-
 @pytest.mark.parametrize("name", sorted(SYNTH))
 def test_marks_add_up_to_the_finding_on_demo_like_runs(tmp_path: Path, name: str):
     analysed = _synth(tmp_path, name)
-    assert _agrees(analysed) == []
+    assert disagreements(analysed) == []
     view = analysed.timeline()
     marked = {m["check"] for m in view["findings"] if "why" not in m}
     assert {"input_bound", "host_overhead"} <= marked
@@ -102,7 +73,7 @@ def test_marks_add_up_to_the_finding_on_every_pytorch_trace(corpus: Path, case: 
     ``DataLoader...__next__`` call (43.83 ms) covered by no Kernel/Memcpy/Memset interval is
     37.46 ms; the input finding marks 37.55 ms there (the rest: short waits at the step's end)."""
     analysed = _analysed(corpus / case)
-    assert _agrees(analysed) == []
+    assert disagreements(analysed) == []
     view = analysed.timeline()
     json.dumps(view)
     assert len(json.dumps(view)) < 2_000_000
