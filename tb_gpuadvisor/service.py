@@ -366,7 +366,7 @@ class AdvisorService:
         """The cached job for this session state, or a newly submitted one; HELD: the session's
         analysis kept in this process to draw its steps, not its report."""
         stamp = ref.stat_key()
-        key = (ref.run, ref.session, host) + (("held",) if held else ())
+        key = (ref.run, ref.session, host, held)
         now = time.monotonic()
         with self._lock:
             job = self._jobs.get(key)
@@ -384,7 +384,7 @@ class AdvisorService:
             while len(self._jobs) > CACHE_SIZE:
                 self._cancel(self._jobs.popitem(last=False)[1])
             if held:
-                kept = [k for k in self._jobs if k[-1] == "held"]
+                kept = [k for k in self._jobs if k[3]]
                 for old in kept[:max(0, len(kept) - HELD_SESSIONS)]:
                     self._cancel(self._jobs.pop(old))
             job.task = self._pool.submit(self._run_job, job, ref, self._holder() if held else self._analyzer())

@@ -159,3 +159,29 @@ def test_service_route_answers_pending_then_the_step(tmp_path: Path):
             svc.timeline("../x", "s1", None)
     finally:
         svc.close()
+
+
+def test_service_holds_the_last_drawn_sessions_only(tmp_path: Path):
+    """HELD_SESSIONS analyses stay in memory (each holds its capture's events); a third session
+    drawn pushes out the least recently drawn one, which is analysed again when asked for."""
+    from tb_gpuadvisor import service
+
+    for session in ("s1", "s2", "s3"):
+        synth.build_training_session(steps=2).write(tmp_path, "train", session)
+    analysed: list[str] = []
+
+    class Held:
+        def __init__(self, ref) -> None:
+            analysed.append(ref.session)
+
+        def timeline(self, step: int | None) -> dict:
+            return {"step": step}
+
+    svc = service.AdvisorService([service.LogRoot("", str(tmp_path))], wait_s=10.0, analysed=Held)
+    try:
+        assert service.HELD_SESSIONS == 2
+        for session in ("s1", "s2", "s1", "s3", "s1", "s2"):
+            assert svc.timeline("train", session, "3") == {"step": 3}
+        assert analysed == ["s1", "s2", "s3", "s2"]
+    finally:
+        svc.close()
