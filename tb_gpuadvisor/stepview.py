@@ -39,6 +39,8 @@ MAX_ZOOM = 200
 STEP_RECTS = 20000
 ROW_RECTS = 4000
 ROW_MIN = 100
+# A table's events longer than this share of its events are looked up apart (see _window).
+LONG_QUANTILE = 0.999
 # Marked intervals per finding; past it adjacent ones merge the same way.
 MARK_RECTS = 4000
 
@@ -135,15 +137,21 @@ class _Names:
 
 
 def _window(table: DeviceActivity | HostActivity, lo: int, hi: int) -> np.ndarray:
-    """Rows of TABLE (sorted by start) whose events overlap [LO, HI): found by two binary searches
-    and the table's longest event, never a scan of the whole table."""
+    """Rows of TABLE (sorted by start) whose events overlap [LO, HI), never a scan of the whole
+    table: the events no longer than nearly all (``LONG_QUANTILE``) are found by two binary
+    searches, the few longer ones (a whole-capture annotation) are kept apart once per table."""
     memo = _MEMO.of(table)
-    longest = memo.get("longest")
-    if longest is None:
-        longest = memo["longest"] = int(table.dur_ps.max()) if len(table) else 0
-    first, last = np.searchsorted(table.start_ps, [lo - longest, hi], side="left")
+    if "long" not in memo:
+        dur = table.dur_ps
+        cut = int(np.partition(dur, int(LONG_QUANTILE * (dur.size - 1)))[int(LONG_QUANTILE * (dur.size - 1))]) \
+            if dur.size else 0
+        memo["long"] = (cut, np.flatnonzero(dur > cut))
+    cut, long_rows = memo["long"]
+    first, last = np.searchsorted(table.start_ps, [lo - cut, hi], side="left")
     rows = np.arange(first, last, dtype=np.int64)
-    return rows[table.end_ps[rows] > lo]
+    rows = rows[(table.end_ps[rows] > lo) & (table.dur_ps[rows] <= cut)]
+    far = long_rows[(table.start_ps[long_rows] < hi) & (table.end_ps[long_rows] > lo)]
+    return np.union1d(rows, far) if far.size else rows
 
 
 def _device_rows(analysis: Analysis, lo: int, hi: int) -> list[tuple[dict, _Rects, list[str]]]:

@@ -185,3 +185,21 @@ def test_service_holds_the_last_drawn_sessions_only(tmp_path: Path):
         assert analysed == ["s1", "s2", "s3", "s2"]
     finally:
         svc.close()
+
+
+def test_window_finds_every_overlapping_event_long_ones_too():
+    """The step's rows of a table: what a brute-force overlap test finds, a whole-capture event
+    (kept apart as one of the longest) included."""
+    from tb_gpuadvisor.timeline import TableKey
+
+    class Table:
+        key = TableKey()
+        start_ps = np.sort(np.random.default_rng(0).integers(0, 10**9, 5000)).astype(np.int64)
+        dur_ps = np.random.default_rng(1).integers(1, 10**5, 5000).astype(np.int64)
+        dur_ps[3] = 10**10           # an annotation over the whole capture
+        end_ps = start_ps + dur_ps
+
+    for lo, hi in ((0, 10**6), (5 * 10**8, 5 * 10**8 + 10**7), (2 * 10**9, 3 * 10**9)):
+        expected = np.flatnonzero((Table.start_ps < hi) & (Table.end_ps > lo))
+        assert stepview._window(Table, lo, hi).tolist() == expected.tolist()
+        assert 3 in expected
