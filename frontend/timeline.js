@@ -285,8 +285,11 @@ export class StepTimeline {
     this.card.replaceChildren(...lines);
     this.card.hidden = false;
     const width = this.canvas.clientWidth;
-    this.card.style.left = `${Math.min(x + 12, width - 260)}px`;
-    this.card.style.top = `${item.y + item.height + 4}px`;
+    this.card.style.left = `${Math.max(0, Math.min(x + 12, width - 260))}px`;
+    // Below the row, or above it where the canvas ends first.
+    const below = item.y + item.height + 4;
+    const fits = below + this.card.offsetHeight <= this.laid.height;
+    this.card.style.top = `${fits ? below : Math.max(0, item.y - this.card.offsetHeight - 4)}px`;
   }
 
   schedule() {
@@ -338,7 +341,8 @@ export class StepTimeline {
       ctx.moveTo(x, AXIS_H - 4);
       ctx.lineTo(x, height);
       ctx.stroke();
-      ctx.fillText(t === 0 ? '0' : fmtUs(t), x + 3, AXIS_H / 2);
+      const label = t === 0 ? '0' : fmtUs(t);
+      if (x + 3 + ctx.measureText(label).width <= width) ctx.fillText(label, x + 3, AXIS_H / 2);
     }
 
     let drawn = 0;
