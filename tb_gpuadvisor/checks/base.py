@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS
+from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS, SET_KEYS
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks.finding import Finding, Severity
@@ -243,7 +243,9 @@ class Check:
                 ("explains bound", self.explains or "-"), ("compare metric", compared),
                 ("cross-host join", self.cross_host.what if self.cross_host
                  else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host"),
-                ("frameworks", ", ".join(self.frameworks) or "all")]
+                ("frameworks", ", ".join(self.frameworks) or "all"),
+                ("timeline marks", f"{', '.join(self.marks.causes)} (its {self.marks.metric})"
+                 if isinstance(self.marks, Marks) else f"none: {self.marks.why}")]
 
 
 REGISTRY: dict[str, Check] = {}
@@ -262,6 +264,9 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
         raise ValueError(f"check {check_id!r}: unknown confidence aspect {aspect!r}; known: {', '.join(ASPECTS)}")
     if explains is not None and explains not in BOUND_GROUPS.values():
         raise ValueError(f"check {check_id!r}: unknown step bound {explains!r}")
+    if isinstance(marks, Marks) and not set(marks.causes) <= set(SET_KEYS):
+        raise ValueError(f"check {check_id!r}: marks unknown causes {sorted(set(marks.causes) - set(SET_KEYS))}; "
+                         f"known: {', '.join(SET_KEYS)}")
 
     def decorate(function: CheckFunction) -> CheckFunction:
         if check_id in REGISTRY:
