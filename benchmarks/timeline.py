@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -37,7 +38,7 @@ def _capture(workdir: Path, size_mb: float, gpus: int) -> Path:
     logdir = workdir / f"tl-{size_mb:g}mb-{gpus}gpu"
     if not any(logdir.rglob("*.xplane.pb")):
         subprocess.run([sys.executable, str(_REPO / "benchmarks" / "make_capture.py"), "--size-mb", str(size_mb),
-                        "--gpus", str(gpus), "--out", str(logdir)], check=True)
+                        "--gpus", str(gpus), "--out", str(logdir)], check=True, stdout=sys.stderr)
     return logdir
 
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         analysed = analysed_session(ref)
         analysis_s = time.perf_counter() - began
         steps = analysed.analysis.model.steps
-        out = {"capture_mb": round(size / 1e6, 1), "steps": len(steps), "analysis_s": round(analysis_s, 2),
+        out = {"load_average": [round(x, 2) for x in os.getloadavg()], "capture_mb": round(size / 1e6, 1), "steps": len(steps), "analysis_s": round(analysis_s, 2),
                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "draws": {}}
         for label, step in (("representative", None), ("first", int(steps.number[0])),
                             ("last", int(steps.number[-1]))):
