@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from tb_gpuadvisor.attribution.breakdown import Breakdown, compute_breakdown
 from tb_gpuadvisor.attribution.whatif import WhatIf
-from tb_gpuadvisor.checks import replay_scenarios
-from tb_gpuadvisor.checks import Finding
+from tb_gpuadvisor.checks import Finding, replay_scenarios
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input.session import read_session

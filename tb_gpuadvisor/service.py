@@ -387,7 +387,7 @@ class AdvisorService:
                 kept = [k for k in self._jobs if k[3]]
                 for old in kept[:max(0, len(kept) - HELD_SESSIONS)]:
                     self._cancel(self._jobs.pop(old))
-            job.task = self._pool.submit(self._run_job, job, ref, self._holder() if held else self._analyzer())
+            job.task = self._pool.submit(self._run_job, job, ref, held)
         return job
 
     @staticmethod
@@ -396,7 +396,7 @@ class AdvisorService:
         if job.task is not None and job.started is None:
             job.task.cancel()
 
-    def _run_job(self, job: _Job, ref: discovery.SessionRef, analyzer: Callable[[Any], Any]) -> None:
+    def _run_job(self, job: _Job, ref: discovery.SessionRef, held: bool) -> None:
         with self._lock:
             if time.monotonic() - job.asked > ABANDONED_S:
                 # Nobody polled for it while it queued: forget it (a new request starts it again).
@@ -405,7 +405,7 @@ class AdvisorService:
                 return
             job.started = time.monotonic()
         try:
-            result = analyzer(ref)
+            result = (self._holder() if held else self._analyzer())(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
             from tb_gpuadvisor.multihost.merge import failed_session
 
