@@ -255,8 +255,7 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
              cross_host: CrossHost | None = None, worst_host: bool = False,
              frameworks: tuple[str, ...] = (), per_host: PerHostJoin = PerHostJoin(),
-             chart: Chart | None = None,
-             marks: Marks | NoMarks = UNDECLARED,
+             chart: Chart | None = None, marks: Marks | NoMarks = UNDECLARED,
              ) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
