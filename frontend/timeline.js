@@ -112,8 +112,8 @@ export class StepTimeline {
       this.note,
       h('div', {class: 'timeline-wrap'}, this.canvas, this.card));
     this.listen();
-    this.resize = new ResizeObserver(() => this.draw());
-    this.resize.observe(this.canvas);
+    // Drawn again at the new width when the tab is resized.
+    new ResizeObserver(() => this.draw()).observe(this.canvas);
   }
 
   async load(step) {
@@ -137,7 +137,6 @@ export class StepTimeline {
     this.data = data;
     this.colours = groupColours(data.groups, this.element);
     this.laid = layout(data.rows);
-    this.labels = data.rows.map((row) => row.label);
     this.stepSelect.replaceChildren(...data.steps.map((n) => h('option', {value: String(n), text: `step ${n}`})));
     this.stepSelect.value = String(data.step);
     const order = (f) => (this.ranked.includes(f.check) ? this.ranked.indexOf(f.check) : this.ranked.length);
