@@ -4,6 +4,7 @@
 
 import * as model from './model.js';
 import * as views from './views.js';
+import {StepTimeline} from './timeline.js';
 
 const {h} = views;
 const STORAGE_KEY = 'gpu_advisor.selection';
@@ -218,13 +219,36 @@ class AdvisorApp {
     };
     // The device a check marks (report.marked_device: the straggler), as the report names it.
     const deviceChart = views.deviceChart(report.breakdown, report.marked_device || null);
+    const stepChart = views.stepChart(report.breakdown, !deviceChart);
+    const ranked = (report.findings || []).map((finding) => finding.check);
+    const timeline = ((report.breakdown || {}).steps || []).length ?
+      this.timeline(run, session, stepChart, ranked, signal) : null;
     this.show(
       views.errorsView(report),
       views.headerView(report),
       views.warningsView(report),
       views.firstFixView(report),
-      h('div', {class: deviceChart ? 'charts two' : 'charts'}, views.stepChart(report.breakdown, !deviceChart), deviceChart),
+      h('div', {class: deviceChart ? 'charts two' : 'charts'}, stepChart, deviceChart),
+      timeline && timeline.element,
       views.findingsView(report, context));
+    if (timeline) timeline.load(null);
+  }
+
+  /** The step timeline under the step chart; a click on a step bar draws that step. */
+  timeline(run, session, stepChart, ranked, signal) {
+    const timeline = new StepTimeline((step, onProgress) =>
+      model.fetchTimeline({run, session, step: step === null ? '' : String(step)}, onProgress, signal), ranked);
+    const pick = (step) => {
+      for (const bar of stepChart.querySelectorAll('g.step-bar')) {
+        bar.classList.toggle('picked', bar.dataset.step === String(step));
+      }
+    };
+    timeline.element.addEventListener('timeline-step', (event) => pick(event.detail));
+    stepChart.addEventListener('click', (event) => {
+      const bar = event.target.closest('g.step-bar');
+      if (bar) timeline.load(Number(bar.dataset.step));
+    });
+    return timeline;
   }
 
   async loadCompare(signal) {
@@ -296,9 +320,25 @@ function addStylesheet() {
   document.head.appendChild(link);
 }
 
+/** The tab follows TensorBoard's dark mode (a "dark-mode" class on its page's body) where it
+ * can see that page; otherwise the browser's colour scheme decides (style.css). */
+function followDarkMode() {
+  let top;
+  try {
+    top = window.parent.document.body;
+  } catch (_) {
+    return;     // another origin: nothing to follow
+  }
+  if (!top || top === document.body) return;
+  const sync = () => document.body.classList.toggle('dark', top.classList.contains('dark-mode'));
+  sync();
+  new MutationObserver(sync).observe(top, {attributes: true, attributeFilter: ['class']});
+}
+
 /** Called by TensorBoard's plugin entry page once the module is imported. */
 export async function render() {
   addStylesheet();
+  followDarkMode();
   document.documentElement.lang = document.documentElement.lang || 'en';
   const root = h('div', {class: 'advisor'});
   document.body.appendChild(root);

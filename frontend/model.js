@@ -88,6 +88,11 @@ export function fetchReport({run, session, host}, onProgress, signal) {
   return poll(routeUrl('report', {run, session, host}), onProgress, signal);
 }
 
+/** One step of a session as the timeline draws it (stepview); STEP null: the representative step. */
+export function fetchTimeline({run, session, step}, onProgress, signal) {
+  return poll(routeUrl('timeline', {run, session, step}), onProgress, signal);
+}
+
 /** compare_sessions(base, new) for two sessions. */
 export function fetchCompare({run, session, baseRun, baseSession}, onProgress, signal) {
   const url = routeUrl('compare', {

@@ -124,14 +124,44 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from tb_gpuadvisor.multihost import build_report
 
     refs = _sessions(args.path)
+    if args.timeline is not None and args.format != "json":
+        raise UsageError("--timeline draws a step for scripts: add --format json")
     with _engine(args) as engine:
         report = build_report(refs, args.jobs, engine=engine)
+    if args.timeline is not None:
+        _add_timelines(refs, report["sessions"], args.timeline)
     _emit(args.format, report, lambda r: render_text(r, verbose=args.verbose), render_markdown)
     unanalysed = _unanalysed(report["sessions"])        # every such session gets its line
     if unanalysed + (0 if args.partial else _still_written(report["sessions"])):
         return 2
     causes = _analyze_causes(report["sessions"], args.fail_on)
     return _say_reached(args.fail_on, causes) if causes else 0
+
+
+def _add_timelines(refs: list[SessionRef], sessions: list[dict], step: int | str) -> None:
+    """Each analysed session's STEP (a number, or its representative step) as the tab draws it, under
+    "timeline" (stepview); a session without that step gets the reason under "timeline_error"."""
+    from tb_gpuadvisor.pipeline import analysed_session
+    from tb_gpuadvisor.render import unreadable
+    from tb_gpuadvisor.stepview import StepNotFound
+
+    for ref, session in zip(refs, sessions):
+        if unreadable(session):
+            continue
+        try:
+            session["timeline"] = analysed_session(ref).timeline(step if isinstance(step, int) else None)
+        except StepNotFound as err:
+            session["timeline_error"] = str(err)
+
+
+def _step(text: str) -> int | str:
+    """--timeline's STEP: a step number, or "representative"."""
+    if text == "representative":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a step number or 'representative' (got {text!r})") from None
 
 
 def _engine(args: argparse.Namespace) -> "Engine":
@@ -289,6 +319,9 @@ def parser() -> argparse.ArgumentParser:
                               "others and exit as usual (without it such a session exits 2)")
     analyze.add_argument("-v", "--verbose", action="store_true",
                          help="show passing checks, evidence and every fix")
+    analyze.add_argument("--timeline", metavar="STEP", type=_step,
+                         help="with --format json: add each session's step STEP (a step number, or "
+                              "'representative') as the tab's timeline draws it, each finding's intervals marked")
     _add_engine_flags(analyze)
     analyze.set_defaults(func=cmd_analyze)
     compare = sub.add_parser("compare", help="compare two sessions: new, fixed, better, worse findings")

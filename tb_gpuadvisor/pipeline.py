@@ -9,15 +9,18 @@ another's values.  ``report_session`` is the whole flow for a session read in on
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tb_gpuadvisor.attribution.breakdown import Breakdown, compute_breakdown
 from tb_gpuadvisor.attribution.whatif import WhatIf
-from tb_gpuadvisor.checks import replay_scenarios
+from tb_gpuadvisor.checks import Finding, replay_scenarios
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input.session import read_session
 from tb_gpuadvisor.model.session import build_session
 from tb_gpuadvisor.report import Described, describe, finish
 from tb_gpuadvisor.stages import Deferred, stage
+from tb_gpuadvisor.stepview import step_timeline
 from tb_gpuadvisor.timeline import SessionModel
 from tb_gpuadvisor.trust import Trust, assess
 
@@ -74,3 +77,23 @@ def report_model(model: SessionModel) -> dict:
     """The report of a session model already built (benchmarks time the stages apart)."""
     analysis = analyse(model)
     return report(check(analysis), analysis)
+
+
+@dataclass(frozen=True)
+class Analysed:
+    """A session analysed and checked in this process, kept to draw its steps (``timeline``)."""
+
+    analysis: Analysis
+    findings: list[Finding]
+
+    def timeline(self, step: int | None = None) -> dict:
+        """The drawable form of STEP (None: the representative step), each finding marked on it."""
+        return step_timeline(self.analysis, self.findings, step)
+
+
+def analysed_session(ref: SessionRef) -> Analysed:
+    """The flow up to the checks for every host of REF in this process: what a step's timeline
+    reads (the report of a many-host session joins per-host summaries and keeps no events)."""
+    analysis = analyse(load_session(ref))
+    _, findings, _ = check(analysis)
+    return Analysed(analysis, findings)

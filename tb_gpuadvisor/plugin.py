@@ -57,6 +57,7 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
             "/report": self._serve_report,
             "/compare": self._serve_compare,
             "/info": self._serve_info,
+            "/timeline": self._serve_timeline,
         }
         for name in self._static:
             apps["/" + name] = self._serve_static
@@ -137,6 +138,12 @@ class GpuAdvisorPlugin(base_plugin.TBPlugin):
                 args.get("base_session"),
             ),
         )
+
+    @wrappers.Request.application
+    def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
+        args = request.args
+        return self._answer(
+            request, lambda: self._service.timeline(args.get("run"), args.get("session"), args.get("step")))
 
     @wrappers.Request.application
     def _serve_static(self, request: wrappers.Request) -> wrappers.Response:

@@ -51,6 +51,10 @@ ABANDONED_S = 60.0
 # and read again on the first request this long after the last read: never a cached error.
 RECHECK_WRITING_S = 2.0
 
+# Sessions whose analysis is held in this process to draw their steps (each keeps its capture's
+# events: the report cache keeps only JSON); the least recently drawn goes first.
+HELD_SESSIONS = 2
+
 Analyzer = Callable[[Any], dict]
 _URL_RE = re.compile(r"[a-zA-Z][0-9a-zA-Z.]*://")
 
@@ -213,10 +217,12 @@ class AdvisorService:
         workers: int = DEFAULT_WORKERS,
         wait_s: float = DEFAULT_WAIT_S,
         analyze: Analyzer | None = None,
+        analysed: Callable[[Any], Any] | None = None,
     ) -> None:
         self._roots = list(roots)
         self._wait_s = wait_s
         self._analyze = analyze
+        self._analysed = analysed
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpu_advisor")
         self._lock = threading.Lock()
         self._jobs: OrderedDict[tuple, _Job] = OrderedDict()
@@ -337,10 +343,34 @@ class AdvisorService:
             raise NotComparable(why, refused_side(base, new) or "new")
         return compare_sessions(base, new)
 
-    def _job_for(self, ref: discovery.SessionRef, host: str | None) -> _Job:
-        """The cached job for this session state, or a newly submitted one."""
+    def timeline(self, run: str | None, session: str | None, step: str | None) -> dict | Pending:
+        """The drawable form of one step of run/session (stepview; STEP as the program numbered
+        it, absent: the representative step), or Pending while the session is analysed in this
+        process. Once analysed, a step is cut from the held analysis (HELD_SESSIONS)."""
+        ref = self.resolve(run, session)
+        number = None
+        if step not in (None, ""):
+            try:
+                number = int(step)
+            except ValueError:
+                raise BadRequest(f"step must be a step number, not {step!r}") from None
+        result = self._outcome(self._job_for(ref, None, held=True), self._wait_s)
+        if isinstance(result, Pending):
+            return result
+        if isinstance(result, dict):        # the analysis failed: its error session says why
+            raise NotFound("; ".join(e["message"] for e in result.get("errors") or []) or "no analysis")
+        from tb_gpuadvisor.stepview import StepNotFound
+
+        try:
+            return result.timeline(number)
+        except StepNotFound as exc:
+            raise NotFound(str(exc)) from None
+
+    def _job_for(self, ref: discovery.SessionRef, host: str | None, held: bool = False) -> _Job:
+        """The cached job for this session state, or a newly submitted one; HELD: the session's
+        analysis kept in this process to draw its steps, not its report."""
         stamp = ref.stat_key()
-        key = (ref.run, ref.session, host)
+        key = (ref.run, ref.session, host, held)
         now = time.monotonic()
         with self._lock:
             job = self._jobs.get(key)
@@ -357,7 +387,11 @@ class AdvisorService:
             self._jobs.move_to_end(key)
             while len(self._jobs) > CACHE_SIZE:
                 self._cancel(self._jobs.popitem(last=False)[1])
-            job.task = self._pool.submit(self._run_job, job, ref)
+            if held:
+                kept = [k for k in self._jobs if k[3]]
+                for old in kept[:max(0, len(kept) - HELD_SESSIONS)]:
+                    self._cancel(self._jobs.pop(old))
+            job.task = self._pool.submit(self._run_job, job, ref, held)
         return job
 
     @staticmethod
@@ -366,7 +400,7 @@ class AdvisorService:
         if job.task is not None and job.started is None:
             job.task.cancel()
 
-    def _run_job(self, job: _Job, ref: discovery.SessionRef) -> None:
+    def _run_job(self, job: _Job, ref: discovery.SessionRef, held: bool) -> None:
         with self._lock:
             if time.monotonic() - job.asked > ABANDONED_S:
                 # Nobody polled for it while it queued: forget it (a new request starts it again).
@@ -375,13 +409,13 @@ class AdvisorService:
                 return
             job.started = time.monotonic()
         try:
-            result = self._analyzer()(ref)
+            result = (self._holder() if held else self._analyzer())(ref)
         except Exception as exc:  # analyze_session should not raise; keep the tab alive if it does
             from tb_gpuadvisor.multihost.merge import failed_session
 
             result = failed_session(ref, [{"message": f"analysis failed: {type(exc).__name__}: {exc}"}])
         job.finished = time.monotonic()
-        job.writing = being_written(result)
+        job.writing = being_written(result) if isinstance(result, dict) else None
         elapsed = job.finished - job.started
         if elapsed > 0.05 and job.size_bytes and job.writing is None:
             with self._lock:
@@ -405,6 +439,14 @@ class AdvisorService:
 
             self._analyze = analyze
         return self._analyze
+
+    def _holder(self) -> Callable[[Any], Any]:
+        """What analyses a session in this process and keeps it (pipeline.analysed_session)."""
+        if self._analysed is None:
+            from tb_gpuadvisor.pipeline import analysed_session
+
+            self._analysed = analysed_session
+        return self._analysed
 
     def _shared_engine(self) -> Engine:
         """The engine every analysis shares, made on first use: the one the environment names

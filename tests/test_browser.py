@@ -38,6 +38,10 @@ BETTER = "2024_01_05_00_00_00"
 BROKEN = "2024_01_09_00_00_00"
 # A session of another run, closer in time to GOOD than any other session of "train".
 VALIDATION = "2024_01_01_06_00_00"
+# Runs for the step timeline, named to sort after the others: steps inferred from repeated
+# function runs (no step markers), and a session of two hosts.
+INFERRED_RUN = "zz-inferred"
+TWO_HOSTS_RUN = "zz-two-hosts"
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium at /usr/bin/chromium")
@@ -72,6 +76,11 @@ def _build_logdir(root: Path) -> Path:
     synth.build_training_session(steps=4, step_ms=20.0).write(logdir, "validation", VALIDATION)
     synth.build_training_session(steps=4, gpus=0, marker="r", input_wait_frac=0.2,
                                  host_overhead_frac=0.2).write(logdir, CPU_RUN, CPU_SESSION)
+    synth.build_training_session(steps=6, framework="jax", marker="none", launch_frac=0.3,
+                                 kernel_us=15).write(logdir, INFERRED_RUN, GOOD)
+    for host, scale in (("w0", None), ("w1", {1: 1.3})):
+        synth.build_training_session(steps=5, gpus=2, cc=(8, 0), collective_frac=0.1, allreduce_calls=2,
+                                     gpu_compute_scale=scale, host=host).write(logdir, TWO_HOSTS_RUN, GOOD)
     torch_trace = CORPUS / "pytorch-resnet50-dataloader" / "num_workers_0" / "worker0.pt.trace.json.gz"
     if torch_trace.is_file():
         (logdir / PYTORCH_RUN).mkdir(parents=True)
@@ -688,3 +697,142 @@ def test_missing_logdir_is_told_apart_from_an_empty_one(page, server):
     assert "does not exist" in view and "/nowhere" in view
     for way in ("AdvisorCallback", "profile_steps", "tensorboard_trace_handler"):
         assert way in view, view
+
+
+def _timeline(frame, step: str | None = None):
+    """The step timeline once it has drawn (STEP: the step it must show)."""
+    selector = "[data-testid=timeline][data-state=ready]" + (f'[data-step="{step}"]' if step else "")
+    frame.wait_for_selector(selector, timeout=60000)
+    return frame.locator("[data-testid=timeline]")
+
+
+def test_timeline_marks_the_input_waits_of_the_planted_run(page, server):
+    """GOOD plants a 30% input wait: the timeline opens on the representative step with the input
+    finding marked (the report ranks it first), its marks 30% of the step as the finding says."""
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    timeline = _timeline(frame)
+    assert frame.locator("[data-testid=timeline-finding]").input_value() == "input_bound"
+    marked = float(timeline.get_attribute("data-marked"))
+    report = json.loads(urllib.request.urlopen(
+        f"{server['base']}/data/plugin/gpu_advisor/report?run=train&session={GOOD}", timeout=30).read())
+    finding = next(f for f in report["findings"] if f["check"] == "input_bound")
+    assert abs(marked - 30.0) <= 1.0 and abs(marked - finding["metrics"]["input_percent"]) <= 1.0
+    assert "of this step" in frame.locator("[data-testid=timeline-note]").inner_text()
+    canvas = frame.locator("[data-testid=timeline-canvas]")
+    assert int(canvas.get_attribute("data-rects")) > 0
+    _shot(page, server, "timeline-input-bound", timeline)
+    # Hover card over the cause row (the first row under the marks).
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + 22 + 14 + 9)
+    card = frame.locator("[data-testid=timeline-card]")
+    card.wait_for(state="visible", timeout=5000)
+    assert "in the step" in card.inner_text()
+    # Keyboard zoom, pan and fit; mouse-wheel zoom.
+    canvas.focus()
+    full = float(canvas.get_attribute("data-to")) - float(canvas.get_attribute("data-from"))
+    for key in ("+", "+", "ArrowRight"):
+        page.keyboard.press(key)
+    page.wait_for_timeout(100)
+    zoomed = float(canvas.get_attribute("data-to")) - float(canvas.get_attribute("data-from"))
+    assert zoomed == pytest.approx(full / 4, rel=0.01)
+    page.keyboard.press("0")
+    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + 40)
+    page.mouse.wheel(0, -400)
+    page.wait_for_timeout(100)
+    assert float(canvas.get_attribute("data-to")) - float(canvas.get_attribute("data-from")) < full
+    frame.click("[data-testid=timeline-fit]")
+    assert float(canvas.get_attribute("data-to")) - float(canvas.get_attribute("data-from")) == pytest.approx(full)
+    # A click on another step's bar draws that step; a finding without intervals says why.
+    frame.locator("[data-testid=step-chart] g.step-bar .hit").nth(2).click()
+    _timeline(frame, frame.locator("[data-testid=step-chart] g.step-bar").nth(2).get_attribute("data-step"))
+    frame.select_option("[data-testid=timeline-finding]", "precision")
+    assert "nothing to mark" in frame.locator("[data-testid=timeline-note]").inner_text()
+
+
+def test_timeline_of_a_pytorch_trace(page, server):
+    if not (server["root"] / "logdir" / PYTORCH_RUN).is_dir():
+        pytest.skip("the corpus is absent")
+    frame = _advisor(page, server)
+    frame.select_option("[data-testid=run-select]", PYTORCH_RUN)
+    timeline = _timeline(frame)
+    # ProfilerStep#6 lasts 158.5 ms, the median of the six (see test_stepview's hand check).
+    assert timeline.get_attribute("data-step") == "6"
+    frame.select_option("[data-testid=timeline-finding]", "input_bound")
+    assert float(timeline.get_attribute("data-marked")) == pytest.approx(23.7, abs=1.0)
+
+
+def test_timeline_of_a_two_host_session_groups_rows_by_host(page, server):
+    frame = _advisor(page, server)
+    frame.select_option("[data-testid=run-select]", TWO_HOSTS_RUN)
+    timeline = _timeline(frame)
+    assert timeline.get_attribute("data-hosts") == "2"
+    assert int(timeline.get_attribute("data-rows")) >= 1 + 2 * 2 + 2
+
+
+def test_timeline_of_inferred_steps(page, server):
+    frame = _advisor(page, server)
+    frame.select_option("[data-testid=run-select]", INFERRED_RUN)
+    timeline = _timeline(frame)
+    assert timeline.get_attribute("data-step")
+    assert frame.locator("[data-testid=timeline-finding]").input_value() == "kernel_launch"
+    assert float(timeline.get_attribute("data-marked")) > 10
+
+
+def test_timeline_readable_at_900_px_in_the_dark(browser, server):
+    """The README's screenshot: 900 px wide, dark colour scheme, the input finding marked."""
+    context = browser.new_context(viewport={"width": 900, "height": 1000}, color_scheme="dark")
+    page = context.new_page()
+    try:
+        frame = _advisor(page, server)
+        _select_session(frame, "train", GOOD)
+        timeline = _timeline(frame)
+        canvas = frame.locator("[data-testid=timeline-canvas]")
+        assert canvas.bounding_box()["width"] <= 900
+        background = canvas.evaluate("c => Array.from(c.getContext('2d').getImageData(2, 2, 1, 1).data)")
+        assert sum(background[:3]) < 3 * 80, "the dark scheme draws on a dark background"
+        timeline.screenshot(path=str(server["root"] / "timeline-dark-900.png"))
+    finally:
+        context.close()
+
+
+def test_timeline_zooms_20000_rectangles_without_a_long_frame(page, server):
+    """The drawing alone, fed 20,000 rectangles in 10 rows: no zoom or pan frame over 100 ms."""
+    frame = _advisor(page, server)
+    _select_session(frame, "train", GOOD)
+    _timeline(frame)
+    worst = frame.evaluate("""async () => {
+        const css = [...document.querySelectorAll('link[rel=stylesheet]')].find((l) => l.href.endsWith('style.css'));
+        const {StepTimeline} = await import(css.href.replace(/style\\.css$/, 'timeline.js'));
+        const rows = [];
+        for (let r = 0; r < 10; r += 1) {
+            const n = 2000, start = [], dur = [], lane = [];
+            for (let i = 0; i < n; i += 1) { start.push(i * 50); dur.push(30); lane.push(r % 2 ? i % 2 : 0); }
+            rows.push({host: '', kind: r % 2 ? 'host' : 'device', device: '', label: `row ${r}`, start, dur,
+                       name: Array(n).fill(0), group: Array(n).fill(r % 6), corr: Array(n).fill(-1),
+                       lane, count: Array(n).fill(1)});
+        }
+        const timeline = new StepTimeline(async () => ({
+            step: 1, index: 0, steps: [1], start_ms: 0, duration_us: 100000, resolution_us: 0.5,
+            groups: ['compute', 'copy', 'collective', 'input', 'launch', 'host', 'host_ops', 'not_traced'],
+            device: '', rows, names: ['k'], findings: []}));
+        timeline.element.style.width = '1200px';
+        document.body.appendChild(timeline.element);
+        await timeline.load(1);
+        const canvas = timeline.canvas;
+        let worst = 0;
+        for (let k = 0; k < 30; k += 1) {
+            const began = performance.now();
+            timeline.zoom(k < 15 ? 0.8 : 1.25, 50000);
+            timeline.draw();
+            timeline.pan(k % 2 ? 0.1 : -0.1);
+            timeline.draw();
+            worst = Math.max(worst, (performance.now() - began) / 2);
+        }
+        timeline.fit();
+        return {worst, rects: Number(canvas.dataset.rects)};
+    }""")
+    # At the whole step two rectangles share most pixels, and a pixel is filled once per row and lane.
+    assert worst["rects"] >= 5000
+    print(f"worst frame {worst['worst']:.1f} ms, {worst['rects']} rectangles drawn at the whole step")
+    assert worst["worst"] < 100

@@ -236,3 +236,15 @@ def test_make_clean_removes_compiled_extensions(tmp_path):
     done = subprocess.run(["make", "-C", str(tmp_path), "clean"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not built.exists() and (tmp_path / "tb_gpuadvisor" / "keep.py").exists()
+
+
+def test_every_demo_step_timeline_marks_what_its_findings_count(demo_logdir: Path):
+    """Issue 43: on every demo run, each step's marks add up to the step's attributed time and,
+    over all steps, to the finding's number, within 1 percentage point."""
+    from stepview_check import disagreements
+    from tb_gpuadvisor.pipeline import analysed_session
+
+    refs = find_sessions(str(demo_logdir))
+    assert refs
+    problems = {ref.run: disagreements(analysed_session(ref)) for ref in refs}
+    assert {run: found for run, found in problems.items() if found} == {}

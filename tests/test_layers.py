@@ -22,7 +22,7 @@ LAYERS = (
     ("trust",),
     ("attribution",),
     ("checks",),
-    ("report", "render"),
+    ("report", "render", "stepview"),
     ("pipeline",),
     ("multihost", "compare"),
     ("cli", "service", "plugin", "loader", "inloop", "keras", "jax", "frontend"),

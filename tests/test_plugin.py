@@ -285,3 +285,15 @@ def test_info_says_whether_the_profile_tab_is_installed(client, monkeypatch):
     assert here["profile_tab"] is installed and "pip install xprof" in here["profile_install"]
     monkeypatch.setattr(plugin, "entry_points", lambda group: [])
     assert json.loads(client.get(PLUGIN_ROOT + "/info").get_data())["profile_tab"] is False
+
+
+def test_timeline_route(tmp_path):
+    synth.build_training_session(steps=4, input_wait_frac=0.3).write(tmp_path, "train", SESSION)
+    client = make_client(make_flags(logdir=str(tmp_path)))
+    response = wait_for_report(client, f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}")
+    assert response.status_code == 200
+    body = json.loads(response.get_data())
+    marks = next(m for m in body["findings"] if m["check"] == "input_bound")
+    assert marks["step_percent"] == pytest.approx(30.0, abs=1.0)
+    assert client.get(f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}&step=x").status_code == 400
+    assert client.get(f"{PLUGIN_ROOT}/timeline?run=train&session={SESSION}&step=999").status_code == 404

@@ -14,7 +14,7 @@ from synth import build_training_session, write_session
 
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import REGISTRY, Finding, Severity, all_checks, explaining, replay_scenarios
-from tb_gpuadvisor.checks.base import ASPECTS, Compared, CrossHost, NoReplay, Replayed, register
+from tb_gpuadvisor.checks.base import ASPECTS, UNDECLARED, Compared, CrossHost, Marks, NoReplay, Replayed, register
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.pipeline import analyse
 from tb_gpuadvisor.cli import main
@@ -101,6 +101,7 @@ def test_every_registered_check_has_a_valid_declaration():
         assert isinstance(check.what_if, (Replayed, NoReplay))
         if isinstance(check.what_if, NoReplay):
             assert len(check.what_if.why) > 20, check.id
+        assert check.marks is not UNDECLARED, f"{check.id} declares no timeline marks"
     xla = REGISTRY["xla_ops"]
     assert isinstance(xla.what_if, NoReplay) and xla.compared.share == "conversion_percent"
     assert "xla_ops" in explaining("device compute")
@@ -118,6 +119,8 @@ def test_a_bad_declaration_is_refused_at_import():
         register("bad", "Bad", "", what_if=NoReplay("no"), aspect="vibes")
     with pytest.raises(ValueError, match="bound"):
         register("bad", "Bad", "", what_if=NoReplay("no"), explains="gpu")
+    with pytest.raises(ValueError, match="marks unknown causes"):
+        register("bad", "Bad", "", what_if=NoReplay("no"), marks=Marks(("idle",), "idle_percent"))
     with pytest.raises(ValueError, match="twice"):
         register("memory", "Again", "", what_if=NoReplay("no"))(_toy)
 

@@ -100,6 +100,11 @@ CATEGORY_KEYS = tuple(c.key for c in CATEGORIES)
 SHOWN_WHEN_PRESENT = frozenset({"setup"})
 # The busy parts besides compute, in the order the busy set grows by them.
 BUSY_KEYS = ("collective", "copy_h2d", "copy_d2h", "copy_other")
+# The interval sets every device's breakdown keeps (``DeviceBreakdown.sets``): the time assigned to
+# each cause, what a check marks on the step timeline (checks.base.Marks); "compute" on the primary
+# device only, "copy" the three copy sets together.
+SET_KEYS = ("compute", "collective", "copy_h2d", "copy_d2h", "copy_other", "copy", "not_traced", "input",
+            "host_ops", "launch", "other_host")
 # What bounded a step: its largest group of categories (the critical path's kind).
 BOUND_GROUPS = {"compute": "device compute", "copy": "copies", "collective": "communication",
                 "input": "input", "launch": "host", "host": "host", "setup": "one-time set-up"}

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS
+from tb_gpuadvisor.attribution.breakdown import BOUND_GROUPS, SET_KEYS
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.context import Analysis, StepScale
 from tb_gpuadvisor.checks.finding import Finding, Severity
@@ -177,6 +177,27 @@ class PerHostJoin:
 
 
 @dataclass(frozen=True)
+class Marks:
+    """What the check's finding lays on the step timeline: CAUSES, the attribution's interval sets
+    (``DeviceBreakdown.sets`` keys of the primary device) whose time its METRIC counts, a percent
+    of the step time. The picture and the number are then one measurement."""
+
+    causes: tuple[str, ...]
+    metric: str
+
+
+@dataclass(frozen=True)
+class NoMarks:
+    """A check whose finding has no intervals of the step to mark, and why (the timeline says it)."""
+
+    why: str
+
+
+# What a check that declares no marks (a test's toy check) lays on the timeline: nothing.
+UNDECLARED = NoMarks("the check declares no intervals of the step")
+
+
+@dataclass(frozen=True)
 class Check:
     id: str
     title: str
@@ -196,6 +217,7 @@ class Check:
     frameworks: tuple[str, ...] = ()
     per_host: PerHostJoin = PerHostJoin()
     chart: Chart | None = None
+    marks: Marks | NoMarks = UNDECLARED
 
     def applies_to(self, framework: str) -> bool:
         return not self.frameworks or framework in self.frameworks
@@ -221,7 +243,9 @@ class Check:
                 ("explains bound", self.explains or "-"), ("compare metric", compared),
                 ("cross-host join", self.cross_host.what if self.cross_host
                  else "no: the worst host's verdict" if self.worst_host else "no: judged on the primary host"),
-                ("frameworks", ", ".join(self.frameworks) or "all")]
+                ("frameworks", ", ".join(self.frameworks) or "all"),
+                ("timeline marks", f"{', '.join(self.marks.causes)} (its {self.marks.metric})"
+                 if isinstance(self.marks, Marks) else f"none: {self.marks.why}")]
 
 
 REGISTRY: dict[str, Check] = {}
@@ -231,20 +255,24 @@ def register(check_id: str, title: str, doc: str | None, *, what_if: Replayed | 
              explains: str | None = None, explains_order: int = 0, compared: Compared = Compared(),
              cross_host: CrossHost | None = None, worst_host: bool = False,
              frameworks: tuple[str, ...] = (), per_host: PerHostJoin = PerHostJoin(),
-             chart: Chart | None = None) -> Callable[[CheckFunction], CheckFunction]:
+             chart: Chart | None = None, marks: Marks | NoMarks = UNDECLARED,
+             ) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: ``@register("input_bound", "Input pipeline bottleneck", __doc__, what_if=...)``;
     the keywords are the declaration (see :class:`Check`)."""
     if aspect not in ASPECTS:
         raise ValueError(f"check {check_id!r}: unknown confidence aspect {aspect!r}; known: {', '.join(ASPECTS)}")
     if explains is not None and explains not in BOUND_GROUPS.values():
         raise ValueError(f"check {check_id!r}: unknown step bound {explains!r}")
+    if isinstance(marks, Marks) and not set(marks.causes) <= set(SET_KEYS):
+        raise ValueError(f"check {check_id!r}: marks unknown causes {sorted(set(marks.causes) - set(SET_KEYS))}; "
+                         f"known: {', '.join(SET_KEYS)}")
 
     def decorate(function: CheckFunction) -> CheckFunction:
         if check_id in REGISTRY:
             raise ValueError(f"check {check_id!r} registered twice")
         REGISTRY[check_id] = Check(check_id, title, function, (doc or "").strip(), what_if, aspect,
                                    explains, explains_order, compared, cross_host, worst_host, frameworks,
-                                   per_host, chart)
+                                   per_host, chart, marks)
         return function
 
     return decorate

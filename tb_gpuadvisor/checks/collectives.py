@@ -54,6 +54,7 @@ from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measuremen
 from tb_gpuadvisor.checks import _ranks, fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, CrossHost, DevicePart, Finding, HostAlignment, NoReplay, Severity, measured_parts, needs_gpu,
     register,
 )
@@ -337,7 +338,8 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
               DevicePart("collectives (NCCL/RCCL)", breakdown="collective_ms"),
               DevicePart("collectives with no compute alongside", "exposed_collective_ms_per_step"))),
           cross_host=CrossHost(measure, join, lambda c, scale: judge(c, scale) if len(c.rows) >= 2 else None,
-                               "every host's GPUs as rows; transfer and waiting over all replicas"))
+                               "every host's GPUs as rows; transfer and waiting over all replicas"),
+          marks=NoMarks("its share is the collectives' busy time averaged over every GPU, not one device's intervals"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), lambda m: judge(m, analysis))
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.base import Finding, NoReplay, Severity, needs_gpu, register
+from tb_gpuadvisor.checks.base import NoMarks, Finding, NoReplay, Severity, needs_gpu, register
 from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model.kernels import named_events
@@ -84,7 +84,8 @@ def _launched_inside(dev: DeviceActivity, host: HostModel, region: _Region, rows
 @register(CHECK_ID, "Inference in training mode (model.eval())", __doc__,
           what_if=NoReplay("dropout kernels vanish and training-mode batch norm is assumed to halve in eval "
                            "mode; the estimate is that kernel time, not a replay"),
-          aspect="kernels", frameworks=(pytorch.FRAMEWORK,))
+          aspect="kernels", frameworks=(pytorch.FRAMEWORK,),
+          marks=NoMarks("it estimates kernel time eval mode would drop, not intervals of the step"))
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
     if not model.active_gpus:

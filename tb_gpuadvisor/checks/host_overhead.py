@@ -46,6 +46,7 @@ from tb_gpuadvisor.checks.graph_fixes import graph_remedies
 from tb_gpuadvisor.checks.helper_frames import helper_overhead, user_syncs
 from tb_gpuadvisor.checks.sync_stalls import idle_gaps, stall_evidence, stall_sentence, sync_stalls
 from tb_gpuadvisor.checks.base import (
+    Marks,
     Compared, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import ACTIONABLE, Evidence, Fix
@@ -225,7 +226,8 @@ def uses_dynamic_loss_scale(analysis: Analysis) -> bool:
 @register(CHECK_ID, "Host overhead between launches", __doc__,
           what_if=Replayed(lambda model: Scenario(idle={"other_host": 1.0}), on_cpu=True,
                            what="device idle time while the host ran other work removed"),
-          explains="host", explains_order=2, compared=Compared("other_idle_percent", "other_idle_ms_per_step"))
+          explains="host", explains_order=2, compared=Compared("other_idle_percent", "other_idle_ms_per_step"),
+          marks=Marks(("other_host",), "other_idle_percent"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary

@@ -42,6 +42,7 @@ from tb_gpuadvisor.model.pipeline import Pipeline, pipeline_stages, stage_kind
 from tb_gpuadvisor.attribution.breakdown import batch_copies
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
+    Marks,
     Compared, Finding, Severity, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence
@@ -123,7 +124,8 @@ def _fixes(pipeline: Pipeline, copies: bool = False) -> list:
 @register(CHECK_ID, "Input pipeline bottleneck", __doc__,
           what_if=Replayed(lambda model: Scenario(idle={"input": 1.0}), on_cpu=True,
                            what="device idle time spent waiting for input removed"),
-          explains="input", compared=Compared("input_percent", "input_ms_per_step"))
+          explains="input", compared=Compared("input_percent", "input_ms_per_step"),
+          marks=Marks(("input",), "input_percent"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary

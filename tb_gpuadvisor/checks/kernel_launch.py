@@ -49,6 +49,7 @@ from tb_gpuadvisor.checks.graph_fixes import graph_remedies
 from tb_gpuadvisor.checks.launch_bound import LAUNCH_WARNING_PERCENT
 from tb_gpuadvisor.model.kernels import op_type
 from tb_gpuadvisor.checks.base import (
+    Marks,
     Compared, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence
@@ -107,7 +108,8 @@ def batched_launches(model: SessionModel) -> Scenario:
 
 @register(CHECK_ID, "Kernel launch overhead", __doc__,
           what_if=Replayed(batched_launches, what="device idle time of launches cut to 1 us per kernel (batched)"),
-          explains="host", explains_order=1, compared=Compared("launch_percent", "launch_ms_per_step"))
+          explains="host", explains_order=1, compared=Compared("launch_percent", "launch_ms_per_step"),
+          marks=Marks(("launch",), "launch_percent"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary

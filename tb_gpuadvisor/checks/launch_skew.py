@@ -38,6 +38,7 @@ from tb_gpuadvisor.checks.context import Analysis, judged, measurement
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, CrossHost, Finding, HostAlignment, NoReplay, Severity, measured_parts, register,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
@@ -138,7 +139,8 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
           what_if=NoReplay("a skewed start is waited for in the collectives; its time is the skew itself"),
           aspect="replicas", compared=Compared("skew_percent", "skew_ms"),
           cross_host=CrossHost(measure, join, lambda starts, scale: judge(starts) if len(starts.labels) >= 2 else None,
-                               "every host's first kernel per step on the session clock"))
+                               "every host's first kernel per step on the session clock"),
+          marks=NoMarks("it compares the replicas' first kernels per step, a skew between devices, not intervals of one"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), judge)
 

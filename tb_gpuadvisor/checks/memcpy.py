@@ -32,6 +32,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.attribution.replay import Scenario, shared_launches
 from tb_gpuadvisor.checks.base import (
+    Marks,
     Compared, Finding, Severity, needs_gpu, Replayed, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
@@ -173,7 +174,8 @@ def _megabytes_per_step(dev: DeviceActivity, kind: DeviceEventKind, steps: int) 
 
 @register(CHECK_ID, "Host-device copies", __doc__,
           what_if=Replayed(lambda model: Scenario(hide_copies=True), what="copies overlapped with compute"),
-          explains="copies", compared=Compared("memcpy_percent", "memcpy_ms_per_step"))
+          explains="copies", compared=Compared("memcpy_percent", "memcpy_ms_per_step"),
+          marks=Marks(("copy",), "memcpy_percent"))
 def check(analysis: Analysis) -> Finding:
     breakdown = analysis.breakdown
     primary = breakdown.primary

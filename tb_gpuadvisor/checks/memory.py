@@ -33,7 +33,7 @@ from tb_gpuadvisor.checks.fixes import (
     GPU_GUIDE, GPU_PERF_GUIDE, JAX_DONATION_GUIDE, JAX_GPU_TIPS, JAX_MEMORY_GUIDE, MIXED_PRECISION_GUIDE,
     TORCH_MEMORY_HEADROOM, TORCH_MEMORY_LARGER_BATCH, Remedy,
 )
-from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import NoMarks, Compared, Finding, NoReplay, Severity, register
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.vocab import frameworks, jax, pytorch, tensorflow
 
@@ -185,7 +185,8 @@ class _CachingAllocator(_Allocator):
 
 @register(CHECK_ID, "GPU memory headroom", __doc__,
           what_if=NoReplay("it measures memory, not time"), aspect="memory",
-          compared=Compared("peak_percent", timed=False), worst_host=True)
+          compared=Compared("peak_percent", timed=False), worst_host=True,
+          marks=NoMarks("it measures memory, not time"))
 def check(analysis: Analysis) -> Finding:
     peaks = allocator_peaks(analysis)
     framework = analysis.model.framework

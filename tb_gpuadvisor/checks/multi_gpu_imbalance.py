@@ -59,6 +59,7 @@ from tb_gpuadvisor.checks.fixes import (
     DISTRIBUTED_GUIDE, GPU_GUIDE, GPU_PERF_GUIDE, JAX_SHARDING_GUIDE, SPARE_CORES, TORCH_DDP_DOC, Remedy,
 )
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Chart, Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, measured_parts, register,
     severity_by_threshold,
 )
@@ -274,7 +275,8 @@ def judge_joined(r: Replicas, scale) -> Finding | None:
           aspect="replicas", explains="communication", compared=Compared("imbalance_percent"),
           chart=Chart(marked_device="straggler_device"),
           cross_host=CrossHost(measure, join, judge_joined,
-                               "every host's replicas stacked per session step; judged with the balance all hosts allow"))
+                               "every host's replicas stacked per session step; judged with the balance all hosts allow"),
+          marks=NoMarks("it compares the replicas' per-step work; the straggler is named in the per-GPU chart"))
 def check(analysis: Analysis) -> Finding:
     if len(analysis.comparable_gpus) < 2:
         return _alone(analysis)     # one replica: only a many-host merge measures it (cross_host)

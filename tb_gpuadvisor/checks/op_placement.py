@@ -63,6 +63,7 @@ from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.trust.placement import LONG_OP_SHARE, host_op_mask, of_the_step, step_threads
 from tb_gpuadvisor.model.kernels import name_mask, op_type
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, Finding, Replayed, Severity, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
@@ -199,7 +200,8 @@ def _model_on_host(analysis: Analysis) -> Finding:
 @register(CHECK_ID, "Ops placed on the host", __doc__,
           what_if=Replayed(lambda model: Scenario(idle={"host_ops": 1.0 - 1.0 / HOST_OP_GPU_SPEEDUP}),
                            what=f"device idle time behind host ops cut {HOST_OP_GPU_SPEEDUP:.0f}x (ops moved to the GPU)"),
-          explains="host", explains_order=0, compared=Compared("host_op_percent", "host_op_ms_per_step"))
+          explains="host", explains_order=0, compared=Compared("host_op_percent", "host_op_ms_per_step"),
+          marks=NoMarks("its share is host op time against GPU op time, not a share of the step"))
 def check(analysis: Analysis) -> Finding:
     if analysis.trust.placement.where == "host_despite_gpu":
         return _model_on_host(analysis)

@@ -62,6 +62,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import MIXED_PRECISION_GUIDE, Remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
 )
 from tb_gpuadvisor.checks.finding import Evidence
@@ -231,7 +232,8 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
           aspect="kernels", explains="device compute", explains_order=1,
           compared=Compared("low_precision_percent", "fp32_eligible_ms_per_step"),
           cross_host=CrossHost(measure, join, lambda m, scale: judge(m, scale.what_if.saving_ms(CHECK_ID), scale),
-                               "every host's GPUs, scaled to the primary host's steps"))
+                               "every host's GPUs, scaled to the primary host's steps"),
+          marks=NoMarks("its share is a share of kernel time by precision, not idle intervals"))
 def check(analysis: Analysis) -> Finding:
     return judged(measure(analysis), lambda m: judge(m, analysis.what_if.saving_ms(CHECK_ID), analysis))
 

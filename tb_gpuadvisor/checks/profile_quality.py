@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, PerHostJoin, Severity, register
+from tb_gpuadvisor.checks.base import NoMarks, Compared, Finding, NoReplay, PerHostJoin, Severity, register
 from tb_gpuadvisor.checks.finding import Evidence, Fix
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.checks.fixes import (
@@ -469,7 +469,8 @@ def with_unreadable(finding: Finding, errors: list[dict]) -> Finding:
           compared=Compared(timed=False), worst_host=True,
           # Counts of the capture add up over hosts.
           per_host=PerHostJoin(summed=("gpu_count", "active_gpu_count", "dropped_events"),
-                               unreadable=with_unreadable))
+                               unreadable=with_unreadable),
+          marks=NoMarks("it judges the capture, not the training step"))
 def check(analysis: Analysis) -> Finding:
     model, trust = analysis.model, analysis.trust
     kind, what = capture_kind(analysis)

@@ -49,6 +49,7 @@ from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy, mixed_precision_remedy
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, CrossHost, Finding, HostAlignment, Replayed, Severity, join_per_gpu, needs_gpu, register,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
@@ -209,7 +210,8 @@ def judge_joined(measured: TensorCores, scale) -> Finding:
           what_if=Replayed(lambda model: Scenario(faster={"off_tensor_core": 0.0}),
                            what="eligible kernels off Tensor Cores sped up by each GPU's Tensor Core factor"),
           aspect="kernels", explains="device compute", explains_order=2, compared=Compared("eligible_not_using_percent"),
-          cross_host=CrossHost(measure, join, judge_joined, "every host's GPUs, scaled to the primary host's steps"))
+          cross_host=CrossHost(measure, join, judge_joined, "every host's GPUs, scaled to the primary host's steps"),
+          marks=NoMarks("its share is a share of eligible kernel time, not intervals of the step"))
 def check(analysis: Analysis) -> Finding:
     what_if = analysis.what_if
     return judged(measure(analysis),

@@ -54,6 +54,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.base import (
+    NoMarks,
     Compared, Finding, Replayed, Severity, needs_gpu, needs_steps, register, severity_by_threshold,
 )
 from tb_gpuadvisor.checks.finding import Evidence, Fix
@@ -162,7 +163,8 @@ def measure(analysis: Analysis, dev: DeviceActivity) -> Unfused:
           what_if=Replayed(_fused_chains, what=f"chains of small eager element-wise kernels {FUSION_SPEEDUP:.0f}x "
                                                "faster (fused by torch.compile)"),
           aspect="kernels", explains="device compute", explains_order=3,
-          compared=Compared("unfused_percent", "unfused_ms_per_step"), frameworks=(pytorch.FRAMEWORK,))
+          compared=Compared("unfused_percent", "unfused_ms_per_step"), frameworks=(pytorch.FRAMEWORK,),
+          marks=NoMarks("its share is a share of kernel time in unfused chains, not idle intervals"))
 def check(analysis: Analysis) -> Finding:
     primary = analysis.breakdown.primary
     dev = analysis.primary_device

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_gpuadvisor.checks import fixes
-from tb_gpuadvisor.checks.base import Compared, Finding, NoReplay, Severity, register
+from tb_gpuadvisor.checks.base import NoMarks, Compared, Finding, NoReplay, Severity, register
 from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.model import intervals as iv
@@ -150,7 +150,8 @@ def _category_metrics(view: DeviceXla) -> dict[str, float]:
           # Its saving is weighted by how busy the device is: it rests on the idle split, not only on kernel classes.
           aspect="idle", explains="device compute", compared=Compared("conversion_percent"),
           # XLA compiles TensorFlow and JAX programs; a PyTorch trace holds no XLA instruction.
-          frameworks=(tensorflow.FRAMEWORK, jax.FRAMEWORK))
+          frameworks=(tensorflow.FRAMEWORK, jax.FRAMEWORK),
+          marks=NoMarks("its share is a share of device time in conversion ops, not idle intervals"))
 def check(analysis: Analysis) -> Finding:
     model = analysis.model
     xla_devices = [dev for dev in model.devices if len(dev) and (dev.hlo_op >= 0).any()]
