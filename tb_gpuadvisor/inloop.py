@@ -397,6 +397,18 @@ def advice_text(report: dict | None, problem: str | None, session_dir: str | Non
     return "\n".join(out) + "\n"
 
 
+def summary_metrics(report: dict | None) -> dict[str, float]:
+    """The advice as numbers a training logger plots beside its losses: the profiled mean step,
+    how many findings are worth acting on, and the largest estimated saving among them."""
+    session = _session(report)
+    if session is None:
+        return {}
+    top = top_findings(report, limit=None)
+    saving = max((f["estimated_savings_ms_per_step"] for f in top), default=0.0)
+    return {"gpuadvisor/step_ms": session["steps"].get("mean_ms") or 0.0,
+            "gpuadvisor/findings": float(len(top)), "gpuadvisor/top_saving_ms": saving}
+
+
 def summary_line(report: dict | None, problem: str | None, session_dir: str | None) -> str:
     """The one line logged when training ends."""
     session = _session(report)

@@ -82,10 +82,11 @@ class _TorchProfiler:
 
 
 def torch_tracer(rank: int = 0, world_size: int = 1, peers: Callable[[], None] | None = None) -> Tracer:
-    """The PyTorch profiler as the step window's tracer; PEERS waits for the other ranks of a job."""
+    """The PyTorch profiler as the step window's tracer, for process RANK of WORLD_SIZE; in a job of
+    several, PEERS waits for the others (default: torch.distributed's barrier)."""
     profiler = _TorchProfiler(worker_name(rank, world_size))
     return Tracer(profiler.start, profiler.stop, profiler.marker, captures=trace_files,
-                  peers=peers if world_size > 1 else None)
+                  peers=(peers or _barrier) if world_size > 1 else None)
 
 
 def _process_group() -> tuple[int, int]:
@@ -115,7 +116,7 @@ class ProfileSteps:
                  print_report: bool = True, fail_on: str | None = None) -> None:
         check_options(steps, warmup_steps, fail_on)
         self.rank, self.world_size = _process_group()
-        self.window = StepWindow(log_dir, torch_tracer(self.rank, self.world_size, _barrier), steps,
+        self.window = StepWindow(log_dir, torch_tracer(self.rank, self.world_size), steps,
                                  warmup_steps, print_report, fail_on, analyse=self.rank == 0)
         self.step_count = 0
 
