@@ -100,8 +100,10 @@ Args:
 
 def _lightning_callback_base() -> type:
     """Lightning's Callback: the unified ``lightning`` package's, else ``pytorch_lightning``'s."""
-    name = "lightning.pytorch" if importlib.util.find_spec("lightning") is not None else "pytorch_lightning"
-    return importlib.import_module(name).Callback
+    for package, module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
+        if importlib.util.find_spec(package) is not None:
+            return importlib.import_module(module).Callback
+    raise ImportError("tb_gpuadvisor.lightning.AdvisorCallback needs PyTorch Lightning: pip install lightning")
 
 
 def __getattr__(name: str) -> Any:

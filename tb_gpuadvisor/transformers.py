@@ -20,6 +20,7 @@ first use, on ``transformers.TrainerCallback``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 from typing import Any
@@ -107,6 +108,8 @@ def __getattr__(name: str) -> Any:
     """Builds ``AdvisorCallback`` when it is first asked for, so importing this module stays cheap."""
     if name != "AdvisorCallback":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if importlib.util.find_spec("transformers") is None:
+        raise ImportError("tb_gpuadvisor.transformers.AdvisorCallback needs Transformers: pip install transformers")
     base = importlib.import_module("transformers").TrainerCallback
     cls = type("AdvisorCallback", (_AdvisorHooks, base), {"__module__": __name__, "__doc__": _CLASS_DOC})
     globals()[name] = cls

@@ -48,9 +48,12 @@ def assert_not_slower(runs: dict, advised: str, limit: float) -> None:
         f"median step {with_advice * 1e3:.1f} ms with the advice, {without * 1e3:.1f} ms without"
 
 
+# One thread per training process: the machine is shared, and two threads of a small model
+# fight over its cores with the DataLoader and the analysis.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # The line of the README's PyTorch examples that plants the slow input pipeline: their fixed
 # twins are the same programs without it.
-PLANTED_SLEEP = "        time.sleep(0.001)          "
+PLANTED_SLEEP = "        time.sleep(0.00"
 
 
 def readme_example(marker: str) -> str:
@@ -82,3 +85,19 @@ def printed_checks(printed: str) -> list[str]:
     """The checks of the numbered findings in an in-loop advice printout, in order (notes above
     them, such as "the model ran on the CPU", left out)."""
     return re.findall(r"^  \d+\. \[[A-Z]+\] .*\n     saves about .*; check: (\w+)$", printed, re.M)
+
+
+def example_runs(code: str, root: Path, call: str, **env: str) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """(result, folder) of the README example CODE as written ("slow"), of its fixed twin ("fixed"),
+    and of CODE with ``fail_on="critical"`` added to its helper's CALL ("slow_fail")."""
+    assert code.count(call) == 1 and call.endswith(")"), call
+    failing = code.replace(call, call[:-1] + ', fail_on="critical")')
+    programs = {"slow": code, "fixed": fixed_twin(code), "slow_fail": failing}
+    return {name: (run_example(program, root / name, **env), root / name) for name, program in programs.items()}
+
+
+def assert_failed_on_input(result: subprocess.CompletedProcess) -> None:
+    """The run ended with AdvisorFindingError naming the critical input finding."""
+    assert result.returncode != 0
+    raised = result.stderr.strip().splitlines()[-1]
+    assert raised.startswith("tb_gpuadvisor.inloop.AdvisorFindingError: ") and "input_bound (critical)" in raised, raised

@@ -21,34 +21,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from advice_runs import REPO, fixed_twin, printed_checks, readme_example, run_example
+from advice_runs import (
+    REPO, ONE_THREAD, assert_failed_on_input, example_runs, fixed_twin, printed_checks, readme_example, run_example,
+)
 
 from tb_gpuadvisor.cli import main
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 
-# One thread per training process: the machine is shared, and two threads of a small model
-# fight over its cores with the DataLoader and the analysis.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PLAIN = "from tb_gpuadvisor.torch import profile_steps"
 NOTEBOOK = "import tb_gpuadvisor\n"
 DDP_STEPS = 3
 
 
-def _with_fail_on(code: str) -> str:
-    call = 'profile_steps("logs/plain", steps=5)'
-    assert call in code
-    return code.replace(call, 'profile_steps("logs/plain", steps=5, fail_on="critical")')
-
-
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """The plain-loop example as written, its fixed twin and the example failing on critical."""
-    root = tmp_path_factory.mktemp("torch_plain")
-    code = readme_example(PLAIN)
-    programs = {"slow": code, "fixed": fixed_twin(code), "slow_fail": _with_fail_on(code)}
-    return {name: (run_example(program, root / name, **ONE_THREAD), root / name)
-            for name, program in programs.items()}
+    return example_runs(readme_example(PLAIN), tmp_path_factory.mktemp("torch_plain"),
+                        'profile_steps("logs/plain", steps=5)', **ONE_THREAD)
 
 
 def test_readme_loop_prints_the_slow_dataloader_first(plain):
@@ -81,10 +71,7 @@ def test_fixed_twin_has_no_input_finding(plain):
 
 
 def test_fail_on_critical_fails_the_slow_run(plain):
-    result, _ = plain["slow_fail"]
-    assert result.returncode != 0
-    raised = result.stderr.strip().splitlines()[-1]
-    assert raised.startswith("tb_gpuadvisor.inloop.AdvisorFindingError: ") and "input_bound (critical)" in raised
+    assert_failed_on_input(plain["slow_fail"][0])
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,65 @@
+"""``tb_gpuadvisor.lightning.AdvisorCallback`` on a real Lightning ``Trainer`` on the CPU.
+
+The README's Lightning example runs as written (in its own process, in a temporary folder, one
+thread), beside its fixed twin (the same program without the planted 1 ms sleep per sample) and
+the example failing on critical findings. Its 16-sample batches are made in the training
+process (num_workers=0): a slow batch waits about 16 ms beside a few ms of compute.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from advice_runs import ONE_THREAD, assert_failed_on_input, example_runs, printed_checks, readme_example
+
+from tb_gpuadvisor.cli import main
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning not installed")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    return example_runs(readme_example("from tb_gpuadvisor.lightning import"), tmp_path_factory.mktemp("lightning"),
+                        "AdvisorCallback(steps=5)", **ONE_THREAD)
+
+
+def test_readme_example_prints_the_slow_dataloader_first(runs):
+    result, _ = runs["slow"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert printed_checks(result.stdout)[0] == "input_bound", result.stdout
+
+
+def test_capture_is_in_the_loggers_version_folder_and_the_cli_reads_it(runs, capsys):
+    _, cwd = runs["slow"]
+    version = cwd / "logs" / "lightning" / "lightning_logs" / "version_0"
+    (trace,) = version.glob("*.pt.trace.json")
+    assert f"capture: {trace}" in runs["slow"][0].stdout
+    assert main(["analyze", str(cwd / "logs" / "lightning"), "--format", "json"]) == 0
+    (session,) = json.loads(capsys.readouterr().out)["sessions"]
+    assert session["run"] == "lightning_logs/version_0" and session["trust"]["candidate_steps"] == 5
+    first = next(f for f in session["findings"] if f["check"] != "profile_quality")
+    assert first["check"] == "input_bound" and first["severity"] == "critical"
+
+
+def test_the_advice_numbers_go_through_the_trainers_logger(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, cwd = runs["slow"]
+    events = EventAccumulator(str(cwd / "logs" / "lightning" / "lightning_logs" / "version_0"))
+    events.Reload()
+    assert {"gpuadvisor/step_ms", "gpuadvisor/findings", "gpuadvisor/top_saving_ms"} <= set(events.Tags()["scalars"])
+    (saving,) = events.Scalars("gpuadvisor/top_saving_ms")
+    assert saving.value >= 5.0      # the ~16 ms input wait
+
+
+def test_fixed_twin_has_no_input_finding(runs):
+    result, _ = runs["fixed"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "advice from the profiled steps" in result.stdout
+    assert "input_bound" not in printed_checks(result.stdout)
+
+
+def test_fail_on_critical_fails_fit(runs):
+    assert_failed_on_input(runs["slow_fail"][0])
