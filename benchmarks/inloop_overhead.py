@@ -4,14 +4,16 @@ A small MLP trains on batches made once in memory (no input wait), on the GPU wh
 else on the CPU with one thread. Each round trains the same number of steps twice, in turn:
 without any helper, and inside ``tb_gpuadvisor.torch.profile_steps`` (a fixed warm-up of 2
 steps, 3 profiled ones; its analysis process then reads the capture while training goes on).
-Steps are timed start to start; the steps compared are those after the capture has stopped
-(its lead-in, profiled and stopping steps left out, in both runs alike), and each run's median
-is taken. The result is the median over rounds of (with helper / without) - 1.
+Steps are timed start to start, in two parts of each run (the same steps in both runs): the
+72 steps just after the capture stops, while the analysis process reads it, and the last 140,
+after it is done (the helper's run waits for it before them). Each part's median is taken, of wall time and of this process's CPU time
+(which a shared machine's load moves far less); the result is the median over rounds of
+(with helper / without) - 1.
 
 A second measurement times ``advisor.step()`` alone once the capture is over, the only code
 the helper runs in a step it does not profile.
 
-    python benchmarks/inloop_overhead.py [--rounds 7] [--steps 80]
+    python benchmarks/inloop_overhead.py [--rounds 5]
 
 Results go to ``results/inloop_overhead.json`` and ``.md``.
 """
@@ -33,9 +35,11 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP, PROFILED = 2, 3
-# Steps before the comparison starts: warm-up, lead-in, profiled steps, the step that stops the
-# capture, and one more.
+STEPS = 300
+# Steps compared: those just after the capture (its warm-up, lead-in, profiled steps and the step
+# that stops it left out), while the analysis process reads it; and the last ones, after it is done.
 SKIP = WARMUP + 1 + PROFILED + 2
+PARTS = {"during": (SKIP, SKIP + 72), "after": (STEPS - 140, STEPS)}
 
 
 def _setup():
@@ -61,8 +65,10 @@ def _setup():
     return train_step, device
 
 
-def _run(train_step, steps: int, log_dir: str | None) -> list[float]:
-    """Seconds between step starts, with the helper around the loop when LOG_DIR is given."""
+def _run(train_step, steps: int, log_dir: str | None) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds between step starts, with the helper around the loop when LOG_DIR is
+    given. CPU time is this process's: on a shared machine it moves far less with the others' load
+    than wall time (the helper's analysis runs in a process of its own)."""
     from tb_gpuadvisor.torch import profile_steps
 
     starts = []
@@ -70,12 +76,16 @@ def _run(train_step, steps: int, log_dir: str | None) -> list[float]:
               if log_dir else contextlib.nullcontext())
     with contextlib.redirect_stdout(io.StringIO()), helper as advisor:
         for i in range(steps):
-            starts.append(time.perf_counter())
+            if i == PARTS["after"][0] - 1 and advisor is not None:
+                while advisor.window.analysis.running():    # (an untimed pause, between the parts)
+                    time.sleep(0.05)
+            starts.append((time.perf_counter(), time.process_time()))
             train_step(i)
             if advisor is not None:
                 advisor.step()
-        starts.append(time.perf_counter())
-    return [b - a for a, b in zip(starts, starts[1:])]
+        starts.append((time.perf_counter(), time.process_time()))
+    pairs = list(zip(starts, starts[1:]))
+    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
 
 
 def _step_call_ns(calls: int = 200_000) -> float:
@@ -95,36 +105,45 @@ def _step_call_ns(calls: int = 200_000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    if args.steps < SKIP + 20:
-        parser.error(f"--steps must be at least {SKIP + 20}")
     train_step, device = _setup()
     _run(train_step, 20, None)          # first-use costs out of the way
     rounds = []
     with tempfile.TemporaryDirectory() as root:
         for r in range(args.rounds):
-            without = statistics.median(_run(train_step, args.steps, None)[SKIP:])
-            with_helper = statistics.median(_run(train_step, args.steps, os.path.join(root, f"run{r}"))[SKIP:])
-            rounds.append({"without_ms": without * 1e3, "with_ms": with_helper * 1e3,
-                           "overhead": with_helper / without - 1})
-            print(f"round {r}: {without * 1e3:.3f} ms without, {with_helper * 1e3:.3f} ms with "
-                  f"({100 * rounds[-1]['overhead']:+.2f}%)", file=sys.stderr)
+            runs = {"without": _run(train_step, STEPS, None),
+                    "with": _run(train_step, STEPS, os.path.join(root, f"run{r}"))}
+            row = {}
+            for part, (lo, hi) in PARTS.items():
+                for name, (wall, cpu) in runs.items():
+                    row[f"{part}_{name}_ms"] = statistics.median(wall[lo:hi]) * 1e3
+                    row[f"{part}_{name}_cpu_ms"] = statistics.median(cpu[lo:hi]) * 1e3
+            rounds.append(row)
+            print(f"round {r}: " + "; ".join(
+                f"{part} wall {row[f'{part}_without_ms']:.2f}/{row[f'{part}_with_ms']:.2f} ms, "
+                f"CPU {row[f'{part}_without_cpu_ms']:.2f}/{row[f'{part}_with_cpu_ms']:.2f} ms" for part in PARTS),
+                file=sys.stderr)
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
-              "steps_per_run": args.steps, "compared_steps": args.steps - SKIP, "rounds": rounds,
-              "median_overhead": statistics.median(r["overhead"] for r in rounds),
-              "step_call_ns": _step_call_ns()}
+              "steps_per_run": STEPS, "parts": PARTS, "rounds": rounds, "step_call_ns": _step_call_ns(),
+              "median_overhead": {f"{part}_{clock}": statistics.median(
+                  r[f"{part}_with_{clock}ms"] / r[f"{part}_without_{clock}ms"] - 1 for r in rounds)
+                  for part in PARTS for clock in ("", "cpu_")}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "inloop_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# In-loop helper overhead, {result['date']} ({device}; {result['machine']})", "",
-             "| round | without (ms/step) | with helper (ms/step) | overhead |", "|---:|---:|---:|---:|"]
-    lines += [f"| {i} | {r['without_ms']:.3f} | {r['with_ms']:.3f} | {100 * r['overhead']:+.2f}% |"
-              for i, r in enumerate(rounds)]
-    lines += ["", f"Median overhead: {100 * result['median_overhead']:+.2f}% over {len(rounds)} rounds "
-              f"({result['compared_steps']} steps after the capture per run); `advisor.step()` outside "
-              f"the capture: {result['step_call_ns']:.0f} ns per call."]
+             "Median ms per step without the helper / with it; wall time and the training process's CPU time.", "",
+             "| round | " + " | ".join(f"{part} wall | {part} CPU" for part in PARTS) + " |",
+             "|---:|" + "---:|---:|" * len(PARTS)]
+    lines += [f"| {i} | " + " | ".join(f"{r[f'{part}_without_ms']:.2f} / {r[f'{part}_with_ms']:.2f} | "
+                                       f"{r[f'{part}_without_cpu_ms']:.2f} / {r[f'{part}_with_cpu_ms']:.2f}"
+                                       for part in PARTS) + " |" for i, r in enumerate(rounds)]
+    overhead = result["median_overhead"]
+    lines += ["", f"Median overhead over {len(rounds)} rounds: " + "; ".join(
+        f"{part} (steps {lo}-{hi - 1}) wall {100 * overhead[part + '_']:+.2f}%, CPU {100 * overhead[part + '_cpu_']:+.2f}%"
+        for part, (lo, hi) in PARTS.items()) +
+        f". `advisor.step()` outside the capture: {result['step_call_ns']:.0f} ns per call."]
     (RESULTS / "inloop_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -303,6 +303,10 @@ class BackgroundAnalysis:
         except OSError as err:
             self._process, self._launch_error = None, f"could not start the analysis: {err}"
 
+    def running(self) -> bool:
+        """Whether the analysis process is still at work."""
+        return self._process is not None and self._process.poll() is None
+
     def result(self, timeout: float = RESULT_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """(report, None) or (None, why there is none). Never raises."""
         if self._process is None:
