@@ -1,8 +1,8 @@
 """``tb_gpuadvisor.lightning.AdvisorCallback`` on a real Lightning ``Trainer`` on the CPU.
 
-The README's Lightning example runs as written (in its own process, in a temporary folder, one
-thread), beside its fixed twin (the same program without the planted 1 ms sleep per sample) and
-the example failing on critical findings. Its 16-sample batches are made in the training
+The README's Lightning example runs with ``fail_on="critical"`` added (in its own process, in a
+temporary folder, one thread: it prints the advice, then raises), beside its fixed twin (the
+example as written without the planted 1 ms sleep per sample). Its 16-sample batches are made in the training
 process (num_workers=0): a slow batch waits about 16 ms beside a few ms of compute.
 """
 
@@ -22,20 +22,20 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     return example_runs(readme_example("from tb_gpuadvisor.lightning import"), tmp_path_factory.mktemp("lightning"),
-                        "AdvisorCallback(steps=5)", **ONE_THREAD)
+                        "AdvisorCallback(steps=5)", as_written=False, **ONE_THREAD)
 
 
 def test_readme_example_prints_the_slow_dataloader_first(runs):
-    result, _ = runs["slow"]
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert printed_checks(result.stdout)[0] == "input_bound", result.stdout
+    """The example with fail_on="critical": the advice is printed before it raises."""
+    result, _ = runs["slow_fail"]
+    assert printed_checks(result.stdout)[0] == "input_bound", result.stdout + result.stderr[-3000:]
 
 
 def test_capture_is_in_the_loggers_version_folder_and_the_cli_reads_it(runs, capsys):
-    _, cwd = runs["slow"]
+    _, cwd = runs["slow_fail"]
     version = cwd / "logs" / "lightning" / "lightning_logs" / "version_0"
     (trace,) = version.glob("*.pt.trace.json")
-    assert f"capture: {trace}" in runs["slow"][0].stdout
+    assert f"capture: {trace}" in runs["slow_fail"][0].stdout
     assert main(["analyze", str(cwd / "logs" / "lightning"), "--format", "json"]) == 0
     (session,) = json.loads(capsys.readouterr().out)["sessions"]
     assert session["run"] == "lightning_logs/version_0" and session["trust"]["candidate_steps"] == 5
@@ -46,7 +46,7 @@ def test_capture_is_in_the_loggers_version_folder_and_the_cli_reads_it(runs, cap
 def test_the_advice_numbers_go_through_the_trainers_logger(runs):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _, cwd = runs["slow"]
+    _, cwd = runs["slow_fail"]
     events = EventAccumulator(str(cwd / "logs" / "lightning" / "lightning_logs" / "version_0"))
     events.Reload()
     assert {"gpuadvisor/step_ms", "gpuadvisor/findings", "gpuadvisor/top_saving_ms"} <= set(events.Tags()["scalars"])
