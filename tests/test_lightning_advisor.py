@@ -2,8 +2,8 @@
 
 The README's Lightning example runs with ``fail_on="critical"`` added (in its own process, in a
 temporary folder, one thread: it prints the advice, then raises), beside its fixed twin (the
-example as written without the planted 1 ms sleep per sample). Its 16-sample batches are made in the training
-process (num_workers=0): a slow batch waits about 16 ms beside a few ms of compute.
+example as written without the planted 1 ms sleep per sample). Its 16-sample batches are made
+in the training process (num_workers=0): a slow batch waits about 16 ms beside ~10 ms of compute.
 """
 
 from __future__ import annotations
