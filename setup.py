@@ -19,6 +19,12 @@ TEST_REQUIRES = [
     "jax>=0.4.20",
     *DASK,
     "torch>=2.0",       # the default Linux wheel: tests profile a tiny CPU training loop
+    # The in-loop callbacks' tests train through these on the CPU (tiny models from a config, nothing
+    # downloaded); lightning adds torchmetrics and pydantic, transformers tokenizers, safetensors and
+    # huggingface_hub, and its Trainer needs accelerate.
+    "lightning>=2.0",
+    "transformers>=4.40",
+    "accelerate>=0.26",
     "orjson>=3.9",      # the Kineto reader's fallback decoder, compared with msgspec in tests
 ]
 

@@ -1,14 +1,15 @@
-"""Advice from inside a training loop: what the Keras callback and the JAX hook share.
+"""Advice from inside a training loop: what the Keras callback and the JAX and PyTorch hooks share.
 
 Both wait until step times settle, profile a few steps, analyse the capture in a
 separate process (so a big or broken capture can never take training down, and
 training keeps running while it is read) and print the top findings when
 training ends. Nothing here imports a framework: the profiler calls come in as
-a :class:`Tracer` from ``tb_gpuadvisor.keras`` or ``tb_gpuadvisor.jax``.
+a :class:`Tracer` from ``tb_gpuadvisor.keras``, ``tb_gpuadvisor.jax`` or
+``tb_gpuadvisor.torch``.
 
-Run as ``python -m tb_gpuadvisor.inloop SESSION_DIR``, this module is the
-analysis process itself: it caps its own memory and niceness, then prints the
-report JSON on stdout.
+Run as ``python -m tb_gpuadvisor.inloop CAPTURE`` (a session folder, or a trace file of a run
+folder: then the session holding it), this module is the analysis process itself: it caps its
+own memory and niceness, then prints the report JSON on stdout.
 """
 
 from __future__ import annotations
@@ -56,13 +57,31 @@ class AdvisorFindingError(RuntimeError):
     """Raised after training when ``fail_on`` was given and a finding that severe appeared."""
 
 
+def session_dirs(log_dir: str) -> list[str]:
+    """The capture folders a profiler has written into LOG_DIR (``plugins/profile/<session>``)."""
+    root = os.path.join(log_dir, "plugins", "profile")
+    try:
+        return [os.path.join(root, name) for name in os.listdir(root)
+                if os.path.isdir(os.path.join(root, name))]
+    except OSError:
+        return []
+
+
 @dataclass
 class Tracer:
-    """The profiler of one framework: start a capture into a log dir, stop it, mark one step."""
+    """The profiler of one framework: start a capture into a log dir, stop it, mark one step.
+
+    ``captures`` lists what the profiler has written into a log dir (session folders for XPlane,
+    trace files for PyTorch): the new one after a stop is the capture. ``peers``, for a process of
+    a multi-process job, returns once every process of the job has stopped its capture: then the
+    analysis waits for it and reads the session of all of them.
+    """
 
     start: Callable[[str], None]
     stop: Callable[[], None]
     step_marker: Callable[[int], AbstractContextManager]
+    captures: Callable[[str], list[str]] = session_dirs
+    peers: Callable[[], None] | None = None
 
 
 def check_options(steps: int, warmup_steps: Warmup, fail_on: str | None) -> None:
@@ -187,6 +206,10 @@ class StepWindow:
     def finish(self) -> None:
         """Training ended: stop a running capture, wait for the analysis, print, maybe raise."""
         self.interrupt()
+        if self.tracer.peers is not None:
+            self.tracer.peers()     # every process calls it, whether or not it captured
+            if self.phase is Phase.ANALYSING and self.analyse:
+                self.analysis = BackgroundAnalysis(self.session_dir)
         if self.phase is Phase.WARMUP:
             self.problem = (f"training ended after {self.clock.done} steps, before warm-up was over and "
                             f"{self.steps} steps could be profiled")
@@ -218,7 +241,7 @@ class StepWindow:
                 self._stop()
 
     def _start(self) -> None:
-        self._sessions_before = set(session_dirs(self.log_dir))
+        self._sessions_before = set(self.tracer.captures(self.log_dir))
         try:
             self.tracer.start(self.log_dir)
         except Exception as err:  # another profiler running, a bad log dir: training goes on
@@ -241,25 +264,15 @@ class StepWindow:
             log.warning("tb_gpuadvisor: %s", self.problem)
             self.phase = Phase.DONE
             return
-        new = sorted(set(session_dirs(self.log_dir)) - self._sessions_before)
+        new = sorted(set(self.tracer.captures(self.log_dir)) - self._sessions_before)
         if not new:
             self.problem = f"the profiler wrote no capture under {self.log_dir}"
             self.phase = Phase.DONE
             return
         self.session_dir = new[-1]
         self.phase = Phase.ANALYSING
-        if self.analyse:
+        if self.analyse and self.tracer.peers is None:
             self.analysis = BackgroundAnalysis(self.session_dir)
-
-
-def session_dirs(log_dir: str) -> list[str]:
-    """The capture folders a profiler has written into LOG_DIR (``plugins/profile/<session>``)."""
-    root = os.path.join(log_dir, "plugins", "profile")
-    try:
-        return [os.path.join(root, name) for name in os.listdir(root)
-                if os.path.isdir(os.path.join(root, name))]
-    except OSError:
-        return []
 
 
 def memory_limit_mb() -> int:
@@ -291,6 +304,10 @@ class BackgroundAnalysis:
         except OSError as err:
             self._process, self._launch_error = None, f"could not start the analysis: {err}"
 
+    def running(self) -> bool:
+        """Whether the analysis process is still at work."""
+        return self._process is not None and self._process.poll() is None
+
     def result(self, timeout: float = RESULT_TIMEOUT_S) -> tuple[dict | None, str | None]:
         """(report, None) or (None, why there is none). Never raises."""
         if self._process is None:
@@ -319,8 +336,8 @@ def _session(report: dict | None) -> dict | None:
     return report["sessions"][0] if report and report.get("sessions") else None
 
 
-def top_findings(report: dict | None, limit: int = TOP_FINDINGS) -> list[dict]:
-    """The highest-ranked critical and warning findings worth acting on."""
+def top_findings(report: dict | None, limit: int | None = TOP_FINDINGS) -> list[dict]:
+    """The highest-ranked critical and warning findings worth acting on (LIMIT of them, or all)."""
     session = _session(report)
     if session is None:
         return []
@@ -339,6 +356,22 @@ def _steps_sentence(steps: dict, framework: str | None) -> str:
     return f"{steps['count']} steps ({marker_words(steps, framework)} markers), mean {steps['mean_ms']:.2f} ms per step"
 
 
+def _finding_lines(label: str, f: dict, mean_ms: float) -> list[str]:
+    """One finding as printed: title, saving, summary, evidence and fixes."""
+    saving = f["estimated_savings_ms_per_step"]
+    share = f" ({100 * saving / mean_ms:.0f}% of the step)" if mean_ms and saving else ""
+    out = [f"  {label} [{f['severity'].upper()}] {f['title']}",
+           f"     saves about {saving:.2f} ms per step{share}; check: {f['check']}"]
+    out += textwrap.wrap(f["summary"], 96, initial_indent="     ", subsequent_indent="     ")
+    for ev in f.get("evidence", [])[:3]:
+        out.append(f"     - {ev['name'][:80]}: {ev['value']:g} {ev['unit']}")
+    for fix in f.get("fixes", [])[:3]:
+        out += textwrap.wrap(fix["text"], 96, initial_indent="     fix: ", subsequent_indent="          ")
+        if fix.get("code"):
+            out.append(textwrap.indent(fix["code"], "          "))
+    return out
+
+
 def advice_text(report: dict | None, problem: str | None, session_dir: str | None, log_dir: str) -> str:
     """What is printed when training ends: the top findings, their savings and fixes, and where
     the capture is."""
@@ -348,27 +381,38 @@ def advice_text(report: dict | None, problem: str | None, session_dir: str | Non
         out.append(f"  {_steps_sentence(session['steps'], session.get('framework'))}")
         for err in session.get("errors", []):
             out.append(f"  error: {err['message']}")
-        top = top_findings(report)
-        if not top:
+        top = top_findings(report, limit=None)
+        # What says the capture cannot be advised on as it stands (the model ran on the CPU, the
+        # device trace is missing) is a note above the numbered fixes, which start with the program's.
+        notes = [f for f in top if f.get("metrics", {}).get("leads") is True]
+        ranked = [f for f in top if f not in notes][:TOP_FINDINGS]
+        if not ranked:
             out.append("  nothing to fix: no critical or warning finding.")
         mean = session["steps"].get("mean_ms") or 0.0
-        for i, f in enumerate(top, 1):
-            saving = f["estimated_savings_ms_per_step"]
-            share = f" ({100 * saving / mean:.0f}% of the step)" if mean and saving else ""
-            out.append(f"  {i}. [{f['severity'].upper()}] {f['title']}")
-            out.append(f"     saves about {saving:.2f} ms per step{share}; check: {f['check']}")
-            out += textwrap.wrap(f["summary"], 96, initial_indent="     ", subsequent_indent="     ")
-            for ev in f.get("evidence", [])[:3]:
-                out.append(f"     - {ev['name'][:80]}: {ev['value']:g} {ev['unit']}")
-            for fix in f.get("fixes", [])[:3]:
-                out += textwrap.wrap(fix["text"], 96, initial_indent="     fix: ", subsequent_indent="          ")
-                if fix.get("code"):
-                    out.append(textwrap.indent(fix["code"], "          "))
+        for label, f in [("note:", f) for f in notes] + [(f"{i}.", f) for i, f in enumerate(ranked, 1)]:
+            out += _finding_lines(label, f, mean)
     if session_dir:
+        # A trace file is one rank's: the CLI reads the session of all ranks from its run folder.
+        # (and XProf's Profile tab opens no trace file).
+        trace_file = os.path.isfile(session_dir)
+        whole = os.path.dirname(session_dir) if trace_file else session_dir
         out.append(f"  capture: {session_dir}")
-        out.append(f"  see it:  tensorboard --logdir {log_dir}   (the Advisor tab; the Profile tab with pip install xprof)")
-        out.append(f"  or:      tb-gpuadvisor analyze {session_dir}")
+        tabs = "the Advisor tab" if trace_file else "the Advisor tab; the Profile tab with pip install xprof"
+        out.append(f"  see it:  tensorboard --logdir {log_dir}   ({tabs})")
+        out.append(f"  or:      tb-gpuadvisor analyze {whole}")
     return "\n".join(out) + "\n"
+
+
+def summary_metrics(report: dict | None) -> dict[str, float]:
+    """The advice as numbers a training logger plots beside its losses: the profiled mean step,
+    how many findings are worth acting on, and the largest estimated saving among them."""
+    session = _session(report)
+    if session is None:
+        return {}
+    top = top_findings(report, limit=None)
+    saving = max((f["estimated_savings_ms_per_step"] for f in top), default=0.0)
+    return {"gpuadvisor/step_ms": session["steps"].get("mean_ms") or 0.0,
+            "gpuadvisor/findings": float(len(top)), "gpuadvisor/top_saving_ms": saving}
 
 
 def summary_line(report: dict | None, problem: str | None, session_dir: str | None) -> str:
@@ -404,16 +448,28 @@ def _limit_self(limit_mb: int) -> None:
         pass
 
 
+def _sessions_of(capture: str) -> list:
+    """The sessions to analyse for CAPTURE: a session folder's, or for a trace file of a run folder
+    (PyTorch) the session holding it, with the files every other rank wrote in the same cycle. Only
+    that folder is listed, never the folders below it (checkpoints, other runs)."""
+    from tb_gpuadvisor.input.discovery import find_sessions, folder_sessions
+
+    if not os.path.isfile(capture):
+        return find_sessions(capture)
+    folder, name = os.path.split(capture)
+    refs = folder_sessions(None, os.path.basename(folder) or ".", folder, sorted(os.listdir(folder)))
+    return [ref for ref in refs if name in dict(ref.files).values()]
+
+
 def main(argv: list[str]) -> int:
-    """The analysis process: one session folder in, the report JSON out."""
+    """The analysis process: one capture in, the report JSON out."""
     _limit_self(memory_limit_mb())
-    from tb_gpuadvisor.input.discovery import find_sessions
     from tb_gpuadvisor.multihost import build_report
     from tb_gpuadvisor.heap import one_heap
 
     one_heap()
 
-    json.dump(build_report(find_sessions(argv[0])), sys.stdout)
+    json.dump(build_report(_sessions_of(argv[0])), sys.stdout)
     return 0
 
 

@@ -1,7 +1,7 @@
-"""Human-readable renderings of a report: terminal text and pull-request Markdown.
+"""Human-readable renderings of a report: terminal text, pull-request Markdown and notebook HTML.
 
 Names in a report come from the capture (run, session, host and op names) and can hold
-anything a file name can: both renderers make them inert (no terminal escape sequences,
+anything a file name can: every renderer makes them inert (no terminal escape sequences,
 no Markdown or HTML markup).
 """
 
@@ -288,4 +288,48 @@ def render_markdown(report: dict) -> str:
                 if fix.get("code"):
                     out += ["", "  ```", textwrap.indent(fix["code"], "  "), "  ```"]
             out += ["", "</details>", ""]
+    return "\n".join(out) + "\n"
+
+
+def _html_text(text: str) -> str:
+    """TEXT as HTML that keeps its line breaks (fix code is copied as shown)."""
+    return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_html(report: dict) -> str:
+    """The report as one HTML fragment for a notebook cell: per session its steps and bound, then
+    the ranked findings worth acting on, each with its saving, summary and first fix."""
+    out = ['<div class="tb-gpuadvisor">']
+    for session in report["sessions"]:
+        out.append(f"<h4>{html_escape(session_title(session))}</h4>")
+        reason = unreadable(session)
+        if reason:
+            out.append(f"<p>Could not be read: {html_escape(reason)}</p>")
+            continue
+        out.append(f"<p>{html_escape(session['framework'])}; hosts: {html_escape(', '.join(session['hosts']))}<br>"
+                   f"steps: {html_escape(_steps_line(session['steps'], session.get('framework')))}")
+        if session.get("bottleneck"):
+            out.append(f"<br>bound by: {html_escape(_bound_line(session['bottleneck']))}")
+        out.append("</p>")
+        shown = [f for f in session["findings"] if not quiet(f)]
+        if shown:
+            out.append("<table><tr><th>#</th><th></th><th>check</th><th>saving (ms/step)</th><th>finding</th></tr>")
+            for rank, f in enumerate(shown, 1):
+                fix = f["fixes"][0] if f["fixes"] and actionable(f) else None
+                detail = html_escape(f["summary"])
+                if fix is not None:
+                    detail += f"<br><i>fix:</i> {html_escape(fix['text'])}"
+                    if fix.get("code"):
+                        detail += f"<pre>{_html_text(fix['code'])}</pre>"
+                out.append(f"<tr><td>{rank}</td><td>{_EMOJI[f['severity']]} {f['severity']}</td>"
+                           f"<td><code>{html_escape(f['check'])}</code></td>"
+                           f"<td style=\"text-align:right\">{f['estimated_savings_ms_per_step']:.2f}</td>"
+                           f"<td><b>{html_escape(f['title'])}</b><br>{detail}</td></tr>")
+            out.append("</table>")
+        folded = [f["check"] for f in session["findings"] if quiet(f)]
+        if folded:
+            out.append(f"<p>passed or not applicable: {html_escape(', '.join(folded))}</p>")
+    if not report["sessions"]:
+        out.append("<p>no sessions</p>")
+    out.append("</div>")
     return "\n".join(out) + "\n"

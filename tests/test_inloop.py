@@ -121,6 +121,37 @@ def test_no_finding_no_raise(tmp_path: Path, capsys):
     assert "capture:" in capsys.readouterr().out
 
 
+def test_peers_defer_the_analysis_to_finish_where_every_process_meets(tmp_path: Path):
+    """A process of a multi-process job analyses only after PEERS returns (every rank has stopped
+    its capture), and calls it whether it captured or not, so no rank waits for one that never will."""
+    met: list[bool] = []
+    fake = FakeProfiler(input_wait_frac=0.4)
+    tracer = fake.tracer()
+    tracer.peers = lambda: met.append(window.analysis is None)    # no analysis before every rank is in
+    window = StepWindow(str(tmp_path), tracer, steps=2, warmup_steps=0, print_report=False)
+    _run(window, list(range(4)))
+    assert window.phase is Phase.ANALYSING and window.analysis is None
+    window.finish()
+    assert met == [True] and window.report["sessions"][0]["findings"][0]["check"] == "input_bound"
+    short = StepWindow(str(tmp_path / "short"), tracer, steps=2, warmup_steps=10, print_report=False)
+    _run(short, list(range(3)))
+    short.finish()
+    assert len(met) == 2 and short.problem.startswith("training ended after")
+
+
+def test_a_trace_file_is_analysed_with_the_other_ranks_of_its_cycle(tmp_path: Path):
+    """Rank 0's trace names the session: the files every rank wrote in the same profiling cycle
+    (within 30 s), not an earlier cycle in the same run folder."""
+    from synth_kineto import kineto_trace, write_trace
+
+    from tb_gpuadvisor.inloop import _sessions_of
+
+    for name in ("vm_rank0.1700000000000", "vm_rank1.1700000002000", "vm_rank0.1600000000000"):
+        write_trace(tmp_path / f"{name}.pt.trace.json", kineto_trace(steps=2))
+    (ref,) = _sessions_of(str(tmp_path / "vm_rank0.1700000000000.pt.trace.json"))
+    assert ref.hosts == ("vm_rank0", "vm_rank1")
+
+
 def test_a_profiler_that_cannot_start_leaves_training_alone(tmp_path: Path, capsys):
     window = StepWindow(str(tmp_path), FakeProfiler(fail_start=True).tracer(), steps=2, warmup_steps=0,
                         fail_on="warning")

@@ -29,7 +29,7 @@ from synth_kineto import kineto_trace, write_trace
 REPO = Path(__file__).resolve().parent.parent
 # What a build reads from the checkout (setup.py's packages, package_dir and README).
 SOURCES = ("setup.py", "README.md", "tb_gpuadvisor", "frontend")
-FRAMEWORKS = ("tensorflow", "torch", "jax")
+FRAMEWORKS = ("tensorflow", "torch", "jax", "lightning", "pytorch_lightning", "transformers")
 
 
 def _run(*command: str, env: dict | None = None, timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -140,6 +140,15 @@ def test_fresh_venv_runs_the_cli_on_a_pytorch_trace_without_any_framework(wheel:
     assert frameworks == "[]", frameworks
     cli = str(venv / "bin" / "tb-gpuadvisor")
     assert "PyTorch" in _run(cli, "--help", **here).stdout
+    # The in-loop helpers import without their frameworks, and say which one a callback needs.
+    helpers = _run(str(python), "-c", "import tb_gpuadvisor.torch, tb_gpuadvisor.lightning, tb_gpuadvisor.transformers\n"
+                   "for name in ('lightning', 'transformers'):\n"
+                   "    try:\n"
+                   "        getattr(getattr(tb_gpuadvisor, name), 'AdvisorCallback')\n"
+                   "    except ImportError as err:\n"
+                   "        print(err)", **here).stdout.splitlines()
+    assert helpers == ["tb_gpuadvisor.lightning.AdvisorCallback needs PyTorch Lightning: pip install lightning",
+                       "tb_gpuadvisor.transformers.AdvisorCallback needs Transformers: pip install transformers"]
     plugins = _run(str(python), "-c", "import importlib.metadata as m; "
                    "print([e.value for e in m.entry_points(group='tensorboard_plugins')])", **here).stdout
     assert "tb_gpuadvisor.loader:GpuAdvisorLoader" in plugins

@@ -25,7 +25,9 @@ LAYERS = (
     ("report", "render", "stepview"),
     ("pipeline",),
     ("multihost", "compare"),
-    ("cli", "service", "plugin", "loader", "inloop", "keras", "jax", "frontend"),
+    # The package's own __init__ ("") is the public API (tb_gpuadvisor.advise): the top, as the CLI.
+    ("cli", "service", "plugin", "loader", "inloop", "keras", "jax", "torch", "lightning", "transformers",
+     "notebook", "frontend", ""),
 )
 
 
