@@ -437,8 +437,10 @@ class _Part:
     name: list = field(default_factory=list)
     cat: list = field(default_factory=list)
     tid: list = field(default_factory=list)
-    numbers: list[np.ndarray] = field(default_factory=list)     # ts, dur, correlation, device, stream, bytes
-    memory: list[np.ndarray] = field(default_factory=list)      # _set_memory's columns
+    # Per run: (ts, dur, correlation, device, stream, bytes), and _set_memory's columns; joined
+    # once, with the other parts' runs (each concatenation faults in fresh pages).
+    numbers: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    memory: list[list[np.ndarray]] = field(default_factory=list)
     comms: dict[int, CommArgs] = field(default_factory=dict)
     threads: dict[tuple[Any, Any], str] = field(default_factory=dict)
     base: Any = None            # the first baseTimeNanoseconds its headers give
@@ -450,7 +452,7 @@ def _part(documents: Iterator[tuple[str, Any]], same: dict) -> _Part:
     """DOCUMENTS decoded one after another into a _Part; SAME keeps one object per distinct
     string or id."""
     part = _Part()
-    name, cat, tid, numbers, memory = part.name, part.cat, part.tid, [], []
+    name, cat, tid, numbers, memory = part.name, part.cat, part.tid, part.numbers, part.memory
     allocations = []
     for kind, document in documents:
         _check_utf8(document)
@@ -496,10 +498,6 @@ def _part(documents: Iterator[tuple[str, Any]], same: dict) -> _Part:
                         _ints([a.correlation for a in args]), _ints([a.device for a in args]),
                         _ints([a.stream for a in args]), _ints([a.bytes for a in args])))
         del complete, args
-    if numbers:
-        part.numbers = [np.concatenate(column) for column in zip(*numbers)]
-    if memory:
-        part.memory = [np.concatenate(column) for column in zip(*memory)]
     return part
 
 
@@ -516,11 +514,11 @@ def _join(parts: list[_Part]) -> Columns:
     for part in parts:
         cols.threads.update(part.threads)
         cols.events += part.events
-    numbers = [part.numbers for part in parts if part.numbers]
+    numbers = [run for part in parts for run in part.numbers]
     if numbers:
         cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
             np.concatenate(column) for column in zip(*numbers))
-    memory = [part.memory for part in parts if part.memory]
+    memory = [run for part in parts for run in part.memory]
     if memory:
         _set_memory(cols, [np.concatenate(column) for column in zip(*memory)])
     base = next((part.base for part in parts if part.base is not None), None)
