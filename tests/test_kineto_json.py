@@ -323,10 +323,10 @@ def helpers(monkeypatch, small_runs):
 
 
 def test_helper_processes_give_the_columns_of_one_process(corpus, helpers, tmp_path):
-    """A large local trace is decoded by this process and two helpers (each a range of runs of
-    the same open file): on every PyTorch trace of the corpus, written plain, and on a trace
-    whose header follows its events (read by the last helper), the columns equal the one-go
-    decode's, comms rows and thread names included."""
+    """A large trace is decoded by this process and two helpers (each a range of runs of the
+    same open file, or of the inflated text streamed to it): on every PyTorch trace of the
+    corpus, written plain, and on a trace whose header follows its events (read by the last
+    helper), the columns equal the one-go decode's, comms rows and thread names included."""
     from tb_gpuadvisor.input.files import LocalFile
 
     events = [_kernel(k, **({"In msg nelems": 64, "Collective name": "allreduce"} if k % 97 == 0 else {}))
@@ -338,10 +338,13 @@ def test_helper_processes_give_the_columns_of_one_process(corpus, helpers, tmp_p
     for k, text in enumerate(texts):
         path = tmp_path / f"{k}.pt.trace.json"
         path.write_bytes(text)
+        bare = text.lstrip()[:1] == b"["
         with LocalFile(str(path)) as local:
-            decoded.append(kineto_json._helped(local, kineto_json._bare(local)))
+            decoded.append(kineto_json._helped(local, bare))
         assert decoded[-1] is not None, path
         assert decoded[-1] == _whole(bytearray(text)), path
+        streamed = kineto_json._helped(kineto_json._Buffer(bytearray(text)), bare)
+        assert streamed is not None and streamed == decoded[-1], path
     assert len(decoded[0].comms) == 31 and decoded[0].base_ns == 5 and decoded[0].devices[0].total_memory == 42
     assert any(cols.threads for cols in decoded[1:])
 

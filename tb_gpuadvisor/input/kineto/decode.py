@@ -314,7 +314,7 @@ def _msgspec(text: "LocalFile | _Buffer") -> Columns:
     bare = _bare(text)
     if len(text) >= 2 * _RUN:
         try:
-            cols = _helped(text, bare) if isinstance(text, LocalFile) else None
+            cols = _helped(text, bare)
             return cols if cols is not None else _typed(_documents(text, bare))
         except msgspec.MsgspecError:
             pass
@@ -337,33 +337,40 @@ _HELPER = "from tb_gpuadvisor.input.kineto.decode import _help; _help()"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 
 
-def _helped(text: LocalFile, bare: bool) -> Columns | None:
-    """Columns of a large local trace decoded on every core of this process's share (msgspec
-    holds the GIL while it decodes, so threads would not overlap): this process decodes the
-    first pieces while helper processes decode the later ones from the same open file and send
-    their parts back.  Helpers are fresh interpreters, never forks (a TensorBoard server's
-    threads and locks must not be copied).  None when the trace is too small for helpers, or a
-    helper failed: the caller then decodes it here alone (which reads it, or says why not)."""
+def _helped(text: "LocalFile | _Buffer", bare: bool) -> Columns | None:
+    """Columns of a large trace decoded on every core of this process's share (msgspec holds
+    the GIL while it decodes, so threads would not overlap): this process decodes the first
+    pieces while helper processes decode the later ones, from the same open file (a local plain
+    trace) or from a pipe this process streams them into (inflated text), and send their parts
+    back.  Helpers are fresh interpreters, never forks (a TensorBoard server's threads and locks
+    must not be copied).  None when the trace is too small for helpers, or a helper failed: the
+    caller then decodes it here alone (which reads it, or says why not)."""
     cuts = _cuts(text, bare)
     pieces = len(cuts) + 1
     ways = min(cores.threads(pieces // HELPER_PIECES), pieces // HELPER_PIECES)
     if ways < 2 or not sys.executable:
         return None
     bounds = [0] + [_HELPER_LAG + (pieces - _HELPER_LAG) * k // ways for k in range(1, ways + 1)]
-    fd, stamp = text.descriptor
+    fd, stamp = text.descriptor if isinstance(text, LocalFile) else (None, None)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")))))
     helpers = []
     try:
         for first, stop in zip(bounds[1:], bounds[2:]):
             proc = subprocess.Popen([sys.executable, "-c", _HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, pass_fds=(fd,), env=env)
+                                    stderr=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,), env=env)
             got: list[tuple] = []
             reader = threading.Thread(target=_receive, args=(proc, got), daemon=True)
             reader.start()
             helpers.append((proc, reader, got))
-            # The helper's cuts, counted from its first piece (see _pieces).
-            proc.stdin.write(pickle.dumps((fd, stamp, bare, cuts[first - 1:stop], stop == pieces)))
-            proc.stdin.close()
+            # The helper's cuts, counted from its first piece (see _pieces), then its text.
+            sub = cuts[first - 1:stop]
+            job = pickle.dumps((fd, stamp, bare, sub, stop == pieces, len(text)))
+            proc.stdin.write(len(job).to_bytes(8, "little") + job)
+            if fd is None:
+                end = len(text) if stop == pieces else sub[-1][0]
+                threading.Thread(target=_send, args=(proc.stdin, text.read(sub[0][1], end)), daemon=True).start()
+            else:
+                proc.stdin.close()
         same: dict = {}
         parts = [_part(_pieces(text, bare, cuts, 0, bounds[1]), same)]
         for proc, reader, got in helpers:
@@ -382,11 +389,23 @@ def _helped(text: LocalFile, bare: bool) -> Columns | None:
     return _join(parts)
 
 
+def _send(pipe, text: memoryview) -> None:
+    """TEXT into a helper's PIPE, then closed (a helper that died has stopped reading: it sends
+    nothing back, and that is what the caller looks at)."""
+    try:
+        pipe.write(text)
+        pipe.close()
+    except OSError:
+        pass
+
+
 def _help() -> None:
-    """A helper process (see _helped): decode the pieces its job on stdin names from the
-    descriptor it inherited, and write the part, its strings coded, to stdout."""
-    fd, stamp, bare, cuts, tail = pickle.load(sys.stdin.buffer)
-    text = LocalFile.inherited(fd, stamp)
+    """A helper process (see _helped): decode the pieces its job on stdin names, from the
+    descriptor it inherited or from the text that follows the job, and write the part, its
+    strings coded, to stdout."""
+    stdin = sys.stdin.buffer
+    fd, stamp, bare, cuts, tail, size = pickle.loads(stdin.read(int.from_bytes(stdin.read(8), "little")))
+    text = LocalFile.inherited(fd, stamp) if fd is not None else _Stream(stdin, cuts[0][1], size)
     part = _part(_pieces(text, bare, cuts, 1, len(cuts) + (1 if tail else 0)), {})
     coded = [_coded(values) for values in (part.name, part.cat, part.tid)]
     part.name, part.cat, part.tid = [], [], []
@@ -554,6 +573,33 @@ def _set_memory(cols: Columns, columns: list[np.ndarray]) -> None:
 
 # Between two elements of the traceEvents array: the end of one object and the start of the next.
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")
+
+
+class _Stream:
+    """The text of a trace from byte AT on, as another process writes it to a pipe, read like a
+    LocalFile by _pieces (each range after the one before; the bytes between are skipped)."""
+
+    def __init__(self, pipe, at: int, size: int) -> None:
+        self.pipe, self.at, self.size = pipe, at, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, start: int, stop: int) -> memoryview:
+        view = memoryview(bytearray(stop - start))
+        self.read_into(start, view)
+        return view
+
+    def read_into(self, start: int, view: memoryview) -> None:
+        if start < self.at or len(self.pipe.read(start - self.at)) != start - self.at:
+            raise CaptureError("a helper's text ended early")
+        got = 0
+        while got < len(view):
+            n = self.pipe.readinto(view[got:])
+            if not n:
+                raise CaptureError("a helper's text ended early")
+            got += n
+        self.at = start + len(view)
 
 
 class _Buffer:
