@@ -343,8 +343,9 @@ def test_helper_processes_give_the_columns_of_one_process(corpus, helpers, tmp_p
             decoded.append(kineto_json._helped(local, bare))
         assert decoded[-1] is not None, path
         assert decoded[-1] == _whole(bytearray(text)), path
-        streamed = kineto_json._helped(kineto_json._Buffer(bytearray(text)), bare)
-        assert streamed is not None and streamed == decoded[-1], path
+        if k < 2:       # inflated text streamed to the helpers: the synthetic trace and the first real one
+            streamed = kineto_json._helped(kineto_json._Buffer(bytearray(text)), bare)
+            assert streamed is not None and streamed == decoded[-1], path
     assert len(decoded[0].comms) == 31 and decoded[0].base_ns == 5 and decoded[0].devices[0].total_memory == 42
     assert any(cols.threads for cols in decoded[1:])
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import os
 import pickle
 import re
 import subprocess
@@ -333,8 +332,11 @@ HELPER_PIECES = 4
 # Pieces the first process decodes beyond its share: a helper starts (about 0.4 s on a busy
 # 2-core machine) and packs its part while this process decodes about two pieces.
 _HELPER_LAG = 2
-_HELPER = "from tb_gpuadvisor.input.kineto.decode import _help; _help()"
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+# A helper imports this very package: its folder goes first on the helper's path unless the path
+# already holds it (an installed package's site-packages must not be put before the standard library).
+_HELPER = (f"import sys; root = {str(Path(__file__).resolve().parents[3])!r}\n"
+           "if root not in sys.path: sys.path.insert(0, root)\n"
+           "from tb_gpuadvisor.input.kineto.decode import _help; _help()")
 
 
 def _helped(text: "LocalFile | _Buffer", bare: bool) -> Columns | None:
@@ -352,12 +354,11 @@ def _helped(text: "LocalFile | _Buffer", bare: bool) -> Columns | None:
         return None
     bounds = [0] + [_HELPER_LAG + (pieces - _HELPER_LAG) * k // ways for k in range(1, ways + 1)]
     fd, stamp = text.descriptor if isinstance(text, LocalFile) else (None, None)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")))))
     helpers = []
     try:
         for first, stop in zip(bounds[1:], bounds[2:]):
             proc = subprocess.Popen([sys.executable, "-c", _HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,), env=env)
+                                    stderr=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,))
             got: list[tuple] = []
             reader = threading.Thread(target=_receive, args=(proc, got), daemon=True)
             reader.start()
