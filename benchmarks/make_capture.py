@@ -189,6 +189,13 @@ SHAPES: dict[str, dict] = {
     "long": {"gpus": 8, "kernels_per_step": 10_000, "step_ms": 300.0},
     # many small planes: 32 GPUs of 250 kernels a step.
     "planes": {"gpus": 32, "kernels_per_step": 250},
+    # one GPU (what most users train on): 2000 kernels a step, launched from one thread.
+    "single": {"gpus": 1},
+    # eight GPUs, many short Keras-3 steps (issue 46): 32 ms steps of 600 kernels per GPU, each
+    # GPU launched from its own launch thread, two NCCL all-reduces of 0.6 ms and an input wait
+    # of 0.2 ms per step.
+    "steps8": {"gpus": 8, "kernels_per_step": 600, "step_ms": 32.0, "marker": "keras3",
+               "allreduce_calls": 2, "collective_frac": 1.2 / 32, "input_wait_frac": 0.2 / 32},
 }
 
 
@@ -205,17 +212,22 @@ class CaptureInfo:
 def make_capture(out: Path | str, size_mb: float, gpus: int = 1, *, run: str = "run",
                  session: str = "2024_01_01_00_00_00", host: str = "bench-host",
                  kernels_per_step: int | None = None, step_ms: float = 30.0,
-                 seed: int = 0, host_extra_stats: int = 0, device_extra_stats: int = 0) -> CaptureInfo:
+                 seed: int = 0, host_extra_stats: int = 0, device_extra_stats: int = 0,
+                 marker: str = "r", allreduce_calls: int | None = None,
+                 collective_frac: float | None = None, input_wait_frac: float = 0.08) -> CaptureInfo:
     """Write a capture of about ``size_mb`` MB into the logdir ``out``; every host (device)
-    event carries HOST_EXTRA_STATS (DEVICE_EXTRA_STATS) more stats the analysis does not read."""
+    event carries HOST_EXTRA_STATS (DEVICE_EXTRA_STATS) more stats the analysis does not read.
+    MARKER, ALLREDUCE_CALLS (4 on several GPUs unless given), COLLECTIVE_FRAC and
+    INPUT_WAIT_FRAC go to the synthetic step builder (``tests/synth.py``)."""
     began = time.perf_counter()
     kernels = kernels_per_step or (2000 if gpus <= 1 else 1000)
     template = build_training_session(
-        steps=1, step_ms=step_ms, gpus=gpus, marker="r", kernels_per_step=kernels,
-        input_wait_frac=0.08, host_overhead_frac=0.03, launch_frac=0.05,
+        steps=1, step_ms=step_ms, gpus=gpus, marker=marker, kernels_per_step=kernels,
+        input_wait_frac=input_wait_frac, host_overhead_frac=0.03, launch_frac=0.05,
         memcpy_frac=0.03, h2d_bytes=6 << 20, d2h_bytes=64 << 10,
         fp16_frac=0.35, tensor_core_frac=0.3, host_ops_frac=0.05,
-        allreduce_calls=4 if gpus > 1 else 0,
+        allreduce_calls=(4 if gpus > 1 else 0) if allreduce_calls is None else allreduce_calls,
+        collective_frac=collective_frac,
         gpu_compute_scale={0: 1.1} if gpus > 1 else None, launch_skew_ms=0.2,
         cc=(8, 0), derived_lines=True, group_ids=True, seed=seed)
     space = template.space

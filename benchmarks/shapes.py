@@ -1,7 +1,8 @@
-"""Time per MB of ``tb-gpuadvisor analyze`` on captures of several shapes and two sizes (issue 32).
+"""Time per MB of ``tb-gpuadvisor analyze`` on captures of several shapes and two sizes (issues 32, 46).
 
 Every shape of ``make_capture.SHAPES`` (the benchmark's own, a host plane larger than the GPU
-planes together, events with many stats, long steps, many small planes) is built at each size
+planes together, events with many stats, long steps, many small planes, one GPU, many short steps on eight GPUs
+with per-GPU launch threads) is built at each size
 (default 120 and 978 MB) under ``--workdir`` (reused by later runs). Cold runs of this checkout
 and, with ``--against``, of another checkout (same venv, its tree first on PYTHONPATH) are taken
 in turn, after one discarded warm-up round, with ``TB_GPUADVISOR_TIMINGS=1``: wall, CPU (user +

@@ -170,11 +170,13 @@ def test_capture_shapes_hold_what_they_are_named_for(tmp_path: Path) -> None:
     """Each benchmark shape (make_capture.SHAPES) at ~3 MB: the host shape's host plane outweighs
     its GPU planes together, the tf shape's holds twice their bytes, the stats shape carries 8
     more stats per event than the benchmark's,
-    the planes shape has 32 GPU planes; every one parses and is analysed."""
+    the planes shape has 32 GPU planes, the single shape one, and the steps8 shape (issue 46)
+    eight GPU planes of about 600 kernels per GPU and step; every one parses
+    and is analysed."""
     import make_capture
     import shapes
     found = {}
-    for shape in ("bench", "host", "tf", "stats", "planes"):
+    for shape in ("bench", "host", "tf", "stats", "planes", "single", "steps8"):
         found[shape] = _plane_sizes(shapes.build(tmp_path, shape, 3)["path"])
     assert shapes.build(tmp_path, "bench", 3)["path"]      # built once, then reused
     gpu = lambda sizes, i: sum(v[i] for k, v in sizes.items() if k.startswith("/device:GPU"))  # noqa: E731
@@ -186,7 +188,12 @@ def test_capture_shapes_hold_what_they_are_named_for(tmp_path: Path) -> None:
                  for s in ("bench", "stats")}
     assert per_event["stats"] - per_event["bench"] == pytest.approx(8, abs=0.01)
     assert sum(name.startswith("/device:GPU") for name in found["planes"]) == 32
-    assert set(make_capture.SHAPES) == {"bench", "host", "tf", "stats", "long", "planes"}
+    assert sum(name.startswith("/device:GPU") for name in found["single"]) == 1
+    assert sum(name.startswith("/device:GPU") for name in found["steps8"]) == 8
+    shape = dict(make_capture.SHAPES["steps8"])
+    info = make_capture.make_capture(tmp_path / "steps8", 3, shape.pop("gpus"), **shape)
+    assert 590 <= info.kernel_events / info.steps / 8 <= 610
+    assert set(make_capture.SHAPES) == {"bench", "host", "tf", "stats", "long", "planes", "single", "steps8"}
 
 
 def test_shapes_table_in_turn_with_stage_times(tmp_path: Path) -> None:

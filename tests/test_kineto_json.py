@@ -313,3 +313,52 @@ def test_a_kineto_trace_without_ops_is_pytorch(tmp_path):
     assert session["framework"] == "pytorch" and session["errors"] == []
     kernels_only = [e for e in trace["traceEvents"] if e.get("cat") == "Kernel"]
     assert _analysed(tmp_path / "alone", {"traceEvents": kernels_only})["errors"] == []
+
+
+@pytest.fixture
+def helpers(monkeypatch, small_runs):
+    """Two helper processes for any trace of a dozen runs or more (4 KiB runs, 2 per process)."""
+    monkeypatch.setattr(kineto_json, "HELPER_PIECES", 2)
+    monkeypatch.setattr(kineto_json.cores, "threads", lambda most: min(most, 3))
+
+
+def test_helper_processes_give_the_columns_of_one_process(corpus, helpers, tmp_path):
+    """A large trace is decoded by this process and two helpers (each a range of runs of the
+    same open file, or of the inflated text streamed to it): on every PyTorch trace of the
+    corpus, written plain, and on a trace whose header follows its events (read by the last
+    helper), the columns equal the one-go decode's, comms rows and thread names included."""
+    from tb_gpuadvisor.input.files import LocalFile
+
+    events = [_kernel(k, **({"In msg nelems": 64, "Collective name": "allreduce"} if k % 97 == 0 else {}))
+              for k in range(3000)]
+    texts = [json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "totalGlobalMem": 42}],
+                         "baseTimeNanoseconds": 5}).encode()]
+    texts += [bytes(inflate(read_bytes(str(p)))) for p in sorted(corpus.glob("pytorch-*/**/*.pt.trace.json*"))]
+    decoded = []
+    for k, text in enumerate(texts):
+        path = tmp_path / f"{k}.pt.trace.json"
+        path.write_bytes(text)
+        bare = text.lstrip()[:1] == b"["
+        with LocalFile(str(path)) as local:
+            decoded.append(kineto_json._helped(local, bare))
+        assert decoded[-1] is not None, path
+        assert decoded[-1] == _whole(bytearray(text)), path
+        if k < 2:       # inflated text streamed to the helpers: the synthetic trace and the first real one
+            streamed = kineto_json._helped(kineto_json._Buffer(bytearray(text)), bare)
+            assert streamed is not None and streamed == decoded[-1], path
+    assert len(decoded[0].comms) == 31 and decoded[0].base_ns == 5 and decoded[0].devices[0].total_memory == 42
+    assert any(cols.threads for cols in decoded[1:])
+
+
+def test_a_failed_helper_leaves_the_decode_to_this_process(helpers, monkeypatch, tmp_path):
+    """A helper that dies (or cannot start) sends nothing whole: the trace is decoded here alone,
+    to the same columns."""
+    from tb_gpuadvisor.input.files import LocalFile
+
+    text = _trace([_kernel(k) for k in range(3000)])
+    path = tmp_path / "w.pt.trace.json"
+    path.write_bytes(text)
+    monkeypatch.setattr(kineto_json, "_HELPER", "import sys; sys.stdout.write('x'); sys.exit(3)")
+    with LocalFile(str(path)) as local:
+        assert kineto_json._helped(local, False) is None
+        assert decode(local) == _whole(bytearray(text))

@@ -70,6 +70,22 @@ class LocalFile:
         self._fd, self._stamp = _open_local(path)
         self.size, self.mtime_ns = self._stamp
 
+    @classmethod
+    def inherited(cls, fd: int, stamp: tuple[int, int]) -> "LocalFile":
+        """The descriptor FD that another process opened (with its size and mtime STAMP seen
+        there) and passed on: a helper process reads that same file, checked against the same
+        stamp, without opening it by name again."""
+        local = cls.__new__(cls)
+        local._fd, local._stamp, local.size = fd, stamp, stamp[0]
+        return local
+
+    @property
+    def descriptor(self) -> tuple[int, tuple[int, int]]:
+        """The open descriptor and the (size, mtime) it was opened with, to pass to a helper."""
+        if self._fd is None:
+            raise CaptureError("the capture was closed before it was read")
+        return self._fd, self._stamp
+
     def __len__(self) -> int:
         return self.size
 

@@ -15,13 +15,19 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import pickle
 import re
+import subprocess
+import sys
+import threading
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Iterator, Union
 
 import numpy as np
 
+from tb_gpuadvisor import cores
 from tb_gpuadvisor.input.files import GZIP_MAGIC, CaptureError, LocalFile
 
 try:
@@ -306,7 +312,8 @@ def _msgspec(text: "LocalFile | _Buffer") -> Columns:
     bare = _bare(text)
     if len(text) >= 2 * _RUN:
         try:
-            return _typed(_documents(text, bare))
+            cols = _helped(text, bare)
+            return cols if cols is not None else _typed(_documents(text, bare))
         except msgspec.MsgspecError:
             pass
     whole = text.read(0, len(text))
@@ -318,29 +325,173 @@ def _msgspec(text: "LocalFile | _Buffer") -> Columns:
         return _from_dicts(msgspec.json.decode(whole))
 
 
+# Pieces (of about _RUN bytes) each process decodes at least: below that, starting a helper
+# (an interpreter with numpy and msgspec: about 0.15 s) costs more than it saves.
+HELPER_PIECES = 4
+# Pieces the first process decodes beyond its share: a helper starts (about 0.4 s on a busy
+# 2-core machine) and packs its part while this process decodes about two pieces.
+_HELPER_LAG = 2
+# A helper imports this very package: its folder goes first on the helper's path unless the path
+# already holds it (an installed package's site-packages must not be put before the standard library).
+_HELPER = (f"import sys; root = {str(Path(__file__).resolve().parents[3])!r}\n"
+           "if root not in sys.path: sys.path.insert(0, root)\n"
+           "from tb_gpuadvisor.input.kineto.decode import _help; _help()")
+
+
+def _helped(text: "LocalFile | _Buffer", bare: bool) -> Columns | None:
+    """Columns of a large trace decoded on every core of this process's share (msgspec holds
+    the GIL while it decodes, so threads would not overlap): this process decodes the first
+    pieces while helper processes decode the later ones, from the same open file (a local plain
+    trace) or from a pipe this process streams them into (inflated text), and send their parts
+    back.  Helpers are fresh interpreters, never forks (a TensorBoard server's threads and locks
+    must not be copied).  None when the trace is too small for helpers, or a helper failed: the
+    caller then decodes it here alone (which reads it, or says why not)."""
+    cuts = _cuts(text, bare)
+    pieces = len(cuts) + 1
+    ways = min(cores.threads(pieces // HELPER_PIECES), pieces // HELPER_PIECES)
+    if ways < 2 or not sys.executable:
+        return None
+    bounds = [0] + [_HELPER_LAG + (pieces - _HELPER_LAG) * k // ways for k in range(1, ways + 1)]
+    fd, stamp = text.descriptor if isinstance(text, LocalFile) else (None, None)
+    helpers = []
+    try:
+        for first, stop in zip(bounds[1:], bounds[2:]):
+            proc = subprocess.Popen([sys.executable, "-c", _HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,))
+            got: list[tuple] = []
+            reader = threading.Thread(target=_receive, args=(proc, got), daemon=True)
+            reader.start()
+            helpers.append((proc, reader, got))
+            # The helper's cuts, counted from its first piece (see _pieces), then its text.
+            sub = cuts[first - 1:stop]
+            job = pickle.dumps((fd, stamp, bare, sub, stop == pieces, len(text)))
+            proc.stdin.write(len(job).to_bytes(8, "little") + job)
+            if fd is None:
+                end = len(text) if stop == pieces else sub[-1][0]
+                threading.Thread(target=_send, args=(proc.stdin, text.read(sub[0][1], end)), daemon=True).start()
+            else:
+                proc.stdin.close()
+        same: dict = {}
+        parts = [_part(_pieces(text, bare, cuts, 0, bounds[1]), same)]
+        for proc, reader, got in helpers:
+            reader.join()
+            if proc.wait() != 0 or not got:
+                return None
+            parts.append(_unpacked(*got.pop(), same))
+    except OSError:         # no helper could be started (no process slots, no interpreter)
+        return None
+    finally:
+        for proc, _, _ in helpers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+    return _join(parts)
+
+
+def _send(pipe, text: memoryview) -> None:
+    """TEXT into a helper's PIPE, then closed (a helper that died has stopped reading: it sends
+    nothing back, and that is what the caller looks at)."""
+    try:
+        pipe.write(text)
+        pipe.close()
+    except OSError:
+        pass
+
+
+def _help() -> None:
+    """A helper process (see _helped): decode the pieces its job on stdin names, from the
+    descriptor it inherited or from the text that follows the job, and write the part, its
+    strings coded, to stdout."""
+    stdin = sys.stdin.buffer
+    fd, stamp, bare, cuts, tail, size = pickle.loads(stdin.read(int.from_bytes(stdin.read(8), "little")))
+    text = LocalFile.inherited(fd, stamp) if fd is not None else _Stream(stdin, cuts[0][1], size)
+    part = _part(_pieces(text, bare, cuts, 1, len(cuts) + (1 if tail else 0)), {})
+    coded = [_coded(values) for values in (part.name, part.cat, part.tid)]
+    part.name, part.cat, part.tid = [], [], []
+    pickle.dump((part, coded), sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    sys.stdout.flush()
+
+
+def _receive(proc: subprocess.Popen, got: list) -> None:
+    """What helper PROC sends, unpickled as it comes, into GOT (left empty when the helper
+    sent nothing whole: it failed, and the caller decodes alone)."""
+    try:
+        got.append(pickle.load(proc.stdout))
+    except Exception:       # noqa: BLE001 - any truncated or garbled stream: the helper failed
+        pass
+
+
+def _coded(values: list) -> tuple[list, np.ndarray]:
+    """VALUES as their distinct values and an index into them per value: a few hundred strings
+    and an int32 array cross a pipe far faster than millions of pickled references."""
+    index: dict = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32, len(values))
+    return list(index), codes
+
+
+def _unpacked(part: _Part, coded: list[tuple[list, np.ndarray]], same: dict) -> _Part:
+    """A helper's PART with its CODED strings made lists again (one object per distinct value:
+    SAME)."""
+    lists = []
+    for distinct, codes in coded:
+        objects = np.empty(len(distinct), object)
+        objects[:] = [same.setdefault(v, v) for v in distinct]
+        lists.append(objects[codes].tolist())
+    part.name, part.cat, part.tid = lists
+    return part
+
+
 def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
     """Columns of DOCUMENTS decoded one after another: the Python objects of one are dropped
     before the next is decoded, so a large trace never holds them all at once."""
-    cols = Columns()
-    name, cat, tid, numbers, memory = [], [], [], [], []
-    headers, same = [], {}
+    return _join([_part(documents, {})])
+
+
+@dataclass(eq=False)
+class _Part:
+    """What a range of a trace's documents decodes to, before the ranges are joined in file
+    order (rows of ``comms`` count from the range's first X event)."""
+
+    name: list = field(default_factory=list)
+    cat: list = field(default_factory=list)
+    tid: list = field(default_factory=list)
+    # Per run: (ts, dur, correlation, device, stream, bytes), and _set_memory's columns; joined
+    # once, with the other parts' runs (each concatenation faults in fresh pages).
+    numbers: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    memory: list[list[np.ndarray]] = field(default_factory=list)
+    comms: dict[int, CommArgs] = field(default_factory=dict)
+    threads: dict[tuple[Any, Any], str] = field(default_factory=dict)
+    base: Any = None            # the first baseTimeNanoseconds its headers give
+    props: Any = None           # the first deviceProperties its headers give
+    events: int = 0
+
+
+def _part(documents: Iterator[tuple[str, Any]], same: dict) -> _Part:
+    """DOCUMENTS decoded one after another into a _Part; SAME keeps one object per distinct
+    string or id."""
+    part = _Part()
+    name, cat, tid, numbers, memory = part.name, part.cat, part.tid, part.numbers, part.memory
     allocations = []
     for kind, document in documents:
         _check_utf8(document)
         if kind == "trace":
             trace = _DECODER.decode(document)
-            headers.append(trace)
+            if part.base is None:
+                part.base = trace.baseTimeNanoseconds
+            if part.props is None:
+                part.props = trace.deviceProperties
             events = trace.traceEvents
         else:
             events = _EVENTS.decode(document)
         del document
-        cols.events += len(events)
+        part.events += len(events)
         complete = []
         for event in events:
             if event.ph == "X" and event.ts is not None:
                 complete.append(event)
             elif event.ph == "M" and event.name == "thread_name" and event.args is not None and event.args.name:
-                cols.threads[(event.pid, event.tid)] = event.args.name
+                part.threads[(event.pid, event.tid)] = event.args.name
             elif event.ph == "i" and event.name == _MEMORY_EVENT and event.ts is not None and event.args is not None:
                 allocations.append(event)
         del events[:]
@@ -354,7 +505,7 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
         args = [e.args or empty for e in complete]
         for i in _comm_rows([a.in_nelems for a in args]).tolist():
             a = args[i]
-            cols.comms[len(name) + i] = _comm(a.collective, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
+            part.comms[len(name) + i] = _comm(a.collective, a.in_nelems, a.out_nelems, a.dtype, a.group_size,
                                               a.group_name, a.group_ranks)
         # One string (or id) object per distinct value: the per-event copies the decoder made
         # are freed with their events, so the next run's events are packed into whole freed
@@ -366,14 +517,31 @@ def _typed(documents: Iterator[tuple[str, Any]]) -> Columns:
                         _ints([a.correlation for a in args]), _ints([a.device for a in args]),
                         _ints([a.stream for a in args]), _ints([a.bytes for a in args])))
         del complete, args
-    cols.name, cols.cat, cols.tid = name, cat, tid
+    return part
+
+
+def _join(parts: list[_Part]) -> Columns:
+    """The Columns of a trace from its parts, in file order."""
+    cols = Columns()
+    first = parts[0]
+    cols.name, cols.cat, cols.tid, cols.comms = first.name, first.cat, first.tid, first.comms
+    for part in parts[1:]:
+        cols.comms.update((len(cols.name) + row, args) for row, args in part.comms.items())
+        cols.name += part.name
+        cols.cat += part.cat
+        cols.tid += part.tid
+    for part in parts:
+        cols.threads.update(part.threads)
+        cols.events += part.events
+    numbers = [run for part in parts for run in part.numbers]
     if numbers:
         cols.ts, cols.dur, cols.correlation, cols.device, cols.stream, cols.nbytes = (
             np.concatenate(column) for column in zip(*numbers))
+    memory = [run for part in parts for run in part.memory]
     if memory:
         _set_memory(cols, [np.concatenate(column) for column in zip(*memory)])
-    base = next((h.baseTimeNanoseconds for h in headers if h.baseTimeNanoseconds is not None), None)
-    props = next((h.deviceProperties for h in headers if h.deviceProperties is not None), None)
+    base = next((part.base for part in parts if part.base is not None), None)
+    props = next((part.props for part in parts if part.props is not None), None)
     cols.base_ns = _base_ns(base)
     cols.devices = [DeviceProperties(int(p.id or 0), p.name, _int(p.totalGlobalMem), _int(p.computeMajor),
                                      _int(p.computeMinor), _int(p.numSms))
@@ -407,6 +575,33 @@ def _set_memory(cols: Columns, columns: list[np.ndarray]) -> None:
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")
 
 
+class _Stream:
+    """The text of a trace from byte AT on, as another process writes it to a pipe, read like a
+    LocalFile by _pieces (each range after the one before; the bytes between are skipped)."""
+
+    def __init__(self, pipe, at: int, size: int) -> None:
+        self.pipe, self.at, self.size = pipe, at, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, start: int, stop: int) -> memoryview:
+        view = memoryview(bytearray(stop - start))
+        self.read_into(start, view)
+        return view
+
+    def read_into(self, start: int, view: memoryview) -> None:
+        if start < self.at or len(self.pipe.read(start - self.at)) != start - self.at:
+            raise CaptureError("a helper's text ended early")
+        got = 0
+        while got < len(view):
+            n = self.pipe.readinto(view[got:])
+            if not n:
+                raise CaptureError("a helper's text ended early")
+            got += n
+        self.at = start + len(view)
+
+
 class _Buffer:
     """Text already in memory, read like a LocalFile (``read``, ``read_into``)."""
 
@@ -433,10 +628,19 @@ def _documents(data: "LocalFile | _Buffer", bare: bool = False) -> Iterator[tupl
     then decoded whole.  A guess that falls inside a string or inside a nested object leaves its
     piece unterminated or unbalanced, which fails to decode, and the caller then decodes the
     file in one go: a wrong cut costs time, never a wrong column."""
+    cuts = _cuts(data, bare)
+    if not cuts:
+        yield ("events" if bare else "trace"), data.read(0, len(data))
+        return
+    yield from _pieces(data, bare, cuts, 0, len(cuts) + 1)
+
+
+def _cuts(data: "LocalFile | _Buffer", bare: bool) -> list[tuple[int, int]]:
+    """Where DATA is cut into pieces (see _documents): (end of an event + 1, start of the next)
+    about every _RUN bytes; none when the events' array is not found near the start."""
     size = len(data)
     key = bytes(data.read(0, min(_HEAD, size))).find(b"[" if bare else b'"traceEvents"')
-    whole, head, tail = ("events", b"]", b"[") if bare else ("trace", b"]}", b'{"traceEvents":[')
-    cuts = []                                       # (end of an event + 1, start of the next)
+    cuts = []
     at = key + _RUN
     while key >= 0 and at + _RUN < size:
         found = _BETWEEN.search(bytes(data.read(at, min(at + _SEEK, size))))
@@ -445,20 +649,28 @@ def _documents(data: "LocalFile | _Buffer", bare: bool = False) -> Iterator[tupl
             continue
         cuts.append((at + found.start() + 1, at + found.end() - 1))
         at += found.end() + _RUN
-    if not cuts:
-        yield whole, data.read(0, size)
-        return
-    yield whole, b"".join((data.read(0, cuts[0][0]), head))
-    # The runs between are copied, bracketed, into one reused buffer: a fresh one per run
-    # would fault in 32 MB of new pages each time.
-    buffer = bytearray(2 + max((end - start for (_, start), (end, _) in zip(cuts, cuts[1:])), default=0))
+    return cuts
+
+
+def _pieces(data: "LocalFile | _Buffer", bare: bool, cuts: list[tuple[int, int]], first: int,
+            stop: int) -> Iterator[tuple[str, Any]]:
+    """Pieces FIRST .. STOP - 1 of DATA cut at CUTS, as documents: piece 0 is the trace up to
+    the first cut (closed), piece len(CUTS) the rest (reopened), the others runs of events."""
+    whole, head, tail = ("events", b"]", b"[") if bare else ("trace", b"]}", b'{"traceEvents":[')
+    if first == 0:
+        yield whole, b"".join((data.read(0, cuts[0][0]), head))
+    runs = [(start, end) for (_, start), (end, _) in zip(cuts, cuts[1:])][max(first - 1, 0):stop - 1]
+    # The runs are copied, bracketed, into one reused buffer: a fresh one per run would fault
+    # in 32 MB of new pages each time.
+    buffer = bytearray(2 + max((end - start for start, end in runs), default=0))
     into = memoryview(buffer)
-    for (_, start), (end, _) in zip(cuts, cuts[1:]):
+    for start, end in runs:
         n = end - start
         into[0], into[n + 1] = ord("["), ord("]")
         data.read_into(start, into[1:n + 1])
         yield "events", into[:n + 2]
-    yield whole, b"".join((tail, data.read(cuts[-1][1], size)))
+    if stop == len(cuts) + 1:
+        yield whole, b"".join((tail, data.read(cuts[-1][1], len(data))))
 
 
 def _plain(value):
