@@ -260,7 +260,9 @@ export function headerView(report) {
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Steps'}),
     h('div', {class: 'big', text: steps.count !== undefined ? String(steps.count) : '–'}),
-    h('div', {class: 'muted', text: steps.source ? `markers: ${markerWords(steps.source, report.framework)}` : 'no step markers'})));
+    h('div', {class: 'muted', text: steps.source && steps.source !== 'window'
+      ? `markers: ${markerWords(steps.source, report.framework)}`
+      : (steps.source === 'window' ? 'no step markers: one window over the trace' : 'no step markers')})));
 
   header.appendChild(h('div', {class: 'card'},
     h('div', {class: 'card-label', text: 'Framework'}),

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
 from tb_gpuadvisor.checks.base import FAIL_ON, Severity, failing
-from tb_gpuadvisor.render import marker_words
+from tb_gpuadvisor.render import marker_words, one_window
 
 log = logging.getLogger("tb_gpuadvisor")
 
@@ -353,6 +353,8 @@ def _steps_sentence(steps: dict, framework: str | None) -> str:
     """The steps as the CLI and the tab name their markers (a JAX loop's are StepTraceAnnotation)."""
     if not steps.get("count"):
         return "no training steps were found in the capture"
+    if one_window(steps):
+        return one_window(steps)
     return f"{steps['count']} steps ({marker_words(steps, framework)} markers), mean {steps['mean_ms']:.2f} ms per step"
 
 

@@ -74,11 +74,21 @@ def marker_words(steps: dict, framework: str | None) -> str:
     return source
 
 
+def one_window(steps: dict) -> str | None:
+    """How a trace with no step marker (export_chrome_trace around one call) is told: one window
+    over what it traced, never "1 steps from window markers"; None for a capture with steps."""
+    if steps.get("source") == "window" and steps.get("count") == 1:
+        return f"one window, no step markers: {steps['mean_ms']:.2f} ms traced"
+    return None
+
+
 def _steps_line(steps: dict, framework: str | None = None) -> str:
     if not steps.get("count"):
         return "no steps found"
     pace = {"device": "; the device set the pace (the host ran ahead: each step lasts as long as its device work)",
             "host": "; the host set the pace (the device waited for it)"}.get(steps.get("paced_by", ""), "")
+    if one_window(steps):
+        return f"{one_window(steps)}{pace}"
     return (f"{steps['count']} steps from {marker_words(steps, framework)} markers, "
             f"mean {steps['mean_ms']:.2f} ms (min {steps['min_ms']:.2f}, max {steps['max_ms']:.2f}){pace}")
 
