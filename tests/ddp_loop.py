@@ -4,25 +4,34 @@ Rank 0 sleeps SLOW_S in every step before its forward pass (a slow data source, 
 reaches each gradient all-reduce first and waits in ``gloo:all_reduce`` for rank 0. The data is
 an in-memory TensorDataset read through a DistributedSampler.
 
-    python tests/ddp_loop.py LOGDIR PORT
+The ranks meet through a file in a fresh temporary folder (``file://`` init_method), not a TCP
+port picked beforehand, which another process may take between the pick and the bind. A run
+whose rank dies before both ranks have joined the group is started again, up to ATTEMPTS times;
+a rank that fails after that fails the run.
+
+    python tests/ddp_loop.py LOGDIR
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 SLOW_S = 0.005
 WAIT, WARMUP, ACTIVE = 1, 1, 4
+RANKS, ATTEMPTS = 2, 3
 
 
-def train(rank: int, logdir: str, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def train(rank: int, logdir: str, rendezvous: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{Path(rendezvous) / 'store'}", rank=rank,
+                            world_size=RANKS)
+    (Path(rendezvous) / f"joined-{rank}").touch()      # past start-up: a failure from here on is the run's
     torch.set_num_threads(1)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(2048, 256), torch.randint(0, 10, (2048,)))
@@ -48,6 +57,24 @@ def train(rank: int, logdir: str, port: int) -> None:
     dist.destroy_process_group()
 
 
+def run(logdir: str) -> int:
+    """Both ranks into LOGDIR; the attempts it took."""
+    attempt = 1
+    while True:
+        rendezvous = tempfile.mkdtemp(prefix="ddp-rendezvous-")
+        try:
+            torch.multiprocessing.start_processes(train, args=(logdir, rendezvous), nprocs=RANKS, start_method="fork")
+            return attempt
+        except (torch.multiprocessing.ProcessRaisedException, torch.multiprocessing.ProcessExitedException):
+            joined = sum((Path(rendezvous) / f"joined-{rank}").exists() for rank in range(RANKS))
+            if joined == RANKS or attempt == ATTEMPTS:
+                raise
+            print(f"attempt {attempt}: a rank died at start-up ({joined} of {RANKS} joined); starting again",
+                  file=sys.stderr)
+            shutil.rmtree(logdir, ignore_errors=True)       # no half-written traces of the failed attempt
+            attempt += 1
+        finally:
+            shutil.rmtree(rendezvous, ignore_errors=True)
+
 if __name__ == "__main__":
-    torch.multiprocessing.start_processes(train, args=(sys.argv[1], int(sys.argv[2])), nprocs=2,
-                                          start_method="fork")
+    run(sys.argv[1])

@@ -200,10 +200,7 @@ def ddp_logdir(tmp_path_factory) -> Path:
     """tests/ddp_loop.py: 2 CPU ranks (gloo), rank 0 sleeping 5 ms a step before its forward pass."""
     pytest.importorskip("torch")
     logdir = tmp_path_factory.mktemp("ddp")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "ddp_loop.py"), str(logdir / "ddp"), str(port)],
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "ddp_loop.py"), str(logdir / "ddp")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return logdir
