@@ -4,6 +4,7 @@ as pasted, the all-hosts view of DDP ranks, compare's default base, unreadable c
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -239,6 +240,49 @@ def test_ddp_rank_views_and_the_all_hosts_header_agree(ddp_logdir):
         assert f"{saving:.2f} ms per step ({100 * saving / mean:.0f}% of the mean step)" in first["why"]
     if what_if is not None:
         assert what_if["step_ms"] == pytest.approx(mean, abs=0.002)
+
+
+def _per_step_ms(trace: Path) -> tuple[list[float], list[float]]:
+    """Per ProfilerStep#N window of one rank's raw trace JSON (ms): its gloo:all_reduce time inside the
+    window, and the gap on the step's thread from the DataLoader's batch to DDP's forward (rank 0's sleep)."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    named = lambda prefix: sorted((e["ts"], e["ts"] + e["dur"], e["tid"]) for e in events  # noqa: E731
+                                  if e["name"].startswith(prefix))
+    calls, batches, forwards = named("gloo:all_reduce"), named("enumerate(DataLoader)"), named("DistributedDataParallel.forward")
+    gloo, gaps = [], []
+    for lo, hi, tid in named("ProfilerStep#"):
+        gloo.append(sum(max(0.0, min(end, hi) - max(start, lo)) for start, end, _ in calls) / 1000)
+        batch = next(end for start, end, t in batches if lo <= start < hi and t == tid)
+        gaps.append((next(start for start, _, t in forwards if batch <= start < hi and t == tid) - batch) / 1000)
+    return gloo, gaps
+
+
+def test_ddp_all_hosts_saving_is_the_waiting_the_straggler_fix_gives_back(ddp_logdir):
+    """Hand check from the raw trace JSON, per ProfilerStep#N window of each rank: the time its
+    gloo:all_reduce annotations lie inside the window, and on rank 0 the gap on the step's thread
+    from the DataLoader's batch to DistributedDataParallel.forward (its sleep; about 0.03 ms on rank 1).
+    Both ranks leave an all-reduce together, so rank 1, there first, spends in it rank 0's time plus
+    its waiting: rank 1's time less rank 0's is its wait. Rank 0's host overhead fixed lets it arrive
+    earlier by at least its sleep, and gives rank 1 back its wait up to that: per step at least
+    min(wait, sleep), at most the wait. In one quiet run rank 1 spent 6.75, 6.08, 5.99, 6.25 ms in the
+    all-reduce against rank 0's 2.50, 1.43, 1.18, 0.79 ms: waits 4.25, 4.65, 4.81, 5.46 (mean 4.79)
+    with sleeps of 5.13 to 5.26 ms, so 4.79 ms per step both ways. The all-hosts view says 4.91 (the
+    breakdown counts the all-reduce time with no op of the step alongside); the rule before, the
+    least any host gains alone, said rank 1's own 0.84. On a loaded machine rank 1 waited 9.49 ms per
+    step (rank 0 slow beyond its sleep), min(wait, sleep) 5.08, and the view said 5.03. Whichever
+    rank is the primary the saving is the same and, about half the step, critical."""
+    (one, _), (zero, sleeps) = (_per_step_ms(next((ddp_logdir / "ddp").glob(f"rank{r}.*.json"))) for r in (1, 0))
+    wait = [a - b for a, b in zip(one, zero)]
+    assert len(wait) == 4 and min(sleeps) > 4.5
+    least, most = sum(map(min, wait, sleeps)) / 4, sum(wait) / 4
+    (ref,) = find_sessions(str(ddp_logdir))
+    for hosts in (ref.hosts, ref.hosts[::-1]):
+        session = analyze_session(dataclasses.replace(ref, hosts=hosts))
+        overhead = next(f for f in session["findings"] if f["check"] == "host_overhead")
+        saving = overhead["estimated_savings_ms_per_step"]
+        assert 0.9 * least <= saving <= 1.1 * most, (hosts, least, most)
+        assert overhead["severity"] == "critical"
+        assert f"the saving shown, {saving:.2f} ms per step" in overhead["summary"]
 
 
 def test_one_ranks_trace_of_collectives_keeps_the_distributed_sampler(tmp_path):

@@ -6,7 +6,8 @@ one-process analysis) gives the per-host findings; the cross-host ones (imbalanc
 launch skew, collectives...) are judged again over every host's GPUs by each check's declared
 join and judge (``CrossHost`` in checks/base.py), and every replayed saving becomes the gain all hosts allow: a step
 of synchronous training ends when its slowest host does, so per step the smallest gain
-of any host, plus the straggler's balance across all replicas. Where the hosts' traces name
+of any host, or more where the fix speeds the host the others wait for at their collectives (their
+waiting goes, up to its gain), plus the straggler's balance across all replicas. Where the hosts' traces name
 their collective calls (PyTorch ranks), the calls are matched across hosts (checks/_ranks.py):
 the straggler's balance also counts its host arriving late, and the primary host's breakdown
 splits its collective time into waiting and transfer as the matched calls do.
@@ -73,20 +74,28 @@ class Alignment:
         """HOST's step windows [lo, hi) as the session's steps, on the session's clock."""
         return self.on_session_clock(host, self.take(host, lo)), self.on_session_clock(host, self.take(host, hi))
 
+    def collective_times(self) -> np.ndarray | None:
+        """Every host's replicas' collective time (ps), replicas (in host order) x session steps;
+        None when a host did not measure it."""
+        if not self.hosts or any(h.balance is None for h in self.hosts):
+            return None
+        return np.vstack([self.take(h, h.balance[1]) for h in self.hosts])
+
     def collective_parts_ms(self, steps: int) -> tuple[float, float] | None:
         """Collective transfer and waiting, ms per step, mean over every host's replicas: waiting is
         measured against the fastest replica of the whole session (breakdown.collective_wait)."""
-        if not steps or any(h.balance is None for h in self.hosts):
+        coll = self.collective_times() if steps else None
+        if coll is None:
             return None
-        coll = np.vstack([self.take(h, h.balance[1]) for h in self.hosts])
         wait = collective_wait(coll)
         return (float((coll - wait).sum(axis=1).mean()) / PS_PER_MS / steps,
                 float(wait.sum(axis=1).mean()) / PS_PER_MS / steps)
 
 
 class MergedWhatIf(Savings):
-    """The what-if of all hosts: per step the smallest gain any host allows, plus balancing
-    the straggler across every host's replicas."""
+    """The what-if of all hosts: per step the smallest gain any host allows, or the waiting at the
+    collectives a fix removes where that is more, plus balancing the straggler across every
+    host's replicas."""
 
     def __init__(self, alignment: Alignment, durations: np.ndarray, mean_step_ms: float) -> None:
         self.checks = frozenset(c for host in alignment.hosts for c in host.standalone_ms)
@@ -103,6 +112,30 @@ class MergedWhatIf(Savings):
         late = _late_host_gain(self.alignment, gain.size)
         return gain if late is None else np.maximum(gain, late)
 
+    @functools.cached_property
+    def _waits(self) -> tuple[list[str], np.ndarray] | None:
+        """Each replica's host and its waiting at the collectives per session step (ps, against
+        the replica that arrived last: breakdown.collective_wait); None where a host did not
+        measure its collectives."""
+        coll = self.alignment.collective_times()
+        if coll is None:
+            return None
+        owners = [h.host for h in self.alignment.hosts for _ in range(h.balance[1].shape[0])]  # type: ignore[index]
+        return owners, collective_wait(coll).astype(np.float64)
+
+    def _waiting_removed(self, per_host: dict[str, np.ndarray]) -> np.ndarray:
+        """Per step, what every host gains when the fix (PER_HOST: each host's own gain per step) lets
+        the replicas the others wait for at their collectives (those with no waiting: they arrived
+        last) arrive earlier by their host's gain: the others' waiting goes, up to that gain and
+        until the least-waiting of them is the last. Their own gain is not added to it: where it lies
+        before their collective it only becomes more waiting, which a host's summary cannot tell."""
+        zeros = np.zeros(self.durations.size)
+        if self._waits is None:
+            return zeros
+        owners, wait = self._waits
+        gain = np.vstack([per_host.get(host, zeros) for host in owners])
+        return np.where(wait > 0, wait, gain).min(axis=0)
+
     def _gains(self, checks: frozenset[str]) -> np.ndarray:
         hosts = [h for h in self.alignment.hosts if h.combined]
         if not hosts or not self.durations.size:
@@ -110,10 +143,13 @@ class MergedWhatIf(Savings):
         across = replayed_across_hosts()
         wanted = checks - across
         # Per host the combination itself, else the largest one it replayed that it contains.
-        gain = np.vstack([self.alignment.take(h, h.combined[max((k for k in h.combined if k <= wanted), key=len)])
-                          for h in hosts]).min(axis=0)
-        if checks & across:
-            gain = gain + self._balance
+        per_host = {h.host: self.alignment.take(h, h.combined[max((k for k in h.combined if k <= wanted), key=len)])
+                    for h in hosts}
+        gain = np.vstack(list(per_host.values())).min(axis=0)
+        # Both the waiting a fix removes and the straggler's balance are the others' waiting: the
+        # larger of the two counts, never their sum.
+        removed = np.clip(self._waiting_removed(per_host) - gain, 0.0, None)
+        gain = gain + (np.maximum(removed, self._balance) if checks & across else removed)
         return np.minimum(gain, self.durations)
 
     def combined_ms(self, check_ids: list[str]) -> float:
@@ -225,27 +261,33 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
     return out
 
 
-# A saving that all hosts together allow this much less of than the primary host alone is said in
-# the finding's text, beside the primary's own numbers.
+# A saving that all hosts together allow this much less (or more) of than the primary host alone is
+# said in the finding's text, beside the primary's own numbers.
 SAID_LOSS_MS = 0.01
 
 
 def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: MergedAnalysis) -> Finding:
     """A primary-host finding with its saving as all hosts allow it (a replayed cause gains only
-    what the slowest host gains) and its severity judged on that saving."""
+    what the slowest host gains, or the others' waiting at the collectives it removes) and its
+    severity judged on that saving: lowered when it is smaller, raised as far as it earns against
+    the step when it is larger (an actionable finding only: an info one stays as its host judged it)."""
     check = finding.check
     if check not in host.standalone_ms or check in replayed_across_hosts():
         return finding
+    own = finding.estimated_savings_ms_per_step
     lost = host.standalone_ms[check] - merged.saving_ms(check)
-    saving = max(0.0, finding.estimated_savings_ms_per_step - max(lost, 0.0))
+    saving = max(0.0, own - lost)
     summary = finding.summary
-    if lost >= SAID_LOSS_MS and finding.estimated_savings_ms_per_step > 0:
+    if abs(lost) >= SAID_LOSS_MS and max(own, saving) > 0:
         # The text measured host HOST alone; the saving shown beside it is what every host allows.
+        why = ("the least any host gains" if lost > 0 else
+               "the other hosts stop waiting at their collectives for the hosts it speeds up")
         summary += (f" These numbers are {host.host}'s; the saving shown, {saving:.2f} ms per step, is what "
-                    "the fix replayed on every host allows (the least any host gains), not "
-                    f"{finding.estimated_savings_ms_per_step:.2f} ms as on {host.host} alone.")
-    return replace(finding, estimated_savings_ms_per_step=saving, summary=summary,
-                   severity=scale.gated(finding.severity, saving))
+                    f"the fix replayed on every host allows ({why}), not {own:.2f} ms as on {host.host} alone.")
+    severity = scale.gated(finding.severity, saving)
+    if saving > own and severity in (Severity.WARNING, Severity.CRITICAL):
+        severity = max(severity, scale.gated(Severity.CRITICAL, saving), key=lambda s: s.weight)
+    return replace(finding, estimated_savings_ms_per_step=saving, summary=summary, severity=severity)
 
 
 def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
