@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -248,3 +250,45 @@ def test_calls_outside_the_session_steps_are_never_matched():
         r.step[1] = -1
     found = split(ranks, 1)
     assert found.calls == 1 and found.wait[:, 0] / PS_PER_MS == pytest.approx([2.0, 0.0])
+
+
+def _gloo_rank(late: bool, steps: int = 4) -> dict:
+    """One CPU rank of a 2-rank gloo DDP job, 10 ms steps (ms from the step's start): the batch
+    (0-0.2), forward and backward ops (3 ms), the gradient all-reduce on gloo's thread, the optimizer
+    (9-10). The LATE rank idles 5 ms after its batch (0.2-5.2, no op: host overhead), computes
+    5.2-8.2 and reaches the all-reduce last (8.2-9.0: the transfer); the other computes 0.2-3.2 and
+    waits in it from 3.2 to 9.0."""
+    ops = [("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 7, 0.0, 0.2),
+           ("aten::addmm", "cpu_op", 7, 5.2 if late else 0.2, 3.0),
+           ("gloo:all_reduce", "user_annotation", 9, 8.2 if late else 3.2, 0.8 if late else 5.8),
+           ("Optimizer.step#SGD.step", "cpu_op", 7, 9.0, 1.0)]
+    events = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+    for n in range(steps):
+        t0 = 1000.0 + 10_000.0 * n
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n + 2}", "pid": 1, "tid": 7,
+                       "ts": t0, "dur": 10_000.0})
+        events += [{"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": t0 + 1000 * at, "dur": 1000 * dur}
+                   for name, cat, tid, at, dur in ops]
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+
+
+def test_a_cpu_ranks_host_overhead_gives_the_others_back_their_wait(tmp_path):
+    """Hand check of the traces written: per 10 ms step rank 0 idles 5 ms with no op (its host
+    overhead: fixed, it reaches the all-reduce 5 ms earlier), and rank 1 spends 5.8 ms in
+    gloo:all_reduce against rank 0's 0.8 ms (the transfer), so it waits 5.0 ms there for rank 0.
+    Fixed on every rank, rank 0 gains its 5 ms and rank 1 its 5 ms of waiting: 5.0 ms per step, half
+    the step (critical), whichever rank is the primary; rank 1 alone has no host overhead to gain,
+    which the rule before (the least any host gains alone) gave as the saving."""
+    for rank in (0, 1):
+        write_trace(tmp_path / "run" / f"rank{rank}.1.pt.trace.json", _gloo_rank(late=rank == 0))
+    (ref,) = find_sessions(str(tmp_path))
+    for hosts in (ref.hosts, ref.hosts[::-1]):
+        session = analyze_session(replace(ref, hosts=hosts))
+        overhead = _finding(session, "host_overhead")
+        assert overhead["estimated_savings_ms_per_step"] == pytest.approx(5.0, abs=0.05), hosts
+        assert overhead["severity"] == "critical"
+        # Told with the numbers of rank 0, whose overhead the other waits for, whichever is the primary.
+        assert overhead["metrics"]["other_idle_ms_per_step"] == pytest.approx(5.0, abs=0.05)
+    assert "These numbers are rank0.1's; the saving shown, 5.00 ms per step" in overhead["summary"]
+    alone = analyze_session(replace(ref, hosts=("rank1",)))
+    assert _finding(alone, "host_overhead")["estimated_savings_ms_per_step"] < 0.1

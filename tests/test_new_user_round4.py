@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -219,70 +220,77 @@ def test_ddp_rank_views_and_the_all_hosts_header_agree(ddp_logdir):
     """Rank 1 reaches each gradient all-reduce about 5 ms before rank 0 (rank 0's sleep) and waits in
     gloo:all_reduce (hand check on the raw trace: its 4 gloo:all_reduce annotations last 5-10 ms
     each while rank 0's last well under 1 ms). That wait is the rank's collective time, not host
-    overhead: host_overhead is under half the sleep there and never names gloo. Rank 0's sleep is
-    its host overhead. The all-hosts view's header step and the text under it give the same mean."""
+    overhead: in its median step host overhead is under half the sleep there, and no finding names
+    gloo. Rank 0's sleep is its host overhead. The median step, since on a loaded machine one step
+    of a rank can hold a long stall of its own (16 ms once). The all-hosts view's header step and the
+    text under it give the same mean."""
     views = _views(ddp_logdir)
     rank1 = views["rank1"]
     part = rank1["breakdown"]["per_device"][0]
     assert part["collective_transfer_ms"] + part["collective_wait_ms"] > 2.5
-    overhead = next(f for f in rank1["findings"] if f["check"] == "host_overhead")
-    assert overhead["metrics"]["other_idle_ms_per_step"] < 2.5
+    median_overhead = lambda view: statistics.median(s["other_host_ms"] for s in view["breakdown"]["steps"])  # noqa: E731
+    assert median_overhead(rank1) < 2.5
     assert not any("gloo" in e["name"] for f in rank1["findings"] for e in f["evidence"])
-    rank0 = next(f for f in views["rank0"]["findings"] if f["check"] == "host_overhead")
-    assert rank0["metrics"]["other_idle_ms_per_step"] > 4.0
+    assert median_overhead(views["rank0"]) > 4.0
     every = views["all"]
     mean = every["steps"]["mean_ms"]
-    said = re.search(r"of a ([\d.]+) ms step", next(f for f in every["findings"] if f["check"] == "host_overhead")["summary"])
-    assert said and abs(float(said.group(1)) - mean) <= 0.006      # the header's mean, as the text rounds it
+    overhead = next(f for f in every["findings"] if f["check"] == "host_overhead")
+    said = re.search(r"of a ([\d.]+) ms step", overhead["summary"])
+    other = re.search(r"These numbers are (\w+)'s", overhead["summary"])
+    if other is None or other.group(1) == every["hosts"][0]:     # the primary's numbers, not another rank's
+        assert said and abs(float(said.group(1)) - mean) <= 0.006      # the header's mean, as the text rounds it
     first, what_if = every["first_fix"], every.get("what_if")
     if first is not None and "largest estimated saving" in first["why"]:     # the machine's load decides
         saving = next(f for f in every["findings"] if f["check"] == first["check"])["estimated_savings_ms_per_step"]
-        assert f"{saving:.2f} ms per step ({100 * saving / mean:.0f}% of the mean step)" in first["why"]
+        told = re.search(r"([\d.]+) ms per step \((\d+)% of the mean step\)", first["why"])
+        assert told and abs(float(told.group(1)) - saving) <= 0.006    # the finding's saving, as the text rounds it
+        assert abs(int(told.group(2)) - 100 * saving / mean) <= 0.51
     if what_if is not None:
         assert what_if["step_ms"] == pytest.approx(mean, abs=0.002)
 
 
 def _per_step_ms(trace: Path) -> tuple[list[float], list[float]]:
-    """Per ProfilerStep#N window of one rank's raw trace JSON (ms): its gloo:all_reduce time inside the
-    window, and the gap on the step's thread from the DataLoader's batch to DDP's forward (rank 0's sleep)."""
+    """Per ProfilerStep#N window of one rank's raw trace JSON (ms from the trace's clock): when its first
+    gloo:all_reduce starts, and the gap on the step's thread from the DataLoader's batch to DDP's forward."""
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     named = lambda prefix: sorted((e["ts"], e["ts"] + e["dur"], e["tid"]) for e in events  # noqa: E731
                                   if e["name"].startswith(prefix))
     calls, batches, forwards = named("gloo:all_reduce"), named("enumerate(DataLoader)"), named("DistributedDataParallel.forward")
-    gloo, gaps = [], []
+    arrivals, gaps = [], []
     for lo, hi, tid in named("ProfilerStep#"):
-        gloo.append(sum(max(0.0, min(end, hi) - max(start, lo)) for start, end, _ in calls) / 1000)
+        arrivals.append(next(start for start, _, _ in calls if lo <= start < hi) / 1000)
         batch = next(end for start, end, t in batches if lo <= start < hi and t == tid)
         gaps.append((next(start for start, _, t in forwards if batch <= start < hi and t == tid) - batch) / 1000)
-    return gloo, gaps
+    return arrivals, gaps
 
 
 def test_ddp_all_hosts_saving_is_the_waiting_the_straggler_fix_gives_back(ddp_logdir):
-    """Hand check from the raw trace JSON, per ProfilerStep#N window of each rank: the time its
-    gloo:all_reduce annotations lie inside the window, and on rank 0 the gap on the step's thread
-    from the DataLoader's batch to DistributedDataParallel.forward (its sleep; about 0.03 ms on rank 1).
-    Both ranks leave an all-reduce together, so rank 1, there first, spends in it rank 0's time plus
-    its waiting: rank 1's time less rank 0's is its wait. Rank 0's host overhead fixed lets it arrive
-    earlier by at least its sleep, and gives rank 1 back its wait up to that: per step at least
-    min(wait, sleep), at most the wait. In one quiet run rank 1 spent 6.75, 6.08, 5.99, 6.25 ms in the
-    all-reduce against rank 0's 2.50, 1.43, 1.18, 0.79 ms: waits 4.25, 4.65, 4.81, 5.46 (mean 4.79)
-    with sleeps of 5.13 to 5.26 ms, so 4.79 ms per step both ways. The all-hosts view says 4.91 (the
-    breakdown counts the all-reduce time with no op of the step alongside); the rule before, the
-    least any host gains alone, said rank 1's own 0.84. On a loaded machine rank 1 waited 9.49 ms per
-    step (rank 0 slow beyond its sleep), min(wait, sleep) 5.08, and the view said 5.03. Whichever
-    rank is the primary the saving is the same and, about half the step, critical."""
+    """Hand check from the raw trace JSON (both ranks ran on one machine, one clock), per
+    ProfilerStep#N window: when each rank's first gloo:all_reduce starts (it arrives), and on rank 0
+    the gap on the step's thread from the DataLoader's batch to DistributedDataParallel.forward (its
+    sleep; about 0.03 ms on rank 1). Rank 1 arrives first and waits in the all-reduce until rank 0
+    arrives. Rank 0's host overhead fixed lets it arrive earlier by at least its sleep, and gives rank 1
+    back its wait up to that: per step at least min(arrival gap, sleep), at most the arrival gap.
+    In one quiet run the gaps were 3.38, 4.98, 5.22 and 5.48 ms with sleeps of 5.13 to 5.26 ms: 4.66 to
+    4.77 ms per step; the all-hosts view said 4.91 (it measures the waiting as rank 1's all-reduce time
+    with no op alongside beyond rank 0's; rank 0's fix is 6.02 ms, its sleep and smaller gaps). The
+    rule before, the least any host gains alone, said rank 1's own 0.84. On a loaded machine (others'
+    tests on the 2 cores) gloo's threads stall too: gaps of 7.5, 4.7, 10.6 and 12.4 ms, bounds 5.03 to
+    8.82 ms, and the view said 5.79; the bounds have 20% and 15% of slack for that. Whichever rank is
+    the primary, the saving is the same and, about half the step, critical."""
     (one, _), (zero, sleeps) = (_per_step_ms(next((ddp_logdir / "ddp").glob(f"rank{r}.*.json"))) for r in (1, 0))
-    wait = [a - b for a, b in zip(one, zero)]
-    assert len(wait) == 4 and min(sleeps) > 4.5
-    least, most = sum(map(min, wait, sleeps)) / 4, sum(wait) / 4
+    gaps = [late - early for late, early in zip(zero, one)]
+    assert len(gaps) == 4 and min(sleeps) > 4.5
+    least, most = sum(map(min, gaps, sleeps)) / 4, sum(gaps) / 4
     (ref,) = find_sessions(str(ddp_logdir))
     for hosts in (ref.hosts, ref.hosts[::-1]):
         session = analyze_session(dataclasses.replace(ref, hosts=hosts))
         overhead = next(f for f in session["findings"] if f["check"] == "host_overhead")
         saving = overhead["estimated_savings_ms_per_step"]
-        assert 0.9 * least <= saving <= 1.1 * most, (hosts, least, most)
+        assert 0.8 * least <= saving <= 1.15 * most, (hosts, least, most)
         assert overhead["severity"] == "critical"
-        assert f"the saving shown, {saving:.2f} ms per step" in overhead["summary"]
+        if hosts[0] == "rank1":        # told with rank 0's numbers, whose sleep rank 1 waits for
+            assert f"These numbers are rank0's; the saving shown, {saving:.2f} ms per step" in overhead["summary"]
 
 
 def test_one_ranks_trace_of_collectives_keeps_the_distributed_sampler(tmp_path):

@@ -114,14 +114,20 @@ class MergedWhatIf(Savings):
 
     @functools.cached_property
     def _waits(self) -> tuple[list[str], np.ndarray] | None:
-        """Each replica's host and its waiting at the collectives per session step (ps, against
-        the replica that arrived last: breakdown.collective_wait); None where a host did not
-        measure its collectives."""
+        """Each replica's host and its waiting at the collectives per session step (ps): its exposed
+        collective time beyond the least of the replicas that run collectives. One that ran them in
+        some step and shows none in another hid that step's behind its own work (DDP's all-reduce
+        beside the backward pass of the rank that came last): it waited nothing there, so it sets
+        the floor. None where a host did not measure its collectives."""
         coll = self.alignment.collective_times()
         if coll is None:
             return None
         owners = [h.host for h in self.alignment.hosts for _ in range(h.balance[1].shape[0])]  # type: ignore[index]
-        return owners, collective_wait(coll).astype(np.float64)
+        runs = (coll > 0).any(axis=1)
+        wait = np.zeros(coll.shape)
+        if runs.any():
+            wait[runs] = coll[runs] - coll[runs].min(axis=0)
+        return owners, wait
 
     def _waiting_removed(self, per_host: dict[str, np.ndarray]) -> np.ndarray:
         """Per step, what every host gains when the fix (PER_HOST: each host's own gain per step) lets
@@ -146,11 +152,21 @@ class MergedWhatIf(Savings):
         per_host = {h.host: self.alignment.take(h, h.combined[max((k for k in h.combined if k <= wanted), key=len)])
                     for h in hosts}
         gain = np.vstack(list(per_host.values())).min(axis=0)
-        # Both the waiting a fix removes and the straggler's balance are the others' waiting: the
-        # larger of the two counts, never their sum.
-        removed = np.clip(self._waiting_removed(per_host) - gain, 0.0, None)
-        gain = gain + (np.maximum(removed, self._balance) if checks & across else removed)
+        freed = np.clip(self._waiting_removed(per_host) - gain, 0.0, None)
+        if checks & across:     # both are the others' waiting: the larger counts, never their sum
+            gain = gain + np.maximum(freed, self._balance)
+        else:                   # what the cross-host checks claim of it stays theirs
+            gain = gain + np.clip(freed - self._claimed, 0.0, None)
         return np.minimum(gain, self.durations)
+
+    @functools.cached_property
+    def _claimed(self) -> np.ndarray:
+        """Per step, the others' waiting the cross-host checks claim (the straggler's balance, and its
+        late host op), where they judge the replicas: GPUs. CPU ranks have no such finding, so the
+        waiting a fix of theirs frees is that fix's."""
+        if any(h.primary_gpu is not None for h in self.alignment.hosts):
+            return self._balance
+        return np.zeros(self.durations.size)
 
     def combined_ms(self, check_ids: list[str]) -> float:
         known = frozenset(c for c in check_ids if c in self.checks)
@@ -266,28 +282,38 @@ def _cross_host(alignment: Alignment, primary: HostSummary, scale: MergedAnalysi
 SAID_LOSS_MS = 0.01
 
 
-def _rescaled(finding: Finding, host: HostSummary, merged: MergedWhatIf, scale: MergedAnalysis) -> Finding:
+def _rescaled(finding: Finding, primary: HostSummary, hosts: list[HostSummary], merged: MergedWhatIf,
+              scale: MergedAnalysis) -> tuple[Finding, HostSummary]:
     """A primary-host finding with its saving as all hosts allow it (a replayed cause gains only
     what the slowest host gains, or the others' waiting at the collectives it removes) and its
     severity judged on that saving: lowered when it is smaller, raised as far as it earns against
-    the step when it is larger (an actionable finding only: an info one stays as its host judged it)."""
+    the step when it is larger (an actionable finding only: an info one stays as its host judged it).
+    Where all hosts gain more than the primary alone, the fix frees the others' waiting: the finding
+    told is that of the host (of HOSTS) that gains most alone, whose cause they waited for. With the
+    host whose numbers it tells."""
     check = finding.check
-    if check not in host.standalone_ms or check in replayed_across_hosts():
-        return finding
+    if check not in primary.standalone_ms or check in replayed_across_hosts():
+        return finding, primary
+    host = primary
+    if merged.saving_ms(check) - primary.standalone_ms[check] >= SAID_LOSS_MS:
+        host = max((h for h in hosts if check in h.standalone_ms), key=lambda h: h.standalone_ms[check])
+        finding = next((f for f in host.findings if f.check == check), finding) if host is not primary else finding
     own = finding.estimated_savings_ms_per_step
     lost = host.standalone_ms[check] - merged.saving_ms(check)
     saving = max(0.0, own - lost)
     summary = finding.summary
-    if abs(lost) >= SAID_LOSS_MS and max(own, saving) > 0:
+    said = abs(lost) >= SAID_LOSS_MS
+    if (said or host is not primary) and max(own, saving) > 0:
         # The text measured host HOST alone; the saving shown beside it is what every host allows.
-        why = ("the least any host gains" if lost > 0 else
+        why = ("the least any host gains" if lost >= SAID_LOSS_MS else
                "the other hosts stop waiting at their collectives for the hosts it speeds up")
         summary += (f" These numbers are {host.host}'s; the saving shown, {saving:.2f} ms per step, is what "
-                    f"the fix replayed on every host allows ({why}), not {own:.2f} ms as on {host.host} alone.")
+                    f"the fix replayed on every host allows ({why})"
+                    + (f", not {own:.2f} ms as on {host.host} alone." if said else "."))
     severity = scale.gated(finding.severity, saving)
     if saving > own and severity in (Severity.WARNING, Severity.CRITICAL):
         severity = max(severity, scale.gated(Severity.CRITICAL, saving), key=lambda s: s.weight)
-    return replace(finding, estimated_savings_ms_per_step=saving, summary=summary, severity=severity)
+    return replace(finding, estimated_savings_ms_per_step=saving, summary=summary, severity=severity), host
 
 
 def _shift_evidence(finding: Finding, delta_ms: float) -> Finding:
@@ -364,10 +390,11 @@ def merge(ref: SessionRef, summaries: list[HostSummary]) -> dict:
     own_ms = (float(primary.durations.mean()) / PS_PER_MS if primary.durations is not None and primary.durations.size
               else mean_ms)
     scale = MergedAnalysis(merged, own_ms, round(durations.size * per_marker))
-    delta_ms = (primary.origin_ns - alignment.origin_ns) / 1e6
     failed = [e for s in summaries if not s.analysed for e in s.errors]
     findings = [_per_host(f.check, primary, good, failed) or f for f in primary.findings]
-    findings = [_shift_evidence(_rescaled(f, primary, merged, scale), delta_ms) for f in findings]
+    # Evidence times from the clock of the host whose numbers the finding tells onto the session's.
+    findings = [_shift_evidence(found, (host.origin_ns - alignment.origin_ns) / 1e6)
+                for found, host in (_rescaled(f, primary, good, merged, scale) for f in findings)]
     joined = _cross_host(alignment, primary, scale, out["framework"]) if len(alignment.hosts) > 1 else {}
     if len(alignment.hosts) > 1:
         _waiting_in_breakdown(out, alignment, primary)
