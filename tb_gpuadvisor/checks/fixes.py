@@ -11,7 +11,8 @@ says something true in both frameworks.
 The report then fits them to the run (:func:`for_run`, from the capture's :class:`RunFacts`): a run
 without a GPU gets each fix's CPU form or none (no copy engine, pinned memory or CUDA decode), a
 fix the run has already applied (DataLoader workers, a jitted JAX step) is never shown first, and a
-fix that undoes a setting the capture shows (Keras' run_eagerly=True) comes before any tuning.
+fix that undoes a setting the capture shows (Keras' run_eagerly=True) comes before any tuning, and a
+count of DataLoader workers leaves the cores the capture saw the training process keep busy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from tb_gpuadvisor.checks.finding import Fix
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.model import intervals as iv
+from tb_gpuadvisor.model.threads import busy_threads
 from tb_gpuadvisor.vocab import jax, pytorch
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ class RunFacts:
     op_by_op_step: bool = False     # JAX: each step dispatches dozens of jitted primitives from Python
     multi_rank: bool = False        # PyTorch: one of several ranks (its DataLoader keeps a DistributedSampler)
     cheap_batches: bool = False     # PyTorch: a batch costs less to make than a worker's hand-off
+    busy_threads: int = 0           # the most threads of a host's process at work at once in the steps (0: none seen)
 
 
 # A JAX step is compiled already when the trusted steps hold at most this many jitted calls each
@@ -111,15 +114,19 @@ def run_facts(analysis: "Analysis") -> RunFacts:
                 calls += int(np.count_nonzero(np.isin(act.name, names) & (act.step >= 0))) if names else 0
         jitted = bool(steps) and 0 < calls <= JITTED_CALLS_PER_STEP * steps
         op_by_op = bool(steps) and calls > JITTED_CALLS_PER_STEP * steps
+    windows = iv.union(model.steps.start_ps, model.steps.end_ps) if len(model.steps) else iv.EMPTY
+    busy = max((busy_threads(host.activity, windows) for host in model.hosts), default=0)
     return RunFacts(cpu_only=analysis.trust.placement.where == "cpu_only", loader_workers=workers,
-                    jitted_step=jitted, op_by_op_step=op_by_op, multi_rank=multi_rank, cheap_batches=cheap)
+                    jitted_step=jitted, op_by_op_step=op_by_op, multi_rank=multi_rank, cheap_batches=cheap,
+                    busy_threads=busy)
 
 
 def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
     """FIXES in FRAMEWORK's words (:func:`for_framework`), fitted to the run FACTS describe: on a
     run without a GPU each fix in its CPU form, or dropped when it only works on a GPU; a fix the run
     has already applied replaced by what is left to do (or dropped) and moved after the others; a
-    fix that undoes a setting the capture shows moved first."""
+    fix that undoes a setting the capture shows moved first; a multi-rank run's loaders keep their
+    DistributedSampler, and a count of workers leaves the threads the capture saw busy their cores."""
     leading: list[Fix] = []
     rest: list[Fix] = []
     after: list[Fix] = []
@@ -138,7 +145,19 @@ def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
         first = any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
         (leading if first else rest).append(fix)
     ordered = leading + rest + [fix for fix in after if fix not in leading + rest]
-    return [_with_sampler(fix) for fix in ordered] if facts.multi_rank else ordered
+    if facts.multi_rank:
+        ordered = [_with_sampler(fix) for fix in ordered]
+    return [_sized(fix, facts.busy_threads) for fix in ordered]
+
+
+def _sized(fix: Fix, busy: int) -> Fix:
+    """FIX with its count of DataLoader workers leaving BUSY cores (the training process's threads the
+    capture saw at work at once) instead of one, still at least one worker on any machine."""
+    if busy <= 1 or SPARE_CORES not in fix.code:
+        return fix
+    return replace(fix, code=fix.code.replace(SPARE_CORES, spare_cores(busy)),
+                   text=f"{fix.text} The worker count leaves {busy} cores to the training process: the "
+                        f"capture saw {busy} of its threads at work at once.")
 
 
 # A DataLoader the fix builds with shuffle=True (DataLoader(<dataset>, ... shuffle=True), and a
@@ -332,7 +351,16 @@ TORCH_CHANNELS_LAST_DOC = "https://pytorch.org/tutorials/intermediate/memory_for
 # Every code fix runs as pasted on any machine: a worker or thread count is an expression of the
 # machine's own cores, at least 1 (os.cpu_count() may be None; 2 cores minus 4 is not a count).
 _IMPORT_OS = "import os\n"
-SPARE_CORES = "max(1, min(8, (os.cpu_count() or 2) - 1))"
+
+
+def spare_cores(busy: int = 1) -> str:
+    """The DataLoader workers a machine can spare, as pasted code: its cores less the BUSY ones the
+    training process keeps at work, at most 8, at least 1."""
+    return f"max(1, min(8, (os.cpu_count() or 2) - {busy}))"
+
+
+# The fixes' own count leaves one core to the training process; ``for_run`` leaves what the capture saw.
+SPARE_CORES = spare_cores()
 
 TORCH_WORKERS = Fix(
     text="Load batches in DataLoader worker processes that stay alive between epochs and keep "
