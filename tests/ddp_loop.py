@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-SLOW_S = 0.005
+SLOW_S = 0.02
 WAIT, WARMUP, ACTIVE = 1, 1, 4
 RANKS, ATTEMPTS = 2, 3
 

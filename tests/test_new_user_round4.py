@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import socket
@@ -197,56 +198,8 @@ def test_analyze_and_compare_help_name_pytorch_traces(capsys):
         assert ".pt.trace.json" in capsys.readouterr().out
 
 
-@pytest.fixture(scope="module")
-def ddp_logdir(tmp_path_factory) -> Path:
-    """tests/ddp_loop.py: 2 CPU ranks (gloo), rank 0 sleeping 5 ms a step before its forward pass."""
-    pytest.importorskip("torch")
-    logdir = tmp_path_factory.mktemp("ddp")
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "ddp_loop.py"), str(logdir / "ddp")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return logdir
-
-
-def _views(logdir: Path) -> dict[str, dict]:
-    """The session as the tab shows it: all hosts, and each rank alone."""
-    (ref,) = find_sessions(str(logdir))
-    views = {"all": analyze_session(ref)}
-    views.update({host: analyze_session(dataclasses.replace(ref, hosts=(host,))) for host in ref.hosts})
-    return views
-
-
-def test_ddp_rank_views_and_the_all_hosts_header_agree(ddp_logdir):
-    """Rank 1 reaches each gradient all-reduce about 5 ms before rank 0 (rank 0's sleep) and waits in
-    gloo:all_reduce (hand check on the raw trace: its 4 gloo:all_reduce annotations last 5-10 ms
-    each while rank 0's last well under 1 ms). That wait is the rank's collective time, not host
-    overhead: in its median step host overhead is under half the sleep there, and no finding names
-    gloo. Rank 0's sleep is its host overhead. The median step, since on a loaded machine one step
-    of a rank can hold a long stall of its own (16 ms once). The all-hosts view's header step and the
-    text under it give the same mean."""
-    views = _views(ddp_logdir)
-    rank1 = views["rank1"]
-    part = rank1["breakdown"]["per_device"][0]
-    assert part["collective_transfer_ms"] + part["collective_wait_ms"] > 2.5
-    median_overhead = lambda view: statistics.median(s["other_host_ms"] for s in view["breakdown"]["steps"])  # noqa: E731
-    assert median_overhead(rank1) < 2.5
-    assert not any("gloo" in e["name"] for f in rank1["findings"] for e in f["evidence"])
-    assert median_overhead(views["rank0"]) > 4.0
-    every = views["all"]
-    mean = every["steps"]["mean_ms"]
-    overhead = next(f for f in every["findings"] if f["check"] == "host_overhead")
-    said = re.search(r"of a ([\d.]+) ms step", overhead["summary"])
-    other = re.search(r"These numbers are (\w+)'s", overhead["summary"])
-    if other is None or other.group(1) == every["hosts"][0]:     # the primary's numbers, not another rank's
-        assert said and abs(float(said.group(1)) - mean) <= 0.006      # the header's mean, as the text rounds it
-    first, what_if = every["first_fix"], every.get("what_if")
-    if first is not None and "largest estimated saving" in first["why"]:     # the machine's load decides
-        saving = next(f for f in every["findings"] if f["check"] == first["check"])["estimated_savings_ms_per_step"]
-        told = re.search(r"([\d.]+) ms per step \((\d+)% of the mean step\)", first["why"])
-        assert told and abs(float(told.group(1)) - saving) <= 0.006    # the finding's saving, as the text rounds it
-        assert abs(int(told.group(2)) - 100 * saving / mean) <= 0.51
-    if what_if is not None:
-        assert what_if["step_ms"] == pytest.approx(mean, abs=0.002)
+# Runs of tests/ddp_loop.py made before the tests give up on a machine too loaded to show what it plants.
+DDP_RUNS = 4
 
 
 def _per_step_ms(trace: Path) -> tuple[list[float], list[float]]:
@@ -264,6 +217,74 @@ def _per_step_ms(trace: Path) -> tuple[list[float], list[float]]:
     return arrivals, gaps
 
 
+def _rank_gaps(logdir: Path) -> tuple[list[float], list[float]]:
+    """Per step of a ddp_loop run: how long after rank 1 rank 0 reached the all-reduce, and rank 0's
+    sleep (ms, from the raw trace JSON)."""
+    (one, _), (zero, sleeps) = (_per_step_ms(next((logdir / "ddp").glob(f"rank{r}.*.json"))) for r in (1, 0))
+    return [late - early for late, early in zip(zero, one)], sleeps
+
+
+@pytest.fixture(scope="module")
+def ddp_logdir(tmp_path_factory) -> Path:
+    """tests/ddp_loop.py: 2 CPU ranks (gloo), rank 0 sleeping 20 ms a step before its forward pass. A
+    run in which rank 0 did not reach some step's all-reduce at least half its sleep after rank 1
+    (other work on a shared 2-core machine stalled rank 1 for as long: it happened in about one run
+    in six while others' tests loaded the machine) does not hold what the tests judge, and is made
+    again, at most DDP_RUNS times."""
+    pytest.importorskip("torch")
+    logdir = tmp_path_factory.mktemp("ddp")
+    for _ in range(DDP_RUNS):
+        shutil.rmtree(logdir / "ddp", ignore_errors=True)
+        done = subprocess.run([sys.executable, str(REPO / "tests" / "ddp_loop.py"), str(logdir / "ddp")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        gaps, sleeps = _rank_gaps(logdir)
+        if all(gap >= sleep / 2 for gap, sleep in zip(gaps, sleeps)):
+            return logdir
+    pytest.skip(f"in {DDP_RUNS} runs other work on this machine stalled rank 1 as long as rank 0's sleep")
+
+
+def _views(logdir: Path) -> dict[str, dict]:
+    """The session as the tab shows it: all hosts, and each rank alone."""
+    (ref,) = find_sessions(str(logdir))
+    views = {"all": analyze_session(ref)}
+    views.update({host: analyze_session(dataclasses.replace(ref, hosts=(host,))) for host in ref.hosts})
+    return views
+
+
+def test_ddp_rank_views_and_the_all_hosts_header_agree(ddp_logdir):
+    """Rank 1 reaches each gradient all-reduce about 20 ms before rank 0 (rank 0's sleep) and waits in
+    gloo:all_reduce (hand check on the raw trace of one run: its 4 gloo:all_reduce annotations lie
+    24.4, 20.6, 22.5 and 21.9 ms inside its steps, rank 0's 1.9 to 5.1 ms). That wait is the rank's
+    collective time, not host overhead: in its median step host overhead is a fraction of a
+    millisecond (0.53 to 0.60 ms in that run), and no finding names gloo. Rank 0's sleep is its host
+    overhead (20.7 ms a step). The median step, since on a loaded machine one step of a rank can hold
+    a long stall of its own. The all-hosts view's header step and the text under it give the same mean."""
+    views = _views(ddp_logdir)
+    rank1 = views["rank1"]
+    part = rank1["breakdown"]["per_device"][0]
+    assert part["collective_transfer_ms"] + part["collective_wait_ms"] > 2.5
+    median_overhead = lambda view: statistics.median(s["other_host_ms"] for s in view["breakdown"]["steps"])  # noqa: E731
+    assert median_overhead(rank1) < 2.5
+    assert not any("gloo" in e["name"] for f in rank1["findings"] for e in f["evidence"])
+    assert median_overhead(views["rank0"]) > 10.0
+    every = views["all"]
+    mean = every["steps"]["mean_ms"]
+    overhead = next(f for f in every["findings"] if f["check"] == "host_overhead")
+    said = re.search(r"of a ([\d.]+) ms step", overhead["summary"])
+    other = re.search(r"These numbers are (\w+)'s", overhead["summary"])
+    if other is None or other.group(1) == every["hosts"][0]:     # the primary's numbers, not another rank's
+        assert said and abs(float(said.group(1)) - mean) <= 0.006      # the header's mean, as the text rounds it
+    first, what_if = every["first_fix"], every.get("what_if")
+    if first is not None and "largest estimated saving" in first["why"]:     # the machine's load decides
+        saving = next(f for f in every["findings"] if f["check"] == first["check"])["estimated_savings_ms_per_step"]
+        told = re.search(r"([\d.]+) ms per step \((\d+)% of the mean step\)", first["why"])
+        assert told and abs(float(told.group(1)) - saving) <= 0.006    # the finding's saving, as the text rounds it
+        assert abs(int(told.group(2)) - 100 * saving / mean) <= 0.51
+    if what_if is not None:
+        assert what_if["step_ms"] == pytest.approx(mean, abs=0.002)
+
+
 def test_ddp_all_hosts_saving_is_the_waiting_the_straggler_fix_gives_back(ddp_logdir):
     """Hand check from the raw trace JSON (both ranks ran on one machine, one clock), per
     ProfilerStep#N window: when each rank's first gloo:all_reduce starts (it arrives), and on rank 0
@@ -271,16 +292,16 @@ def test_ddp_all_hosts_saving_is_the_waiting_the_straggler_fix_gives_back(ddp_lo
     sleep; about 0.03 ms on rank 1). Rank 1 arrives first and waits in the all-reduce until rank 0
     arrives. Rank 0's host overhead fixed lets it arrive earlier by at least its sleep, and gives rank 1
     back its wait up to that: per step at least min(arrival gap, sleep), at most the arrival gap.
-    In one quiet run the gaps were 3.38, 4.98, 5.22 and 5.48 ms with sleeps of 5.13 to 5.26 ms: 4.66 to
-    4.77 ms per step; the all-hosts view said 4.91 (it measures the waiting as rank 1's all-reduce time
-    with no op alongside beyond rank 0's; rank 0's fix is 6.02 ms, its sleep and smaller gaps). The
-    rule before, the least any host gains alone, said rank 1's own 0.84. On a loaded machine (others'
-    tests on the 2 cores) gloo's threads stall too: gaps of 7.5, 4.7, 10.6 and 12.4 ms, bounds 5.03 to
-    8.82 ms, and the view said 5.79; the bounds have 20% and 15% of slack for that. Whichever rank is
-    the primary, the saving is the same and, about half the step, critical."""
-    (one, _), (zero, sleeps) = (_per_step_ms(next((ddp_logdir / "ddp").glob(f"rank{r}.*.json"))) for r in (1, 0))
-    gaps = [late - early for late, early in zip(zero, one)]
-    assert len(gaps) == 4 and min(sleeps) > 4.5
+    In one run (others' tests loading the 2 cores) the gaps were 21.86, 19.53, 21.85 and 21.20 ms with
+    sleeps of 20.13 to 20.14 ms: 19.98 to 21.11 ms per step; the all-hosts view said 19.94 (it measures
+    the waiting as rank 1's all-reduce time with no op alongside beyond rank 0's; rank 0's own fix is
+    20.7 ms, its sleep and smaller gaps). The rule before, the least any host gains alone, said rank 1's
+    own 0.57. With the 5 ms sleep the run had before, quiet: gaps 3.38 to 5.48 ms, sleeps 5.13 to
+    5.26, bounds 4.66 to 4.77, the view 4.91, the rule before 0.84. gloo's threads stall under load
+    (a gap once 7.5 ms against the 5 ms sleep): the bounds have 20% and 15% of slack for that.
+    Whichever rank is the primary, the saving is the same and, most of the step, critical."""
+    gaps, sleeps = _rank_gaps(ddp_logdir)
+    assert len(gaps) == 4 and min(sleeps) > 19
     least, most = sum(map(min, gaps, sleeps)) / 4, sum(gaps) / 4
     (ref,) = find_sessions(str(ddp_logdir))
     for hosts in (ref.hosts, ref.hosts[::-1]):

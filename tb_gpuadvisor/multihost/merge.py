@@ -115,19 +115,15 @@ class MergedWhatIf(Savings):
     @functools.cached_property
     def _waits(self) -> tuple[list[str], np.ndarray] | None:
         """Each replica's host and its waiting at the collectives per session step (ps): its exposed
-        collective time beyond the least of the replicas that run collectives. One that ran them in
-        some step and shows none in another hid that step's behind its own work (DDP's all-reduce
-        beside the backward pass of the rank that came last): it waited nothing there, so it sets
-        the floor. None where a host did not measure its collectives."""
+        collective time beyond the least of any replica's. The hosts are ranks of one synchronous job,
+        so every replica takes part in the step's collectives; one that shows none exposed hid them
+        behind its own work (DDP's all-reduce beside the backward pass of the rank that came last)
+        and waited nothing. None where a host did not measure its collectives."""
         coll = self.alignment.collective_times()
         if coll is None:
             return None
         owners = [h.host for h in self.alignment.hosts for _ in range(h.balance[1].shape[0])]  # type: ignore[index]
-        runs = (coll > 0).any(axis=1)
-        wait = np.zeros(coll.shape)
-        if runs.any():
-            wait[runs] = coll[runs] - coll[runs].min(axis=0)
-        return owners, wait
+        return owners, (coll - coll.min(axis=0)).astype(np.float64)
 
     def _waiting_removed(self, per_host: dict[str, np.ndarray]) -> np.ndarray:
         """Per step, what every host gains when the fix (PER_HOST: each host's own gain per step) lets
