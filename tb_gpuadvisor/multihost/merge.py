@@ -293,7 +293,8 @@ def _rescaled(finding: Finding, primary: HostSummary, hosts: list[HostSummary], 
     host = primary
     if merged.saving_ms(check) - primary.standalone_ms[check] >= SAID_LOSS_MS:
         host = max((h for h in hosts if check in h.standalone_ms), key=lambda h: h.standalone_ms[check])
-        finding = next((f for f in host.findings if f.check == check), finding) if host is not primary else finding
+        if host is not primary:
+            finding = next((f for f in host.findings if f.check == check), finding)
     own = finding.estimated_savings_ms_per_step
     lost = host.standalone_ms[check] - merged.saving_ms(check)
     saving = max(0.0, own - lost)
