@@ -39,6 +39,14 @@ class HostEventKind(enum.IntEnum):
     FUNCTION = 6       # tf.function / XLA executable runs (used for step inference)
     MEMORY = 7         # MemoryAllocation / MemoryDeallocation records
     EXECUTOR = 8       # executor scheduling (ExecutorState::Process, PjRt execute helpers)
-    FIRST_USE = 9      # one-time set-up a warmed-up step does not pay (lazy kernel loading, queries)
+    FIRST_USE = 9      # one-time set-up a warmed-up step does not pay (context creation, library queries, a
+                       # launch that loaded its kernel first: that one carries its correlation id)
     ALLOCATOR = 10     # device memory allocated/freed through the driver (cudaFree, hipMalloc): may block the host
     SCOPE = 11         # an annotation wrapping other events of its thread ("## backward ##"): a phase, not work
+    SLOW_LAUNCH = 12   # a launch call of a millisecond or more that is not set-up (a blocking copy waiting for
+                       # the device, a CUDA graph's launch, a launch waiting for a full queue): it released device
+                       # work, but its time is not the cost of launching
+    SYNC = 13          # a call that holds the host until the device reaches it (cudaStreamSynchronize)
+    STREAM_WAIT = 14   # a stream told to wait for an event (cudaStreamWaitEvent): the host returns at once
+    COMPILE = 15       # a compiler's tracing, compiling or autotuning on the host (torch.compile): one-time set-up
+    AUTOTUNE = 16      # a convolution call that timed every algorithm (cuDNN benchmark mode): one-time set-up

@@ -244,7 +244,9 @@ def test_vocabulary_classifies_collectives_copies_and_syncs():
     for launch in ("cudaLaunchKernel", "cudaGraphLaunch", "hipModuleLaunchKernel", "cuLaunchKernelEx",
                    "hipExtModuleLaunchKernel", "cudaMemcpyAsync"):
         assert pytorch.host_event_kind(launch, "cuda_runtime") is HostEventKind.LAUNCH
-    assert pytorch.host_event_kind("cudaStreamSynchronize", "Runtime") is HostEventKind.OTHER
+    assert pytorch.host_event_kind("cudaStreamSynchronize", "Runtime") is HostEventKind.SYNC
+    assert pytorch.host_event_kind("cudaStreamWaitEvent", "cuda_runtime") is HostEventKind.STREAM_WAIT
+    assert pytorch.host_event_kind("compile_fx_inner (dynamo_timed)", "user_annotation") is HostEventKind.COMPILE
     assert pytorch.host_event_kind("cudaFuncGetAttributes", "cuda_runtime") is HostEventKind.FIRST_USE
     assert pytorch.host_event_kind("aten::conv2d", "cpu_op") is HostEventKind.FRAMEWORK_OP
     assert pytorch.host_event_kind("ProfilerStep#12", "user_annotation") is HostEventKind.STEP_MARKER

@@ -114,15 +114,29 @@ def gpu_allocator_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# A context-creating call this long made the context (a cudaFree of memory takes microseconds).
+CONTEXT_CREATION_PS = 1_000_000_000         # 1 ms
+
+
 def may_create_context(name: str) -> bool:
     """Whether a runtime call named NAME creates the device's context when it is the first one
     (then it is long, and no device work came before it)."""
     return bool(_CONTEXT_CREATION.match(name))
 
 
-# A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
-# warmed-up launch takes microseconds.
+# A launch call this long that launched its kernel's first run on its GPU loaded the kernel first
+# (CUDA lazy module loading; before the GPU's first work, the context and libraries too): a warmed-up
+# launch takes microseconds.  A copy call this long waited for the device (a blocking copy), and a
+# graph launch this long launched many kernels at once: their length is no set-up.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
+# The calls that launch one kernel, whose first launch of a kernel loads its module.
+_KERNEL_LOADING_LAUNCH = re.compile(r"^(cu|cuda|hip)(Ext)?(Module)?Launch\w*Kernel\w*$")
+
+
+def may_load_kernel(name: str) -> bool:
+    """Whether a runtime call launches one kernel, so that its first launch may load the kernel
+    (not a copy, a memset or a CUDA graph's launch)."""
+    return bool(_KERNEL_LOADING_LAUNCH.match(name))
 
 # Kineto numbers every runtime API call from one counter, whether it records the call or not.
 # In a whole trace the recorded runtime calls hold 6-43% of the ids between their lowest and
@@ -197,15 +211,17 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
         return HostEventKind.INPUT_WAIT
     if _INPUT_STAGE.search(name):
         return HostEventKind.INPUT_STAGE
+    if is_compile(name):
+        return HostEventKind.COMPILE
     if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
         return HostEventKind.FIRST_USE
     if category in RUNTIME_CATEGORIES and _ALLOCATOR.match(name):
         return HostEventKind.ALLOCATOR
-    if category in RUNTIME_CATEGORIES:
-        return HostEventKind.LAUNCH if gpu.LAUNCH_CALL.search(name) else HostEventKind.OTHER
+    if category in RUNTIME_CATEGORIES and gpu.LAUNCH_CALL.search(name):
+        return HostEventKind.LAUNCH
     if category in ("cpu_op", "operator"):
         return HostEventKind.FRAMEWORK_OP
-    return HostEventKind.OTHER
+    return gpu.wait_kind(name) or HostEventKind.OTHER
 
 
 # A batch handed over from a DataLoader worker process crosses a queue (pickled, through shared

@@ -249,9 +249,9 @@ def build(cols: Columns, host: str) -> HostCapture:
     runtime = _category_mask(cat_names, pytorch.RUNTIME_CATEGORIES)[cat[host_rows]]
     kind = np.where(launched & runtime, np.int8(HostEventKind.LAUNCH), kind)
     launch_corr = np.where(kind == HostEventKind.LAUNCH, correlation[host_rows], -1)
-    # A launch of many ms loaded its kernel first: set-up, not the cost of launching.
-    first_use = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
-    kind = np.where(first_use, np.int8(HostEventKind.FIRST_USE), kind)
+    dev_kind = _kinds(key[dev_rows], cat_names, name_list, pytorch.device_event_kind)
+    kind = _set_up(kind, host_rows, dev_rows[dev_kind == DeviceEventKind.KERNEL], start, dur, cols.device,
+                   correlation, name, name_list, dev_rows)
     all_tids = _Interner()
     host_tid = all_tids.indices(cols.tid)[host_rows]
     annotation = _category_mask(cat_names, pytorch.ANNOTATION_CATEGORIES)[cat[host_rows]]
@@ -261,6 +261,8 @@ def build(cols: Columns, host: str) -> HostCapture:
     marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
 
+    # cuDNN's algorithm search is set-up; the launches inside it still name their op (below).
+    tuning = _autotuning(kind, host_tid, start[host_rows], dur[host_rows], name[host_rows], name_list)
     # A thread is its tid (older traces write it as a string in events, a number in metadata).
     tid_names, tid = _subset(host_tid, [str(t) for t in all_tids.strings])
     labels = {str(t): label for (_, t), label in cols.threads.items()}
@@ -269,7 +271,7 @@ def build(cols: Columns, host: str) -> HostCapture:
     host_names, host_name = _subset(name[host_rows], name_list)
     activity = HostActivity(
         host=host, start_ps=start[host_rows], dur_ps=dur[host_rows], thread=tid,
-        name=host_name, kind=kind,
+        name=host_name, kind=np.where(tuning, np.int8(HostEventKind.AUTOTUNE), kind),
         step_num=step_num, is_root=kind == HostEventKind.STEP_MARKER,
         group_id=np.full(host_rows.size, -1, np.int64), correlation_id=launch_corr,
         names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32))
@@ -289,6 +291,66 @@ def build(cols: Columns, host: str) -> HostCapture:
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
                        _sampled(correlation[host_rows[runtime]]), framework=pytorch.FRAMEWORK,
                        device_steps=_device_steps(cat, name, cat_names, name_list, start, dur))
+
+
+def _set_up(kind: np.ndarray, host_rows: np.ndarray, kernel_rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
+            device: np.ndarray, correlation: np.ndarray, name: np.ndarray, name_list: list[str],
+            dev_rows: np.ndarray) -> np.ndarray:
+    """KIND (of the host events HOST_ROWS) with first-use set-up told apart from slow launches.  A
+    launch call of ``FIRST_USE_LAUNCH_PS`` or more is set-up when it launched one kernel whose first
+    run on its GPU it was (of KERNEL_ROWS, the device's kernels): it loaded that kernel (lazy module
+    loading) and, before the GPU's first work, the context and libraries.  Any other long launch is a
+    slow launch: a blocking copy waits for the device, a graph launch puts many kernels on it, and a
+    launch of a kernel run before waited for a full queue.  The host's first context-creating call
+    (``cudaFree``) of a millisecond or more that ends before any device work (DEV_ROWS) created the
+    device's context: set-up too; a later or shorter one freed memory."""
+    long = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
+    kind = np.where(long, np.int8(HostEventKind.SLOW_LAUNCH), kind)
+    # The first run of each kernel name on each GPU (by start; the earlier in the file on ties).
+    order = kernel_rows[np.lexsort((start[kernel_rows], name[kernel_rows], device[kernel_rows]))]
+    first = np.ones(order.size, bool)
+    first[1:] = (device[order[1:]] != device[order[:-1]]) | (name[order[1:]] != name[order[:-1]])
+    loads = np.zeros(len(name_list), bool)
+    used = np.unique(name[host_rows[long]])
+    loads[used] = [pytorch.may_load_kernel(name_list[i]) for i in used.tolist()]
+    loaded = long & loads[name[host_rows]] & np.isin(correlation[host_rows], correlation[order[first]])
+    kind = np.where(loaded, np.int8(HostEventKind.FIRST_USE), kind)
+    creates = np.zeros(len(name_list), bool)
+    named = np.unique(name[host_rows])
+    creates[named] = [pytorch.may_create_context(name_list[i]) for i in named.tolist()]
+    calls = np.flatnonzero(creates[name[host_rows]])
+    if calls.size:
+        call = host_rows[calls[0]]      # host rows are in start order
+        before = not dev_rows.size or start[call] + dur[call] <= start[dev_rows].min()
+        if dur[call] >= pytorch.CONTEXT_CREATION_PS and before:
+            kind[calls[0]] = HostEventKind.FIRST_USE
+    return kind
+
+
+def _autotuning(kind: np.ndarray, thread: np.ndarray, start: np.ndarray, dur: np.ndarray, name: np.ndarray,
+                name_list: list[str]) -> np.ndarray:
+    """Per host event: is it a convolution op call that launched ``AUTOTUNE_KERNELS_PER_CALL``
+    kernels or more on its thread (cuDNN benchmark mode timing every algorithm on a shape's first
+    call)."""
+    out = np.zeros(kind.size, bool)
+    convolution = np.zeros(len(name_list), bool)
+    used = np.unique(name[kind == HostEventKind.FRAMEWORK_OP])
+    convolution[used] = [pytorch.is_convolution_op(name_list[i]) for i in used.tolist()]
+    ops = np.flatnonzero((kind == HostEventKind.FRAMEWORK_OP) & convolution[name])
+    launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
+    if not ops.size or not launches.size:
+        return out
+    # Launches ordered by (thread, start): the ones inside an op are one run of that order.
+    end = start + dur
+    threads = np.unique(thread[ops])
+    rank = np.searchsorted(threads, thread[launches])
+    launches = launches[(rank < threads.size) & (threads[np.clip(rank, 0, threads.size - 1)] == thread[launches])]
+    span = int(end.max()) + 1
+    keys = np.sort(np.searchsorted(threads, thread[launches]).astype(np.int64) * span + start[launches])
+    base = np.searchsorted(threads, thread[ops]).astype(np.int64) * span
+    count = np.searchsorted(keys, base + end[ops]) - np.searchsorted(keys, base + start[ops])
+    out[ops[count >= pytorch.AUTOTUNE_KERNELS_PER_CALL]] = True
+    return out
 
 
 def _device_steps(cat: np.ndarray, name: np.ndarray, cat_names: list[str], name_list: list[str],
