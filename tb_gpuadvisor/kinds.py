@@ -1,5 +1,6 @@
 """What an event is: the kinds the input adapters give every device and host event (from the
-vocabularies' name rules, once per distinct name) and every later stage reads.
+vocabularies' name rules, once per distinct name) and every later stage reads, and what an
+input pipeline's stage names say (``InputStage``).
 
 The ground floor: imports nothing of the product, so the vocabularies, the adapters and the
 model can all name a kind.
@@ -8,6 +9,7 @@ model can all name a kind.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class DeviceEventKind(enum.IntEnum):
@@ -50,3 +52,32 @@ class HostEventKind(enum.IntEnum):
     STREAM_WAIT = 14   # a stream told to wait for an event (cudaStreamWaitEvent): the host returns at once
     COMPILE = 15       # a compiler's tracing, compiling or autotuning on the host (torch.compile): one-time set-up
     AUTOTUNE = 16      # a convolution call that timed every algorithm (cuDNN benchmark mode): one-time set-up
+
+
+@dataclass(frozen=True)
+class StageOrigin:
+    """What a tf.data stage's dataset name (the ``name`` stat recent TensorFlow records) says the
+    user's code wrote there, as against what tf.data inserted or rewrote."""
+
+    prefetch: bool                  # a prefetch the user wrote
+    parallel: bool                  # a dataset op the user gave parallelism
+    sequential_map: bool            # a plain, sequential ``map``
+    inserted: str | None = None     # what tf.data inserted or rewrote here, in the user's words
+
+
+@dataclass(frozen=True)
+class InputStage:
+    """An input-pipeline stage or wait as its adapter read its name (tf.data's
+    ``Iterator::Root::Prefetch::MapAndBatch``, PyTorch's DataLoader ``__next__``): later stages read
+    these facts, never the names."""
+
+    kind: str = ""                  # tf.data: the stage's own kind ("MapAndBatch", "Prefetch")
+    ancestors: frozenset[str] = frozenset()   # the stages it is nested in (their names)
+    prefetch: bool = False          # a prefetch buffer
+    parallel: bool = False          # runs its function on several elements at once
+    sequential_map: bool = False    # a plain map
+    buffer: bool = False            # only hands over what another thread made: its self time is waiting
+    in_memory_source: bool = False  # the pipeline's source is held in memory (from_tensor_slices, range)
+    reads_files: bool = False       # reads files (TFRecord, interleave, ...)
+    origin: StageOrigin | None = None   # None: the capture does not record the stage's dataset
+    in_process: bool = False        # a DataLoader loading in the training process (num_workers=0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind, InputStage
 from tb_gpuadvisor.vocab import gpu
 
 FRAMEWORK = "pytorch"
@@ -236,6 +236,11 @@ def loads_in_process(input_wait: str) -> bool:
     """Whether a DataLoader wait names the single-process iterator: ``num_workers=0``, batches
     are loaded by the training loop itself."""
     return "_SingleProcessDataLoaderIter" in input_wait
+
+
+def input_stage(name: str) -> InputStage:
+    """A DataLoader wait's or pinning's facts: whether its batches are loaded in the training process."""
+    return InputStage(in_process=loads_in_process(name))
 
 
 def loads_in_workers(input_wait: str) -> bool:

@@ -25,7 +25,7 @@ from tb_gpuadvisor.input.kineto.sniff import WRITING_S
 from tb_gpuadvisor.input.kineto.decode import (
     Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
 )
-from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind, InputStage
 from tb_gpuadvisor.timeline import CollectiveCall, Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import gpu, pytorch
 
@@ -274,7 +274,8 @@ def build(cols: Columns, host: str) -> HostCapture:
         name=host_name, kind=np.where(tuning, np.int8(HostEventKind.AUTOTUNE), kind),
         step_num=step_num, is_root=kind == HostEventKind.STEP_MARKER,
         group_id=np.full(host_rows.size, -1, np.int64), correlation_id=launch_corr,
-        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32))
+        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32),
+        stages=_input_stages(host_names, host_name, kind))
 
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
@@ -325,6 +326,12 @@ def _set_up(kind: np.ndarray, host_rows: np.ndarray, kernel_rows: np.ndarray, st
         if dur[call] >= pytorch.CONTEXT_CREATION_PS and before:
             kind[calls[0]] = HostEventKind.FIRST_USE
     return kind
+
+
+def _input_stages(names: list[str], name: np.ndarray, kind: np.ndarray) -> dict[str, InputStage]:
+    """The facts of each DataLoader wait and pinning among the host events (NAME, KIND)."""
+    wanted = np.unique(name[(kind == HostEventKind.INPUT_WAIT) | (kind == HostEventKind.INPUT_STAGE)])
+    return {names[i]: pytorch.input_stage(names[i]) for i in wanted.tolist()}
 
 
 def _autotuning(kind: np.ndarray, thread: np.ndarray, start: np.ndarray, dur: np.ndarray, name: np.ndarray,
