@@ -42,15 +42,19 @@ _INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data
 # Work of the DataLoader's own pin-memory thread and of its pinning.
 _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
 
-# Costs of first use: lazy kernel loading, the attribute, symbol and occupancy queries cuBLAS,
-# cuDNN and PyTorch's own kernels make on their first call, and the stream pool PyTorch creates
-# on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).
-_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
-                      r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
+# Costs of first use: lazy kernel loading (the driver's module, library and function look-ups, in
+# CUDA and HIP spellings), the attribute, symbol, occupancy and driver entry-point queries cuBLAS,
+# cuDNN, Triton and PyTorch's own kernels make on their first call, and the stream pool PyTorch
+# creates on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).  Calls
+# libraries make again on every call (``cudaFuncSetAttribute``, ``cudaDeviceGetAttribute``: thousands
+# per trace in the corpus) are not among them; pinned memory (``cudaHostAlloc``) is an allocator
+# call, inside a library's first call counted by its set-up window (trust/warmup.py).
+_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|(cu|hip)Module(Load\w*|GetFunction|GetGlobal\w*)|cuLibraryLoad\w*|"
+                      r"cuKernelGetFunction|cuLibraryGetKernel|(cuda|hip)GetFuncBySymbol|(cu|hip)FuncGetAttribute|"
                       r"hipFuncGetAttributes|cudaGetDeviceProperties\w*|hipGetDeviceProperties\w*|"
                       r"(cuda|hip)GetSymbolAddress|(cuda|hip)StreamCreate(WithFlags|WithPriority)?|"
-                      r"(cuda|hip)OccupancyMaxActiveBlocksPerMultiprocessor\w*|cuOccupancy\w*|"
-                      r"cuInit|cuDevicePrimaryCtxRetain|cuCtxCreate\w*)$")
+                      r"(cuda|hip)Occupancy\w*|cuOccupancy\w*|cudaGetDriverEntryPoint\w*|cuGetProcAddress\w*|"
+                      r"cuInit|hipInit|cuDevicePrimaryCtxRetain|hipDevicePrimaryCtxRetain|cuCtxCreate\w*|hipCtxCreate)$")
 # PyTorch creates a device's CUDA/HIP context lazily, with ``cudaFree(nullptr)`` on its first use:
 # the process's first such call lasts from about 100 ms to seconds, before any device work.
 _CONTEXT_CREATION = re.compile(r"^(cuda|hip)Free$")
