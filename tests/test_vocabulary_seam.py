@@ -54,7 +54,7 @@ STILL_READ_NAMES = frozenset({
     "checks/memory.py", "checks/multi_gpu_imbalance.py", "checks/op_placement.py", "checks/precision.py",
     "checks/profile_quality.py", "checks/sync_stalls.py", "checks/tensor_core.py", "checks/unfused_ops.py",
     "checks/xla_ops.py",
-    "trust/__init__.py", "trust/coverage.py", "trust/placement.py", "trust/typical.py", "trust/windows.py",
+    "trust/coverage.py", "trust/placement.py", "trust/typical.py", "trust/windows.py",
 })
 # Model modules that have handed their name rules to the adapters.
 MODEL_WITHOUT_NAMES = ("model/pipeline.py",)
