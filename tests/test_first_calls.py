@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from synth_kineto import first_call_trace, long_launch_trace, write_trace
+from synth_kineto import first_call_trace, kineto_trace, long_launch_trace, write_trace
 from tb_gpuadvisor.input.kineto import build as kineto
 from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.checks.context import StepScale
@@ -316,3 +316,22 @@ def test_a_steady_step_of_long_copies_and_graph_launches_is_typical(tmp_path):
     assert session["steps"]["count"] == 1
     assert session["trust"]["single_step"] == {"typical": True, "atypical_because": []}
     assert session["trust"].get("capture_to_retake") is None
+
+
+def test_the_adapter_marks_compilation_and_cudnn_search_as_set_up(tmp_path):
+    """Hand check (synth_kineto.kineto_trace): the first step opens with 20 ms of
+    ``_compile.compile_inner (dynamo_timed)`` and one ``aten::cudnn_convolution`` call that launches
+    40 ``implicit_convolve_sgemm`` kernels (cuDNN timing its algorithms); the later steps' convolutions
+    are plain ``aten::mm`` calls of one launch each.  The adapter marks the compile and that one call,
+    nothing else, and the search's kernels still name the convolution as their op."""
+    path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=2, compile_us=20_000.0, autotune=40))
+    capture = kineto.read(str(path), "w")
+    act = capture.activity
+    named = {kind: sorted({act.names[i] for i in act.name[act.kind == kind]})
+             for kind in (HostEventKind.COMPILE, HostEventKind.AUTOTUNE)}
+    assert named == {HostEventKind.COMPILE: ["_compile.compile_inner (dynamo_timed)"],
+                     HostEventKind.AUTOTUNE: ["aten::cudnn_convolution"]}
+    assert int((act.kind == HostEventKind.AUTOTUNE).sum()) == 1
+    (gpu,) = capture.devices
+    searched = [gpu.launch_ops[o] for n, o in zip(gpu.name, gpu.launch_op) if gpu.names[n] == "implicit_convolve_sgemm"]
+    assert searched == ["aten::cudnn_convolution"] * 40
