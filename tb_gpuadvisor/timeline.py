@@ -18,7 +18,8 @@ from functools import cached_property
 import numpy as np
 
 from tb_gpuadvisor.arrays import narrow_ids
-from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import COPY_KINDS, DeviceEventKind, HostEventKind, InputStage
+from tb_gpuadvisor.vocab.jax import FRAMEWORK as JAX
 from tb_gpuadvisor.vocab.pytorch import FRAMEWORK as PYTORCH
 
 PS_PER_MS = 1_000_000_000
@@ -222,8 +223,10 @@ class HostActivity(_EventColumns):
     step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     derived: dict = field(default_factory=dict, repr=False, compare=False)
     key: TableKey = field(default_factory=TableKey, repr=False, compare=False)
-    # tf.data stage ("Iterator::Model::Prefetch") -> its dataset op (the ``name`` stat).
-    datasets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # Each input-pipeline stage or wait name -> what its adapter read in it (a tf.data stage's kind,
+    # nesting and dataset; a DataLoader's process), and the threads of the input pipeline's own.
+    stages: dict[str, InputStage] = field(default_factory=dict, repr=False, compare=False)
+    input_threads: frozenset[int] = field(default_factory=frozenset, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._narrow("step_num", "group_id", "correlation_id")

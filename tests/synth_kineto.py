@@ -482,3 +482,54 @@ def untraced_device_trace(steps: int = 4, item_ms: float = 12.0, ops: int = 20, 
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": 1, "tid": 7,
                        "ts": start, "dur": t - start})
     return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+
+
+def long_launch_trace(steps: int = 3, first_launch_ms: float = 200.0, copy_ms: float = 3.0,
+                      graph_ms: float = 2.0, kernel_us: float = 100.0) -> dict:
+    """Launch calls of a millisecond or more, of three causes.  ``ProfilerStep#0`` (when
+    FIRST_LAUNCH_MS) is a first call: its one ``cudaLaunchKernel`` of ``gemm_a`` lasts
+    FIRST_LAUNCH_MS (the kernel's module loaded lazily), then the kernel runs KERNEL_US.  Each of
+    the STEPS steady steps after it launches ``gemm_a`` again (6 us), copies a batch with a
+    blocking ``cudaMemcpy`` of COPY_MS (it waits for ``gemm_a``, then the 50 us host-to-device copy
+    runs at its end), and replays a CUDA graph: one ``cudaGraphLaunch`` of GRAPH_MS whose two
+    kernels (``graph_k0``, ``graph_k1``, KERNEL_US each) run right after it; the graph's kernels run
+    for the first time in the trace in the first steady step, and their launch still loads nothing."""
+    events: list[dict] = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python"}}]
+    t, corr, gpu_free = 1000.0, 1, 0.0
+
+    def host(name: str, cat: str, at: float, dur: float, **args) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 7, "ts": at, "dur": dur,
+                       **({"args": args} if args else {})})
+
+    def device(name: str, cat: str, at: float, dur: float) -> float:
+        start = max(at, gpu_free)
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": corr}})
+        return start + dur
+
+    for s in range(0 if first_launch_ms else 1, steps + 1):
+        step_start = t
+        launch_us = first_launch_ms * 1000 if s == 0 else 6.0
+        host("cudaLaunchKernel", "cuda_runtime", t + 1, launch_us, correlation=corr)
+        gpu_free = device("gemm_a", "kernel", t + 2 + launch_us, kernel_us)
+        host("aten::mm", "cpu_op", t, launch_us + 2)
+        t += launch_us + 3
+        corr += 1
+        if s:
+            host("cudaMemcpy", "cuda_runtime", t, copy_ms * 1000, correlation=corr)
+            device("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t + copy_ms * 1000 - 50, 50.0)
+            gpu_free = t + copy_ms * 1000
+            host("aten::copy_", "cpu_op", t - 0.5, copy_ms * 1000 + 1)
+            t += copy_ms * 1000 + 2
+            corr += 1
+            host("cudaGraphLaunch", "cuda_runtime", t, graph_ms * 1000, correlation=corr)
+            gpu_free = device("graph_k0", "kernel", t + graph_ms * 1000 + 1, kernel_us)
+            gpu_free = device("graph_k1", "kernel", gpu_free + 1, kernel_us)
+            t += graph_ms * 1000 + 2
+            corr += 1
+        t = max(t, gpu_free) + 5
+        host(f"ProfilerStep#{s}", "user_annotation", step_start, t - step_start)
+        t += 1
+    return {"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 42_505_273_344,
+                                  "computeMajor": 8, "computeMinor": 0, "numSms": 108}]}

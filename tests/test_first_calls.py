@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from synth_kineto import first_call_trace, write_trace
+from synth_kineto import first_call_trace, kineto_trace, long_launch_trace, write_trace
+from tb_gpuadvisor.input.kineto import build as kineto
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.checks.finding import Severity
 from tb_gpuadvisor.input.discovery import find_sessions
@@ -280,3 +282,56 @@ def test_a_cold_first_iteration_is_judged_over_what_it_traced(tmp_path):
     first = session["findings"][0]
     assert first["check"] == "input_bound" and first["severity"] == "critical"
     assert first["estimated_savings_ms_per_step"] == pytest.approx(2700.0, abs=1.0)
+
+
+def test_only_a_first_launch_that_loads_its_kernel_is_set_up(tmp_path):
+    """Hand check (synth_kineto.long_launch_trace): ProfilerStep#0's one launch lasts 200 ms (the
+    first run of ``gemm_a``: its module loaded lazily) and the step 200.108 ms in all: set-up, so a
+    warm-up step left out.  Each steady step (6 + 3000 + 2000 us of calls, 3 us apart, the 100 us
+    of ``gemm_a``'s second run inside the copy's wait, 2 x 100 us + 1 us of graph kernels and 5 us to
+    the step's end = 5.218 ms) holds a 3 ms blocking ``cudaMemcpy`` and a 2 ms ``cudaGraphLaunch``,
+    the first of which launches the graph's kernels' first runs: long, but neither loads anything,
+    so neither is set-up, and no steady step holds any."""
+    path = write_trace(tmp_path / "run" / "w.pt.trace.json", long_launch_trace())
+    act = kineto.read(str(path), "w").activity
+    kinds = {}
+    for row in range(len(act)):
+        kinds.setdefault(act.names[act.name[row]], []).append(int(act.kind[row]))
+    assert kinds["cudaLaunchKernel"] == [HostEventKind.FIRST_USE] + [HostEventKind.LAUNCH] * 3
+    assert kinds["cudaMemcpy"] == kinds["cudaGraphLaunch"] == [HostEventKind.SLOW_LAUNCH] * 3
+    session = build_report(find_sessions(str(tmp_path / "run")))["sessions"][0]
+    (warm_up,) = session["trust"]["excluded_steps"]
+    assert warm_up["step"] == 0 and "200.0 ms of first-use set-up" in warm_up["reason"]
+    assert session["steps"]["count"] == 3 and session["steps"]["mean_ms"] == pytest.approx(5.218, abs=0.002)
+    device = session["breakdown"]["per_device"][0]
+    assert device.get("setup_ms", 0.0) == 0.0 and device["launch_ms"] < 0.01
+
+
+def test_a_steady_step_of_long_copies_and_graph_launches_is_typical(tmp_path):
+    """Hand check: the same trace without its first call is one steady step (5.218 ms) whose 5 ms of
+    launch calls are a blocking copy and a graph launch, no set-up: one step is judged typical (no
+    first-use set-up said of it, as was said when any launch of 1 ms or more counted)."""
+    write_trace(tmp_path / "run" / "w.pt.trace.json", long_launch_trace(steps=1, first_launch_ms=0.0))
+    session = build_report(find_sessions(str(tmp_path / "run")))["sessions"][0]
+    assert session["steps"]["count"] == 1
+    assert session["trust"]["single_step"] == {"typical": True, "atypical_because": []}
+    assert session["trust"].get("capture_to_retake") is None
+
+
+def test_the_adapter_marks_compilation_and_cudnn_search_as_set_up(tmp_path):
+    """Hand check (synth_kineto.kineto_trace): the first step opens with 20 ms of
+    ``_compile.compile_inner (dynamo_timed)`` and one ``aten::cudnn_convolution`` call that launches
+    40 ``implicit_convolve_sgemm`` kernels (cuDNN timing its algorithms); the later steps' convolutions
+    are plain ``aten::mm`` calls of one launch each.  The adapter marks the compile and that one call,
+    nothing else, and the search's kernels still name the convolution as their op."""
+    path = write_trace(tmp_path / "w.pt.trace.json", kineto_trace(steps=2, compile_us=20_000.0, autotune=40))
+    capture = kineto.read(str(path), "w")
+    act = capture.activity
+    named = {kind: sorted({act.names[i] for i in act.name[act.kind == kind]})
+             for kind in (HostEventKind.COMPILE, HostEventKind.AUTOTUNE)}
+    assert named == {HostEventKind.COMPILE: ["_compile.compile_inner (dynamo_timed)"],
+                     HostEventKind.AUTOTUNE: ["aten::cudnn_convolution"]}
+    assert int((act.kind == HostEventKind.AUTOTUNE).sum()) == 1
+    (gpu,) = capture.devices
+    searched = [gpu.launch_ops[o] for n, o in zip(gpu.name, gpu.launch_op) if gpu.names[n] == "implicit_convolve_sgemm"]
+    assert searched == ["aten::cudnn_convolution"] * 40

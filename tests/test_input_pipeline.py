@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import synth
-from tb_gpuadvisor.model.pipeline import Pipeline, Stage, _user_facts, dataset_ops
+from tb_gpuadvisor.model.pipeline import Pipeline, Stage, user_facts
+from tb_gpuadvisor.vocab.tensorflow import dataset_ops, input_stage
 from tb_gpuadvisor.input.discovery import find_sessions
 from tb_gpuadvisor.multihost import analyze_session
 
@@ -120,7 +121,7 @@ def test_dataset_names_decide_origin():
     stages = {"Iterator::Root", "Iterator::Root::Prefetch", "Iterator::Root::Prefetch::ParallelInterleaveV4"}
     names = {"Iterator::Root::Prefetch": "PrefetchDataset:9",
              "Iterator::Root::Prefetch::ParallelInterleaveV4": "ParallelInterleaveDatasetV4:4"}
-    assert _user_facts(stages, names) == (True, True, False, [])
+    assert user_facts({s: input_stage(s, names.get(s)) for s in stages}) == (True, True, False, [])
     line = Pipeline([Stage("x", 1, "t")], False, False, False, origin_known=True).describe()
     assert line == "your code: prefetch: no; parallel map: no map"
 

@@ -244,8 +244,20 @@ def test_vocabulary_classifies_collectives_copies_and_syncs():
     for launch in ("cudaLaunchKernel", "cudaGraphLaunch", "hipModuleLaunchKernel", "cuLaunchKernelEx",
                    "hipExtModuleLaunchKernel", "cudaMemcpyAsync"):
         assert pytorch.host_event_kind(launch, "cuda_runtime") is HostEventKind.LAUNCH
-    assert pytorch.host_event_kind("cudaStreamSynchronize", "Runtime") is HostEventKind.OTHER
-    assert pytorch.host_event_kind("cudaFuncGetAttributes", "cuda_runtime") is HostEventKind.FIRST_USE
+    assert pytorch.host_event_kind("cudaStreamSynchronize", "Runtime") is HostEventKind.SYNC
+    assert pytorch.host_event_kind("cudaStreamWaitEvent", "cuda_runtime") is HostEventKind.STREAM_WAIT
+    assert pytorch.host_event_kind("compile_fx_inner (dynamo_timed)", "user_annotation") is HostEventKind.COMPILE
+    for first_use in ("cudaFuncGetAttributes", "cudaGetSymbolAddress", "cudaGetDeviceProperties_v2",
+                      "cudaStreamCreateWithFlags", "cuModuleLoadData", "cuLibraryLoadData", "cudaGetFuncBySymbol",
+                      "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cudaOccupancyMaxPotentialBlockSize",
+                      "cuFuncGetAttribute", "cudaGetDriverEntryPoint", "cuGetProcAddress_v2", "hipModuleLoadData",
+                      "hipModuleGetFunction", "hipFuncGetAttributes", "hipGetDevicePropertiesR0600",
+                      "hipOccupancyMaxPotentialBlockSize", "hipStreamCreateWithFlags", "hipGetSymbolAddress"):
+        assert pytorch.host_event_kind(first_use, "cuda_runtime") is HostEventKind.FIRST_USE, first_use
+    # Called again on every call of a library, or an allocation: not first use.
+    for steady in ("cudaFuncSetAttribute", "cudaDeviceGetAttribute", "cudaStreamGetCaptureInfo"):
+        assert pytorch.host_event_kind(steady, "cuda_runtime") is HostEventKind.OTHER, steady
+    assert pytorch.host_event_kind("cudaHostAlloc", "cuda_runtime") is HostEventKind.ALLOCATOR
     assert pytorch.host_event_kind("aten::conv2d", "cpu_op") is HostEventKind.FRAMEWORK_OP
     assert pytorch.host_event_kind("ProfilerStep#12", "user_annotation") is HostEventKind.STEP_MARKER
     assert pytorch.host_event_kind(

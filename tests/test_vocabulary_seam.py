@@ -37,7 +37,27 @@ TOKENS = (
     # PyTorch (Kineto) and the CUDA runtime calls its traces name.
     "aten::", "autograd::", "ProfilerStep#", "enumerate(DataLoader", "record_param_comms", "nccl:",
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+    # Set-up the adapters now mark (issue 41): context creation, lazy loading, library queries,
+    # graph launches, torch.compile's phases; and tf.data's dataset names.
+    "cudaFree", "hipFree", "cuModuleLoad", "cudaGetSymbolAddress", "cudaFuncGetAttributes",
+    "cudaGraphLaunch", "dynamo_timed", "torch/_dynamo", "inject/", "fused(", "MapAndBatch",
 )
+
+# The stages after the adapters and the model read kinds and facts, not names: none of their modules
+# imports a vocabulary, but these, whose name rules are still to move into the adapters (issue 41).
+# The list only shrinks: a module that stops importing one must leave it.
+LATER_STAGES = ("trust", "attribution", "checks", "multihost")
+STILL_READ_NAMES = frozenset({
+    "attribution/breakdown.py", "attribution/replay.py",
+    "checks/collectives.py", "checks/eval_mode.py", "checks/fixes.py", "checks/graph_fixes.py",
+    "checks/helper_frames.py", "checks/host_overhead.py", "checks/kernel_launch.py", "checks/memcpy.py",
+    "checks/memory.py", "checks/multi_gpu_imbalance.py", "checks/op_placement.py", "checks/precision.py",
+    "checks/profile_quality.py", "checks/sync_stalls.py", "checks/tensor_core.py", "checks/unfused_ops.py",
+    "checks/xla_ops.py",
+    "trust/coverage.py", "trust/placement.py", "trust/typical.py", "trust/windows.py",
+})
+# Model modules that have handed their name rules to the adapters.
+MODEL_WITHOUT_NAMES = ("model/pipeline.py",)
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -94,3 +114,37 @@ def test_no_framework_names_outside_the_vocabularies():
     found = [f"{path.relative_to(PACKAGE)}:{line}: {token!r} in {literal[:60]!r}"
              for path in files for line, token, literal in framework_names(path.read_text())]
     assert not found, "framework names outside tb_gpuadvisor/vocab:\n" + "\n".join(found)
+
+
+def imports_vocabulary(source: str) -> bool:
+    """Whether SOURCE imports ``tb_gpuadvisor.vocab`` or anything in it, in any spelling."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.startswith("tb_gpuadvisor.vocab") for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module is not None and (
+                node.module.startswith("tb_gpuadvisor.vocab")
+                or (node.module == "tb_gpuadvisor" and any(a.name == "vocab" for a in node.names))):
+            return True
+    return False
+
+
+def test_import_scanner_finds_every_spelling():
+    assert imports_vocabulary("from tb_gpuadvisor.vocab import pytorch\n")
+    assert imports_vocabulary("from tb_gpuadvisor.vocab.gpu import SYNC_CALL\n")
+    assert imports_vocabulary("import tb_gpuadvisor.vocab.tensorflow as tf\n")
+    assert imports_vocabulary("def f():\n    from tb_gpuadvisor import vocab\n")
+    assert not imports_vocabulary("from tb_gpuadvisor.kinds import HostEventKind  # not tb_gpuadvisor.vocab\n")
+
+
+def test_later_stages_read_kinds_not_vocabularies():
+    """trust/, attribution/, checks/ and multihost/ read what the adapters decided (event kinds,
+    InputStage facts), not the vocabularies; only the modules still listed may import one."""
+    files = {path.relative_to(PACKAGE).as_posix(): path for stage in LATER_STAGES
+             for path in sorted((PACKAGE / stage).rglob("*.py"))}
+    files.update({rel: PACKAGE / rel for rel in MODEL_WITHOUT_NAMES})
+    assert len(files) > 30, "the package was not found"
+    importing = {rel for rel, path in files.items() if imports_vocabulary(path.read_text())}
+    assert not importing - STILL_READ_NAMES, "vocabulary imported after the adapters: " + ", ".join(
+        sorted(importing - STILL_READ_NAMES))
+    assert not STILL_READ_NAMES - importing, "no longer imports a vocabulary, drop it from STILL_READ_NAMES: " + \
+        ", ".join(sorted(STILL_READ_NAMES - importing))

@@ -353,7 +353,7 @@ class _Dispatch:
             # A sampled or filtered trace lost most launch calls: the gaps between those left say
             # nothing of the launch rate, and its ops stand in for the launches they made.
             if by_rate and host.partial_trace is None:
-                not_launch = (not_launch | (kind == HostEventKind.FIRST_USE)
+                not_launch = (not_launch | (kind == HostEventKind.FIRST_USE) | (kind == HostEventKind.SLOW_LAUNCH)
                               | kernels.named_events(activity, "sync", _SYNC_CALL.search))
                 shared_set = iv.union_of(shared_set, launch_rate_gaps(activity))
                 ops = ops[:0]

@@ -165,11 +165,12 @@ def _launch_calls(host: HostModel, dev: DeviceActivity, rows: slice | np.ndarray
     row = launch_rows(activity, dev)[rows]
     launched = row >= 0
     # Host calls that put device work on a stream: launches, and launch calls that took a millisecond
-    # or more (a CUDA graph launched at once, a blocking copy, a first launch that loaded its kernel),
-    # which the adapters mark as set-up a warmed-up step does not pay, but which still released that
-    # work. Two compares: np.isin on int8 costs 15x more.
+    # or more, which the adapters mark as set-up a warmed-up step does not pay (a first launch that
+    # loaded its kernel) or as slow launches (a CUDA graph launched at once, a blocking copy), but
+    # which still released that work. Compares: np.isin on int8 costs 15x more.
     kind = activity.kind[row[launched]]
-    launched[launched] = (kind == HostEventKind.LAUNCH) | (kind == HostEventKind.FIRST_USE)
+    launched[launched] = ((kind == HostEventKind.LAUNCH) | (kind == HostEventKind.FIRST_USE)
+                          | (kind == HostEventKind.SLOW_LAUNCH))
     return np.where(launched, row, -1)
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from tb_gpuadvisor.checks import fixes
 from tb_gpuadvisor.checks.context import Analysis
-from tb_gpuadvisor.model.pipeline import Pipeline, pipeline_stages, stage_kind
+from tb_gpuadvisor.model.pipeline import Pipeline, Stage, pipeline_stages
 from tb_gpuadvisor.attribution.breakdown import batch_copies
 from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.checks.base import (
@@ -47,9 +47,8 @@ from tb_gpuadvisor.checks.base import (
 )
 from tb_gpuadvisor.checks.finding import Evidence
 from tb_gpuadvisor.model import intervals as iv
-from tb_gpuadvisor.timeline import PS_PER_MS
+from tb_gpuadvisor.timeline import JAX, PS_PER_MS, PYTORCH, HostActivity
 from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import jax, pytorch, tensorflow
 
 CHECK_ID = "input_bound"
 CRITICAL, WARNING = 20.0, 5.0
@@ -66,17 +65,23 @@ def _dataloader_waits(analysis: Analysis) -> list[Evidence]:
     return [Evidence(kind="op", name=act.names[i], value=round(totals[i] / PS_PER_MS / steps, 3), unit="ms/step",
                      detail="the training loop waiting for the DataLoader's next batch"
                      + ("; num_workers=0: batches are loaded in the training process itself"
-                        if pytorch.loads_in_process(act.names[i]) else ""), host=host.name)
+                        if _in_process(act, act.names[i]) else ""), host=host.name)
             for i in np.argsort(-totals, kind="stable")[:2] if totals[i] > 0]
 
 
-def _dataloader_sentence(waits: list[Evidence]) -> str:
+def _in_process(act: HostActivity, name: str) -> bool:
+    """Whether the DataLoader wait NAME loads its batches in the training process (num_workers=0)."""
+    stage = act.stages.get(name)
+    return stage is not None and stage.in_process
+
+
+def _dataloader_sentence(waits: list[Evidence], act: HostActivity) -> str:
     if not waits:
         return "The trace has no DataLoader events, so the slow part of the input cannot be named."
     top = waits[0]
     return (f"{top.name} takes {top.value:.2f} ms per step"
             + (", with num_workers=0: batches are loaded in the training process." if
-               pytorch.loads_in_process(top.name) else "."))
+               _in_process(act, top.name) else "."))
 
 
 def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
@@ -91,19 +96,19 @@ def _pipeline_sentence(pipeline: Pipeline, steps: int) -> str:
         parts.append("Its map function runs on a single thread.")
     if pipeline.user_ops:
         top = pipeline.user_ops[0]
-        parts.append(f"Your dataset functions spend most of their time in {_op_label(top.name)} "
+        parts.append(f"Your dataset functions spend most of their time in {_op_label(top)} "
                      f"({top.self_ps / PS_PER_MS / steps:.2f} ms of thread time per step).")
     return " ".join(parts)
 
 
-def _op_label(op_type: str) -> str:
-    return f"{op_type} ({tensorflow.PYTHON_OPS[op_type]}, Python code)" if op_type in tensorflow.PYTHON_OPS else op_type
+def _op_label(op: Stage) -> str:
+    return f"{op.name} ({op.python}, Python code)" if op.python else op.name
 
 
 def _in_memory(pipeline: Pipeline) -> bool:
     """Whether the pipeline starts from data in memory and reads no files (no file fix fits)."""
-    kinds = {stage_kind(stage.name) for stage in pipeline.stages}
-    return bool(kinds & tensorflow.IN_MEMORY_SOURCES) and not any(k.startswith(tensorflow.FILE_STAGES) for k in kinds)
+    facts = [stage.facts for stage in pipeline.stages]
+    return any(f.in_memory_source for f in facts) and not any(f.reads_files for f in facts)
 
 
 def _fixes(pipeline: Pipeline, copies: bool = False) -> list:
@@ -142,16 +147,16 @@ def check(analysis: Analysis) -> Finding:
     who = "the training threads waited" if on_cpu else f"{primary.name} sat idle while the host waited"
 
     framework = analysis.model.framework
-    source = {jax.FRAMEWORK: "", pytorch.FRAMEWORK: " from the DataLoader"}.get(framework, " from tf.data")
-    loader = _dataloader_waits(analysis) if framework == pytorch.FRAMEWORK else []
+    source = {JAX: "", PYTORCH: " from the DataLoader"}.get(framework, " from tf.data")
+    loader = _dataloader_waits(analysis) if framework == PYTORCH else []
     summary = (f"In {percent:.1f}% of step time ({input_ms:.2f} ms of a {analysis.mean_step_ms:.2f} ms step) "
                f"{who} for the next batch{source}. ")
-    copies_ms = _batch_copy_ms(analysis) if framework == pytorch.FRAMEWORK and not on_cpu else 0.0
+    copies_ms = _batch_copy_ms(analysis) if framework == PYTORCH and not on_cpu else 0.0
     if severity is Severity.OK:
         summary += "The input pipeline keeps up with training."
         title = f"Input pipeline keeps up ({percent:.1f}% of step time waiting)"
     else:
-        about = (_dataloader_sentence(loader) if framework == pytorch.FRAMEWORK
+        about = (_dataloader_sentence(loader, host.activity) if framework == PYTORCH
                  else _pipeline_sentence(pipeline, analysis.steps_count))
         if copies_ms >= COPY_SHARE * input_ms:
             about = (f"{copies_ms:.2f} ms of it per step the host spent inside the calls copying the batch to "
@@ -165,11 +170,11 @@ def check(analysis: Analysis) -> Finding:
         evidence.append(Evidence(
             kind="stage", name=stage.name, value=round(stage.self_ps / PS_PER_MS / analysis.steps_count, 3),
             unit="ms/step", detail=f"self time on thread {stage.thread}"
-            + ("; waits for the stage feeding it" if stage_kind(stage.name) in tensorflow.BUFFER_STAGES else ""),
+            + ("; waits for the stage feeding it" if stage.facts.buffer else ""),
             host=primary.host, tool="input_pipeline_analyzer"))
     for op in pipeline.user_ops[:2]:
         evidence.append(Evidence(
-            kind="op", name=_op_label(op.name), value=round(op.self_ps / PS_PER_MS / analysis.steps_count, 3),
+            kind="op", name=_op_label(op), value=round(op.self_ps / PS_PER_MS / analysis.steps_count, 3),
             unit="ms/step", detail=f"run by your dataset functions on tf.data threads (e.g. {op.thread})",
             host=primary.host, tool="trace_viewer@"))
     if pipeline.stages:

@@ -60,6 +60,12 @@ def op_type(op: str) -> str:
     return re.sub(r"\.\d+$", "", base.rsplit("/", 1)[-1])
 
 
+def python_api(op_type: str) -> str | None:
+    """The Python API that made an op of type OP_TYPE run Python code ("EagerPyFunc" ->
+    "tf.py_function"), None for any other op."""
+    return tensorflow.PYTHON_OPS.get(op_type)
+
+
 def op_display_name(op: str) -> str:
     """An op string without its trailing annotation arguments ("#shape=...#")."""
     return op.split("#", 1)[0]

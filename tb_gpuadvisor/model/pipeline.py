@@ -23,7 +23,6 @@ framework ops executed on tf.data's threads, such as ``EagerPyFunc`` for a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,24 +30,10 @@ import numpy as np
 from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.timeline import HostActivity, HostModel
-from tb_gpuadvisor.kinds import HostEventKind
-from tb_gpuadvisor.vocab import tensorflow
+from tb_gpuadvisor.kinds import HostEventKind, InputStage
 
-# Stage kinds (the last component of a long stage name, without "[n]" input indices).
-_INPUT_INDEX = re.compile(r"\[\d+\]$")
-_DATASET_ID = re.compile(r":\d+$")
-
-
-def stage_kind(long_name: str) -> str:
-    """"Iterator::Model::ParallelMapV2::Zip[0]::FlatMap" -> "FlatMap"."""
-    return _INPUT_INDEX.sub("", long_name.rsplit("::", 1)[-1])
-
-
-def dataset_ops(dataset_name: str) -> list[str]:
-    """"fused(MapDataset:2,BatchDatasetV2:3)" -> ["MapDataset", "BatchDatasetV2"]."""
-    fused = dataset_name.startswith(tensorflow.FUSED_DATASET_PREFIX)
-    inner = dataset_name[len(tensorflow.FUSED_DATASET_PREFIX):-1] if fused else dataset_name
-    return [_DATASET_ID.sub("", part.strip()) for part in inner.split(",") if part.strip()]
+# What a stage or wait is when its adapter read nothing in its name.
+_UNREAD = InputStage()
 
 
 @dataclass
@@ -56,6 +41,8 @@ class Stage:
     name: str
     self_ps: int
     thread: str
+    facts: InputStage = _UNREAD
+    python: str | None = None       # a user op: the Python API that made it ("tf.py_function")
 
 
 @dataclass
@@ -77,7 +64,7 @@ class Pipeline:
     @property
     def slowest(self) -> Stage | None:
         for stage in self.stages:
-            if stage_kind(stage.name) not in tensorflow.BUFFER_STAGES:
+            if not stage.facts.buffer:
                 return stage
         return self.stages[0] if self.stages else None
 
@@ -92,7 +79,13 @@ class Pipeline:
         return text + (f"; added by tf.data: {', '.join(self.inserted)}" if self.inserted else "")
 
 
-def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.ndarray) -> list[Stage]:
+def _facts(activity: HostActivity, idx: np.ndarray) -> dict[str, InputStage]:
+    """What the adapter read in the name of each stage of the rows IDX."""
+    return {activity.names[i]: activity.stages.get(activity.names[i], _UNREAD) for i in np.unique(activity.name[idx])}
+
+
+def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.ndarray,
+                      facts: dict[str, InputStage]) -> list[Stage]:
     """Self time of every stage: its time on a thread minus its descendants nested in it there."""
     totals: dict[str, tuple[int, str]] = {}
     for thread in np.unique(activity.thread[idx]):
@@ -101,20 +94,19 @@ def _stage_self_times(activity: HostActivity, windows: iv.Intervals, idx: np.nda
         thread_names = {int(i): activity.names[int(i)] for i in np.unique(name_ids)}
         for name_id, name in thread_names.items():
             own = on_thread[name_ids == name_id]
-            descendant_ids = [i for i, other in thread_names.items()
-                              if other.startswith((name + "::", name + "["))]
+            descendant_ids = [i for i, other in thread_names.items() if name in facts[other].ancestors]
             children = on_thread[np.isin(name_ids, descendant_ids)]
             own_set = iv.intersect(iv.union(activity.start_ps[own], activity.end_ps[own]), windows)
             child_set = iv.union(activity.start_ps[children], activity.end_ps[children])
             self_ps = iv.total(iv.subtract(own_set, child_set))
             previous, _ = totals.get(name, (0, ""))
             totals[name] = (previous + self_ps, activity.threads[int(thread)])
-    return sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
+    return sorted((Stage(n, ps, t, facts[n]) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
 
 
 def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
     """Framework ops run on tf.data threads (the user's dataset functions), by thread time."""
-    threads = [i for i, name in enumerate(activity.threads) if tensorflow.is_input_pipeline_thread(name)]
+    threads = sorted(activity.input_threads)
     rows = np.flatnonzero((activity.kind == HostEventKind.FRAMEWORK_OP) & np.isin(activity.thread, threads))
     totals: dict[str, tuple[int, str]] = {}
     for name_id in np.unique(activity.name[rows]):
@@ -125,29 +117,16 @@ def _user_ops(activity: HostActivity, windows: iv.Intervals) -> list[Stage]:
                    for on in (own[activity.thread[own] == t] for t in np.unique(activity.thread[own])))
         previous, _ = totals.get(op_type, (0, ""))
         totals[op_type] = (previous + busy, activity.threads[int(activity.thread[own[0]])])
-    return sorted((Stage(n, ps, t) for n, (ps, t) in totals.items() if ps > 0), key=lambda s: -s.self_ps)
+    return sorted((Stage(n, ps, t, python=kernels.python_api(n)) for n, (ps, t) in totals.items() if ps > 0),
+                  key=lambda s: -s.self_ps)
 
 
-def _user_facts(stage_names: set[str], datasets: dict[str, str]) -> tuple[bool, bool, bool, list[str]]:
-    """(prefetches, parallel map, sequential map, what tf.data inserted) from dataset names."""
-    prefetches = parallel = sequential = False
-    inserted: list[str] = []
-    for stage in sorted(stage_names):
-        dataset = datasets.get(stage)
-        if not dataset:
-            continue
-        ops = dataset_ops(dataset)
-        kind = stage_kind(stage)
-        if kind.startswith(tensorflow.PREFETCH_STAGE):
-            if dataset.startswith(tensorflow.INJECTED_DATASET_PREFIX):
-                inserted.append("prefetch (inject_prefetch)")
-            else:
-                prefetches = True
-        parallel |= any(op.startswith(tensorflow.PARALLEL_DATASETS) for op in ops)
-        sequential |= any(op in tensorflow.SEQUENTIAL_MAP_DATASETS for op in ops)
-        if kind == tensorflow.MAP_AND_BATCH_STAGE and any(op.startswith(tensorflow.MAP_DATASET_PREFIX) for op in ops):
-            inserted.append("MapAndBatch (your map fused with batch, still sequential)")
-    return prefetches, parallel, sequential, list(dict.fromkeys(inserted))
+def user_facts(stages: dict[str, InputStage]) -> tuple[bool, bool, bool, list[str]]:
+    """(prefetches, parallel map, sequential map, what tf.data inserted) from the stages' origins."""
+    origins = [stages[name].origin for name in sorted(stages) if stages[name].origin is not None]
+    inserted = [o.inserted for o in origins if o.inserted]
+    return (any(o.prefetch for o in origins), any(o.parallel for o in origins),
+            any(o.sequential_map for o in origins), list(dict.fromkeys(inserted)))
 
 
 def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = False) -> Pipeline:
@@ -155,18 +134,16 @@ def pipeline_stages(host: HostModel, windows: iv.Intervals, read_origin: bool = 
     (from the stages' dataset names) and the user's own slowest ops in them."""
     activity = host.activity
     idx = np.flatnonzero(activity.kind == HostEventKind.INPUT_STAGE)
-    names = {activity.names[i] for i in np.unique(activity.name[idx])}
-    kinds = {stage_kind(name) for name in names}
-    stages = _stage_self_times(activity, windows, idx)
-    seen = Pipeline(stages=stages, prefetches=any(k.startswith(tensorflow.PREFETCH_STAGE) for k in kinds),
-                    parallel=any(k.startswith(tensorflow.PARALLEL_STAGES) for k in kinds),
-                    sequential_map=any(k in tensorflow.SEQUENTIAL_MAP_STAGES for k in kinds))
+    facts = _facts(activity, idx)
+    stages = _stage_self_times(activity, windows, idx, facts)
+    seen = Pipeline(stages=stages, prefetches=any(f.prefetch for f in facts.values()),
+                    parallel=any(f.parallel for f in facts.values()),
+                    sequential_map=any(f.sequential_map for f in facts.values()))
     if not (read_origin and stages):
         return seen
     seen.user_ops = _user_ops(activity, windows)
-    datasets = activity.datasets
-    if not any(name in datasets for name in names):
+    if not any(f.origin is not None for f in facts.values()):
         return seen
-    prefetches, parallel, sequential, inserted = _user_facts(names, datasets)
+    prefetches, parallel, sequential, inserted = user_facts(facts)
     return Pipeline(stages=stages, prefetches=prefetches, parallel=parallel, sequential_map=sequential,
                     origin_known=True, inserted=inserted, user_ops=seen.user_ops)

@@ -17,10 +17,11 @@ import numpy as np
 
 from tb_gpuadvisor import heap
 from tb_gpuadvisor.attribution.replay import Scenario
-from tb_gpuadvisor.checks import Finding, all_checks
+from tb_gpuadvisor.checks import Finding, _ranks, all_checks
 from tb_gpuadvisor.checks.base import Replayed
 from tb_gpuadvisor.checks.context import Analysis
 from tb_gpuadvisor.input.discovery import SessionRef
+from tb_gpuadvisor.model import kernels
 from tb_gpuadvisor.pipeline import analyse, check, load_session, report_session
 from tb_gpuadvisor.report import rank_findings
 from tb_gpuadvisor.stages import stage
@@ -37,6 +38,16 @@ class HostJob:
     ref: SessionRef
     host: str
     hosts: int
+
+
+@dataclass
+class RankParts:
+    """What the merge matches the ranks on, call by call: the group collective calls of each of a
+    host's comparable GPUs (``checks/_ranks``), where the trace names its calls."""
+
+    calls: list[_ranks.RankCalls | None]
+    windows: int                        # the host's step windows the calls' steps count in
+    devices: list[tuple[str, str]]      # (device name, host) of each GPU
 
 
 @dataclass
@@ -57,6 +68,7 @@ class HostSummary:
     standalone_ms: dict[str, float] = field(default_factory=dict)     # each replayed cause, this host alone
     combined: dict[frozenset, np.ndarray] = field(default_factory=dict)  # causes -> per-step device gain
     balance: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None    # replay.balance_gain inputs
+    ranks: RankParts | None = None        # None: no GPU of the host can be compared
 
     @property
     def analysed(self) -> bool:
@@ -102,10 +114,21 @@ def _summary(host: str, analysis: Analysis, out: dict, findings: list[Finding], 
     summary.numbers = steps.number.astype(np.int64) if len(steps) else np.zeros(1, np.int64)
     summary.training_steps = steps.training_steps
     summary.parts = {c.id: c.cross_host.measure(analysis) for c in all_checks() if c.cross_host is not None}
+    summary.ranks = _rank_parts(analysis)
     if len(steps):
         summary.durations = steps.duration_ps.astype(np.int64)
         _gains(summary, analysis)
     return summary
+
+
+def _rank_parts(analysis: Analysis) -> RankParts | None:
+    """The host's comparable GPUs' collective calls in its step windows, or None without such GPUs."""
+    model, active = analysis.model, analysis.comparable_gpus
+    if not active:
+        return None
+    lo, _, _ = kernels.step_windows(model)
+    return RankParts([_ranks.measure(dev, model) for dev in active], lo.size,
+                     [(dev.device.name, dev.device.host) for dev in active])
 
 
 def _gains(summary: HostSummary, analysis: Analysis) -> None:

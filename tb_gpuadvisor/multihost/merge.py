@@ -24,7 +24,7 @@ import numpy as np
 from tb_gpuadvisor.attribution.breakdown import collective_wait
 from tb_gpuadvisor.attribution.replay import balance_gain
 from tb_gpuadvisor.attribution.whatif import Savings
-from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes, multi_gpu_imbalance
+from tb_gpuadvisor.checks import Finding, Severity, _ranks, all_checks, declared, fixes
 from tb_gpuadvisor.checks.context import StepScale
 from tb_gpuadvisor.input.discovery import SessionRef
 from tb_gpuadvisor.input import host_of
@@ -188,10 +188,10 @@ def _balance_inputs(alignment: Alignment) -> tuple[np.ndarray, np.ndarray, np.nd
 def _rank_calls(alignment: Alignment) -> tuple[list, list] | None:
     """Every host's GPUs' collective calls on the session's steps (checks/_ranks), and each GPU's
     (device, host); None when a host did not measure them."""
-    parts = [(h, h.parts.get(multi_gpu_imbalance.CHECK_ID)) for h in alignment.hosts]
-    if not parts or not all(isinstance(p, multi_gpu_imbalance.Replicas) for _, p in parts):
+    parts = [(h, h.ranks) for h in alignment.hosts]
+    if not parts or any(p is None for _, p in parts):
         return None
-    calls = _ranks.join_calls(alignment, [(h, p.calls, p.per_step.shape[1]) for h, p in parts])
+    calls = _ranks.join_calls(alignment, [(h, p.calls, p.windows) for h, p in parts])
     if calls is None or any(c is None for c in calls):
         return None
     return calls, [d for _, p in parts for d in p.devices]

@@ -27,14 +27,13 @@ import numpy as np
 
 from tb_gpuadvisor.model.intervals import Intervals
 from tb_gpuadvisor.model.steps import step_columns
-from tb_gpuadvisor.timeline import PS_PER_MS, SessionModel, Steps
+from tb_gpuadvisor.timeline import PS_PER_MS, PYTORCH, SessionModel, Steps
 from tb_gpuadvisor.trust.coverage import (
     DeviceCoverage, device_coverage, expected_device_count, misaligned_replicas, missing_heavy_work, partial_trace,
 )
 from tb_gpuadvisor.trust.placement import Placement, where_it_ran
 from tb_gpuadvisor.trust.typical import outliers, single_step_evidence, steps_per_marker
 from tb_gpuadvisor.trust import warmup
-from tb_gpuadvisor.vocab import pytorch
 from tb_gpuadvisor.trust.windows import (
     ExportCut, anchor_to_host_calls, cut_profiler_export, emptied_by_cut, include_launched_work,
 )
@@ -219,7 +218,7 @@ def assess(model: SessionModel) -> Trust:
     primary_cov = next((d for d in devices if primary is not None and d.name == primary.device.name
                         and d.host == primary.device.host), None)
     retake, excluded, setup = None, [], {}
-    if model.framework == pytorch.FRAMEWORK and len(steps):
+    if model.framework == PYTORCH and len(steps):
         # Warm-up iterations are recognised first: their set-up (a final sync included) is what
         # makes them slow or leaves the device's trace short of them.
         found, retake, excluded = _warm_up(model, steps)

@@ -103,6 +103,6 @@ def single_step_evidence(model: SessionModel, steps: Steps, first_use: bool = Tr
         first_use_ps += int(act.dur_ps[first].sum())
     if first_use and first_use_ps > ATYPICAL_SHARE * step_ps:
         reasons.append(f"{first_use_ps / PS_PER_MS:.1f} ms of first-use set-up ran in it ({first_use_n} lazy kernel "
-                       "loads, kernel attribute queries and launches of a millisecond or more): it is a warm-up "
-                       "iteration, so its launch and host times are not those of a typical step")
+                       "loads, kernel attribute queries and first launches that loaded their kernel): it is a "
+                       "warm-up iteration, so its launch and host times are not those of a typical step")
     return reasons

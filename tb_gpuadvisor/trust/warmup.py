@@ -1,16 +1,16 @@
 """One-time set-up inside the captured steps, recognised before any idle time is attributed.
 
 A PyTorch capture that starts with the first iterations holds work a warmed-up step never
-pays: kernels loaded on their first launch (CUDA lazy module loading: ``cuModuleLoad*``,
-``cudaGetFuncBySymbol``, ...), library set-up queries, a kernel's first launch lasting a
-millisecond or more (``HostEventKind.FIRST_USE``), torch.compile's tracing, compiling and autotuning
-(``vocab.pytorch.is_compile``), cuDNN's algorithm search (cudnn.benchmark: a convolution call
-launching dozens of kernels), and a final synchronize that waits long after the last traced
-kernel ended (the profiler's stop, or work it did not trace). While it runs the GPU idles, and
-the host is inside launch calls or ops: counted as idle it would read as launch or host
-overhead. A step whose window is mostly set-up is a warm-up iteration and is left out; a
-capture whose steps are mostly set-up, with fewer than ``CLEAN_STEPS`` others, is one to take
-again after warm-up.
+pays, each event of it marked by the adapter (``HostEventKind``): the device's context created,
+library set-up queries, kernels loaded on their first launch (CUDA lazy module loading) and
+first launches that loaded them (``FIRST_USE``), torch.compile's tracing, compiling and
+autotuning (``COMPILE``), cuDNN's algorithm search (``AUTOTUNE``: a convolution call launching
+dozens of kernels), and here a final synchronize that waits long after the last traced kernel
+ended (the profiler's stop, or work it did not trace). While it runs the GPU idles, and the
+host is inside launch calls or ops: counted as idle it would read as launch or host overhead.
+A step whose window is mostly set-up is a warm-up iteration and is left out; a capture whose
+steps are mostly set-up, with fewer than ``CLEAN_STEPS`` others, is one to take again after
+warm-up.
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ import numpy as np
 
 from tb_gpuadvisor.model import intervals as iv
 from tb_gpuadvisor.model.intervals import Intervals
-from tb_gpuadvisor.model.kernels import named_events
-from tb_gpuadvisor.model.steps import launch_rows
-from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import HostEventKind
 from tb_gpuadvisor.timeline import PS_PER_MS, HostActivity, HostModel, Steps
-from tb_gpuadvisor.vocab import pytorch
-from tb_gpuadvisor.vocab.gpu import LAUNCH_CALL, SYNC_CALL
 
 # A step whose window is at least this share set-up is a warm-up iteration; a capture whose
 # steps are, all together, is one to take again.
@@ -42,8 +38,6 @@ TINY_SETUP_SHARE = 0.1
 # A synchronize that returns this long after the last device event ended waited for something
 # the trace does not hold (a warmed-up step's sync returns microseconds after its last kernel).
 FINAL_SYNC_PS = 10 * PS_PER_MS
-# A context-creating call this long made the context (a cudaFree of memory takes microseconds).
-CONTEXT_CREATION_PS = PS_PER_MS
 KINDS = ("first-use set-up (context creation, library initialisation, lazy kernel loading, slow first launches)",
          "torch.compile tracing, compilation and autotuning",
          "cuDNN autotuning (convolutions timing every algorithm)",
@@ -96,10 +90,15 @@ def final_syncs(hosts: list[HostModel]) -> Intervals:
     starts, stops = [], []
     for host in hosts:
         act = host.activity
-        late = named_events(act, "sync", SYNC_CALL.search) & (act.end_ps - last > FINAL_SYNC_PS)
+        late = _waits(act) & (act.end_ps - last > FINAL_SYNC_PS)
         starts.append(np.maximum(act.start_ps[late], last))
         stops.append(act.end_ps[late])
     return iv.union(np.concatenate(starts), np.concatenate(stops))
+
+
+def _waits(act: HostActivity) -> np.ndarray:
+    """The calls that wait for the device: synchronize calls, and streams told to wait."""
+    return (act.kind == HostEventKind.SYNC) | (act.kind == HostEventKind.STREAM_WAIT)
 
 
 def before_final_sync(hosts: list[HostModel], until: int) -> int:
@@ -111,41 +110,12 @@ def before_final_sync(hosts: list[HostModel], until: int) -> int:
     return int(min(until, starts[tail].min())) if tail.any() else until
 
 
-def _first_use(host: HostModel) -> np.ndarray:
-    """The host's first-use events: kernel loads, library queries and the stream pool's creation;
-    launch calls of a millisecond or more that launched a kernel's first run on its device (a
-    lazily loaded kernel); and the call that created the device's context (``_context_creation``).
-    A long launch of a kernel run before waited for a full launch queue, and a long copy call
-    for the copy itself: neither is set-up."""
-    act = host.activity
-    first_use = act.kind == HostEventKind.FIRST_USE
-    launch_call = named_events(act, "launch_call", LAUNCH_CALL.search)
-    mask = first_use & ~launch_call
-    slow = np.flatnonzero(first_use & launch_call)
-    if slow.size:
-        for dev in host.devices:
-            _, first = np.unique(dev.name, return_index=True)
-            rows = launch_rows(act, dev)[first[dev.kind[first] == DeviceEventKind.KERNEL]]
-            mask[np.intersect1d(rows, slow)] = True
-    context = _context_creation(host)
-    if context is not None:
-        mask[context] = True
-    return mask
-
-
-def _context_creation(host: HostModel) -> int | None:
-    """The row of the call that created the device's context: the host's first call of a name
-    that does so on first use (``vocab.pytorch.may_create_context``), lasting
-    ``CONTEXT_CREATION_PS`` or more and ending before any of its devices' work started. A later
-    or shorter one frees memory."""
-    act = host.activity
-    starts = [int(dev.start_ps.min()) for dev in host.devices if len(dev)]
-    calls = np.flatnonzero(named_events(act, "context_creation", pytorch.may_create_context))
-    if not calls.size:
-        return None
-    first = int(calls[np.argmin(act.start_ps[calls])])
-    long_enough = act.end_ps[first] - act.start_ps[first] >= CONTEXT_CREATION_PS
-    return first if long_enough and (not starts or act.end_ps[first] <= min(starts)) else None
+def _launch_calls(act: HostActivity) -> np.ndarray:
+    """The calls that put work on a device: launches, slow ones, and set-up that launched (a first
+    launch that loaded its kernel: a set-up call with a correlation id)."""
+    kind = act.kind
+    return ((kind == HostEventKind.LAUNCH) | (kind == HostEventKind.SLOW_LAUNCH)
+            | ((kind == HostEventKind.FIRST_USE) & (act.correlation_id >= 0)))
 
 
 def _library_set_up(host: HostModel, first_use: np.ndarray) -> Intervals:
@@ -155,7 +125,7 @@ def _library_set_up(host: HostModel, first_use: np.ndarray) -> Intervals:
     of them a kernel's work) to the op's first launch after it, or the op's end. Only the first
     query of a name counts, so a library that asks again on every call adds microseconds."""
     act = host.activity
-    queries = np.flatnonzero(first_use & (act.kind == HostEventKind.FIRST_USE))
+    queries = np.flatnonzero(first_use)
     if not queries.size:
         return iv.EMPTY
     order = queries[np.lexsort((act.start_ps[queries], act.name[queries]))]
@@ -163,7 +133,7 @@ def _library_set_up(host: HostModel, first_use: np.ndarray) -> Intervals:
     keep[1:] = act.name[order[1:]] != act.name[order[:-1]]
     queries = order[keep]
     ops = np.flatnonzero(act.kind == HostEventKind.FRAMEWORK_OP)
-    launches = np.flatnonzero(named_events(act, "launch_call", LAUNCH_CALL.search))
+    launches = np.flatnonzero(_launch_calls(act))
     starts, ends = [], []
     for q in queries:
         around = ops[(act.thread[ops] == act.thread[q]) & (act.start_ps[ops] <= act.start_ps[q])
@@ -178,35 +148,16 @@ def _library_set_up(host: HostModel, first_use: np.ndarray) -> Intervals:
     return iv.union(np.array(starts, np.int64), np.array(ends, np.int64))
 
 
-def _autotuning(act: HostActivity) -> Intervals:
-    """Convolution op calls that launched ``AUTOTUNE_KERNELS_PER_CALL`` kernels or more on their
-    thread: cuDNN benchmark mode timing every algorithm on a shape's first call."""
-    ops = np.flatnonzero(named_events(act, "convolution_op", pytorch.is_convolution_op))
-    launches = np.flatnonzero(act.kind == HostEventKind.LAUNCH)
-    if not ops.size or not launches.size:
-        return iv.EMPTY
-    # Launches ordered by (thread, start): the ones inside an op are one run of that order.
-    threads = np.unique(act.thread[ops])
-    rank = np.searchsorted(threads, act.thread[launches])
-    launches = launches[(rank < threads.size) & (threads[np.clip(rank, 0, threads.size - 1)] == act.thread[launches])]
-    span = int(act.end_ps.max()) + 1
-    keys = np.sort(np.searchsorted(threads, act.thread[launches]).astype(np.int64) * span + act.start_ps[launches])
-    base = np.searchsorted(threads, act.thread[ops]).astype(np.int64) * span
-    count = np.searchsorted(keys, base + act.end_ps[ops]) - np.searchsorted(keys, base + act.start_ps[ops])
-    tuning = ops[count >= pytorch.AUTOTUNE_KERNELS_PER_CALL]
-    return iv.union(act.start_ps[tuning], act.end_ps[tuning])
-
-
 def measure(hosts: list[HostModel], steps: Steps) -> SetUp:
     """Each step's set-up time, by kind, inside its window, and each host's set-up."""
     kinds: list[list[Intervals]] = [[], [], [], [final_syncs(hosts)]]
     by_host: dict[str, Intervals] = {}
     for host in hosts:
         act = host.activity
-        first_use = _first_use(host)
+        first_use = act.kind == HostEventKind.FIRST_USE
         own = [iv.union_of(iv.union(act.start_ps, act.end_ps, first_use), _library_set_up(host, first_use)),
-               iv.union(act.start_ps, act.end_ps, named_events(act, "torch_compile", pytorch.is_compile)),
-               _autotuning(act)]
+               iv.union(act.start_ps, act.end_ps, act.kind == HostEventKind.COMPILE),
+               iv.union(act.start_ps, act.end_ps, act.kind == HostEventKind.AUTOTUNE)]
         for kind, found in zip(kinds, own):
             kind.append(found)
         by_host[host.name] = _merge(own + [final_syncs([host])])

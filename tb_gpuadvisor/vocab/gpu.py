@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tb_gpuadvisor.kinds import DeviceEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
 
 # Copies and memsets as the device planes name them ("MemcpyH2D", "Memcpy HtoD", "CopyHostToDevice"),
 # keyed by the name without spaces, lower-cased.
@@ -74,6 +74,14 @@ SYNC_CALL = re.compile(r"Synchronize|cudaDeviceSynchronize|hipDeviceSynchronize|
 # Of those, the calls that hold the host itself until the device reaches them; a stream told to wait
 # for an event (cudaStreamWaitEvent, hipStreamWaitEvent) holds only that stream: the host returns at once.
 HOST_WAIT_CALL = re.compile(r"Synchronize", re.IGNORECASE)
+
+
+def wait_kind(name: str) -> HostEventKind | None:
+    """SYNC for a call that holds the host until the device reaches it, STREAM_WAIT for one that
+    makes a stream wait, else None."""
+    if HOST_WAIT_CALL.search(name):
+        return HostEventKind.SYNC
+    return HostEventKind.STREAM_WAIT if SYNC_CALL.search(name) else None
 
 # Tensor Core (matrix unit) kernels. cuBLAS/cuDNN encode the MMA shape in the name:
 # h884/s884 (Volta), h1688/s1688 (Turing), 16816/i8816 (Ampere and later), plus hmma/xmma/

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind, InputStage
 from tb_gpuadvisor.vocab import gpu
 
 FRAMEWORK = "pytorch"
@@ -42,15 +42,19 @@ _INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|torch/utils/data
 # Work of the DataLoader's own pin-memory thread and of its pinning.
 _INPUT_STAGE = re.compile(r"^aten::(_)?pin_memory$|torch/utils/data/_utils/pin_memory\.py")
 
-# Costs of first use: lazy kernel loading, the attribute, symbol and occupancy queries cuBLAS,
-# cuDNN and PyTorch's own kernels make on their first call, and the stream pool PyTorch creates
-# on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).
-_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|cuModuleLoad\w*|cuModuleGetFunction|cuLibraryLoad\w*|"
-                      r"cuKernelGetFunction|cuLibraryGetKernel|cudaGetFuncBySymbol|hipModuleLoad\w*|"
+# Costs of first use: lazy kernel loading (the driver's module, library and function look-ups, in
+# CUDA and HIP spellings), the attribute, symbol, occupancy and driver entry-point queries cuBLAS,
+# cuDNN, Triton and PyTorch's own kernels make on their first call, and the stream pool PyTorch
+# creates on a device's first use (``cudaStreamCreateWithFlags``, 32 streams per priority).  Calls
+# libraries make again on every call (``cudaFuncSetAttribute``, ``cudaDeviceGetAttribute``: thousands
+# per trace in the corpus) are not among them; pinned memory (``cudaHostAlloc``) is an allocator
+# call, inside a library's first call counted by its set-up window (trust/warmup.py).
+_WARM_UP = re.compile(r"^(cudaFuncGetAttributes|(cu|hip)Module(Load\w*|GetFunction|GetGlobal\w*)|cuLibraryLoad\w*|"
+                      r"cuKernelGetFunction|cuLibraryGetKernel|(cuda|hip)GetFuncBySymbol|(cu|hip)FuncGetAttribute|"
                       r"hipFuncGetAttributes|cudaGetDeviceProperties\w*|hipGetDeviceProperties\w*|"
                       r"(cuda|hip)GetSymbolAddress|(cuda|hip)StreamCreate(WithFlags|WithPriority)?|"
-                      r"(cuda|hip)OccupancyMaxActiveBlocksPerMultiprocessor\w*|cuOccupancy\w*|"
-                      r"cuInit|cuDevicePrimaryCtxRetain|cuCtxCreate\w*)$")
+                      r"(cuda|hip)Occupancy\w*|cuOccupancy\w*|cudaGetDriverEntryPoint\w*|cuGetProcAddress\w*|"
+                      r"cuInit|hipInit|cuDevicePrimaryCtxRetain|hipDevicePrimaryCtxRetain|cuCtxCreate\w*|hipCtxCreate)$")
 # PyTorch creates a device's CUDA/HIP context lazily, with ``cudaFree(nullptr)`` on its first use:
 # the process's first such call lasts from about 100 ms to seconds, before any device work.
 _CONTEXT_CREATION = re.compile(r"^(cuda|hip)Free$")
@@ -114,15 +118,29 @@ def gpu_allocator_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# A context-creating call this long made the context (a cudaFree of memory takes microseconds).
+CONTEXT_CREATION_PS = 1_000_000_000         # 1 ms
+
+
 def may_create_context(name: str) -> bool:
     """Whether a runtime call named NAME creates the device's context when it is the first one
     (then it is long, and no device work came before it)."""
     return bool(_CONTEXT_CREATION.match(name))
 
 
-# A launch call this long loaded its kernel first (lazy module loading, CUDA context set-up): a
-# warmed-up launch takes microseconds.
+# A launch call this long that launched its kernel's first run on its GPU loaded the kernel first
+# (CUDA lazy module loading; before the GPU's first work, the context and libraries too): a warmed-up
+# launch takes microseconds.  A copy call this long waited for the device (a blocking copy), and a
+# graph launch this long launched many kernels at once: their length is no set-up.
 FIRST_USE_LAUNCH_PS = 1_000_000_000          # 1 ms
+# The calls that launch one kernel, whose first launch of a kernel loads its module.
+_KERNEL_LOADING_LAUNCH = re.compile(r"^(cu|cuda|hip)(Ext)?(Module)?Launch\w*Kernel\w*$")
+
+
+def may_load_kernel(name: str) -> bool:
+    """Whether a runtime call launches one kernel, so that its first launch may load the kernel
+    (not a copy, a memset or a CUDA graph's launch)."""
+    return bool(_KERNEL_LOADING_LAUNCH.match(name))
 
 # Kineto numbers every runtime API call from one counter, whether it records the call or not.
 # In a whole trace the recorded runtime calls hold 6-43% of the ids between their lowest and
@@ -197,15 +215,17 @@ def host_event_kind(name: str, category: str) -> HostEventKind:
         return HostEventKind.INPUT_WAIT
     if _INPUT_STAGE.search(name):
         return HostEventKind.INPUT_STAGE
+    if is_compile(name):
+        return HostEventKind.COMPILE
     if category in RUNTIME_CATEGORIES and _WARM_UP.match(name):
         return HostEventKind.FIRST_USE
     if category in RUNTIME_CATEGORIES and _ALLOCATOR.match(name):
         return HostEventKind.ALLOCATOR
-    if category in RUNTIME_CATEGORIES:
-        return HostEventKind.LAUNCH if gpu.LAUNCH_CALL.search(name) else HostEventKind.OTHER
+    if category in RUNTIME_CATEGORIES and gpu.LAUNCH_CALL.search(name):
+        return HostEventKind.LAUNCH
     if category in ("cpu_op", "operator"):
         return HostEventKind.FRAMEWORK_OP
-    return HostEventKind.OTHER
+    return gpu.wait_kind(name) or HostEventKind.OTHER
 
 
 # A batch handed over from a DataLoader worker process crosses a queue (pickled, through shared
@@ -220,6 +240,11 @@ def loads_in_process(input_wait: str) -> bool:
     """Whether a DataLoader wait names the single-process iterator: ``num_workers=0``, batches
     are loaded by the training loop itself."""
     return "_SingleProcessDataLoaderIter" in input_wait
+
+
+def input_stage(name: str) -> InputStage:
+    """A DataLoader wait's or pinning's facts: whether its batches are loaded in the training process."""
+    return InputStage(in_process=loads_in_process(name))
 
 
 def loads_in_workers(input_wait: str) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from tb_gpuadvisor.kinds import InputStage, StageOrigin
+
 FRAMEWORK = "tensorflow"
 
 # Step markers written by Keras: Keras 2's TraceContext and Keras 3's "Profiled batch" (model.fit's
@@ -105,6 +107,54 @@ INJECTED_DATASET_PREFIX = "inject/"
 MAP_DATASET_PREFIX = "Map"
 PARALLEL_DATASETS = ("ParallelMap", "ParallelInterleave", "ParallelBatch")
 SEQUENTIAL_MAP_DATASETS = ("MapDataset", "MapDatasetV2")
+_INPUT_INDEX = re.compile(r"\[\d+\]$")
+_DATASET_ID = re.compile(r":\d+$")
+
+
+def stage_kind(long_name: str) -> str:
+    """"Iterator::Model::ParallelMapV2::Zip[0]::FlatMap" -> "FlatMap"."""
+    return _INPUT_INDEX.sub("", long_name.rsplit("::", 1)[-1])
+
+
+def dataset_ops(dataset_name: str) -> list[str]:
+    """"fused(MapDataset:2,BatchDatasetV2:3)" -> ["MapDataset", "BatchDatasetV2"]."""
+    fused = dataset_name.startswith(FUSED_DATASET_PREFIX)
+    inner = dataset_name[len(FUSED_DATASET_PREFIX):-1] if fused else dataset_name
+    return [_DATASET_ID.sub("", part.strip()) for part in inner.split(",") if part.strip()]
+
+
+def _stage_ancestors(long_name: str) -> frozenset[str]:
+    """The stages a stage is nested in: every name it starts with followed by "::" or "[" (an
+    input of a Zip is "...::Zip[0]::...")."""
+    parts = long_name.split("::")
+    prefixes = ["::".join(parts[:i]) for i in range(1, len(parts))]
+    indexed = [p for p in prefixes + [long_name] if _INPUT_INDEX.search(p)]
+    return frozenset(prefixes + [p[:p.rindex("[")] for p in indexed])
+
+
+def _stage_origin(kind: str, dataset: str) -> StageOrigin:
+    """What the stage's dataset name DATASET says the user wrote."""
+    ops = dataset_ops(dataset)
+    prefetch = kind.startswith(PREFETCH_STAGE)
+    injected = prefetch and dataset.startswith(INJECTED_DATASET_PREFIX)
+    fused = kind == MAP_AND_BATCH_STAGE and any(op.startswith(MAP_DATASET_PREFIX) for op in ops)
+    return StageOrigin(prefetch=prefetch and not injected,
+                       parallel=any(op.startswith(PARALLEL_DATASETS) for op in ops),
+                       sequential_map=any(op in SEQUENTIAL_MAP_DATASETS for op in ops),
+                       inserted="prefetch (inject_prefetch)" if injected else
+                       "MapAndBatch (your map fused with batch, still sequential)" if fused else None)
+
+
+def input_stage(long_name: str, dataset: str | None) -> InputStage:
+    """A tf.data stage's facts from its name and, where recorded, its dataset's name."""
+    kind = stage_kind(long_name)
+    return InputStage(kind=kind, ancestors=_stage_ancestors(long_name), prefetch=kind.startswith(PREFETCH_STAGE),
+                      parallel=kind.startswith(PARALLEL_STAGES), sequential_map=kind in SEQUENTIAL_MAP_STAGES,
+                      buffer=kind in BUFFER_STAGES, in_memory_source=kind in IN_MEMORY_SOURCES,
+                      reads_files=kind.startswith(FILE_STAGES),
+                      origin=_stage_origin(kind, dataset) if dataset else None)
+
+
 # Op types that run Python inside a dataset function (they also hold the GIL), and the API that made them.
 PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",
               "PyFuncStateless": "tf.numpy_function"}

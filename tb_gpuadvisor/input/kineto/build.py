@@ -25,7 +25,7 @@ from tb_gpuadvisor.input.kineto.sniff import WRITING_S
 from tb_gpuadvisor.input.kineto.decode import (
     Columns, CommArgs, DeviceProperties, Truncated, decode, inflate,
 )
-from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind
+from tb_gpuadvisor.kinds import DeviceEventKind, HostEventKind, InputStage
 from tb_gpuadvisor.timeline import CollectiveCall, Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import gpu, pytorch
 
@@ -249,9 +249,11 @@ def build(cols: Columns, host: str) -> HostCapture:
     runtime = _category_mask(cat_names, pytorch.RUNTIME_CATEGORIES)[cat[host_rows]]
     kind = np.where(launched & runtime, np.int8(HostEventKind.LAUNCH), kind)
     launch_corr = np.where(kind == HostEventKind.LAUNCH, correlation[host_rows], -1)
-    # A launch of many ms loaded its kernel first: set-up, not the cost of launching.
-    first_use = (kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS)
-    kind = np.where(first_use, np.int8(HostEventKind.FIRST_USE), kind)
+    dev_kind = np.empty(n, np.int8)
+    dev_kind[dev_rows] = _kinds(key[dev_rows], cat_names, name_list, pytorch.device_event_kind)
+    kind = _set_up(kind, host_rows, dev_rows[dev_kind[dev_rows] == DeviceEventKind.KERNEL], start, dur, cols.device,
+                   correlation, name, name_list)
+    kind = _context_creation(kind, host_rows, dev_rows, start, dur, name, name_list)
     all_tids = _Interner()
     host_tid = all_tids.indices(cols.tid)[host_rows]
     annotation = _category_mask(cat_names, pytorch.ANNOTATION_CATEGORIES)[cat[host_rows]]
@@ -261,6 +263,8 @@ def build(cols: Columns, host: str) -> HostCapture:
     marker = np.flatnonzero(kind == HostEventKind.STEP_MARKER)
     step_num[marker] = [pytorch.step_number(name_list[i]) for i in name[host_rows[marker]].tolist()]
 
+    # cuDNN's algorithm search is set-up; the launches inside it still name their op (below).
+    tuning = _autotuning(kind, host_tid, start[host_rows], dur[host_rows], name[host_rows], name_list)
     # A thread is its tid (older traces write it as a string in events, a number in metadata).
     tid_names, tid = _subset(host_tid, [str(t) for t in all_tids.strings])
     labels = {str(t): label for (_, t), label in cols.threads.items()}
@@ -269,16 +273,17 @@ def build(cols: Columns, host: str) -> HostCapture:
     host_names, host_name = _subset(name[host_rows], name_list)
     activity = HostActivity(
         host=host, start_ps=start[host_rows], dur_ps=dur[host_rows], thread=tid,
-        name=host_name, kind=kind,
+        name=host_name, kind=np.where(tuning, np.int8(HostEventKind.AUTOTUNE), kind),
         step_num=step_num, is_root=kind == HostEventKind.STEP_MARKER,
         group_id=np.full(host_rows.size, -1, np.int64), correlation_id=launch_corr,
-        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32))
+        names=host_names, threads=threads, step=np.full(host_rows.size, -1, np.int32),
+        stages=_input_stages(host_names, host_name, kind))
 
     runtime_names = [name_list[i] for i in np.unique(name[host_rows[runtime]]).tolist()]
     vendor = pytorch.vendor_of(runtime_names, next((p.name for p in cols.devices if p.name), None))
     scopes = _CollectiveScopes(cols, host_rows, host_tid, start, dur, kind, name, name_list)
     op_of = _launching_ops(host_tid, start[host_rows], dur[host_rows], kind, launch_corr, name[host_rows], name_list)
-    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, key, name_list, cat_names,
+    devices = _devices(cols, host, dev_rows, start, dur, correlation, vendor, name, dev_kind, name_list,
                        scopes, op_of, unused=not (kind == HostEventKind.LAUNCH).any())
     warnings = []
     if not devices and np.any(kind == HostEventKind.LAUNCH):
@@ -289,6 +294,85 @@ def build(cols: Columns, host: str) -> HostCapture:
     return HostCapture(host, activity, _memory(cols, host, first), devices, None, [], warnings, origin_ns,
                        _sampled(correlation[host_rows[runtime]]), framework=pytorch.FRAMEWORK,
                        device_steps=_device_steps(cat, name, cat_names, name_list, start, dur))
+
+
+def _set_up(kind: np.ndarray, host_rows: np.ndarray, kernel_rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
+            device: np.ndarray, correlation: np.ndarray, name: np.ndarray, name_list: list[str]) -> np.ndarray:
+    """KIND (of the host events HOST_ROWS) with first-use set-up told apart from slow launches.  A
+    launch call of ``FIRST_USE_LAUNCH_PS`` or more is set-up when it launched one kernel whose first
+    run on its GPU it was (of KERNEL_ROWS, the devices' kernels): it loaded that kernel (lazy module
+    loading) and, before the GPU's first work, the context and libraries.  Any other long launch is a
+    slow launch: a blocking copy waits for the device, a graph launch puts many kernels on it, and a
+    launch of a kernel run before waited for a full queue."""
+    long = np.flatnonzero((kind == HostEventKind.LAUNCH) & (dur[host_rows] >= pytorch.FIRST_USE_LAUNCH_PS))
+    kind = kind.copy()
+    kind[long] = HostEventKind.SLOW_LAUNCH
+    long = long[_names_where(name[host_rows[long]], name_list, pytorch.may_load_kernel)]
+    if not long.size:
+        return kind
+    # The kernels of those launches, and every run of a kernel of theirs: the first run of each kernel
+    # name on each GPU (by start; the earlier in the file on ties) is one a long launch may have loaded.
+    launched = kernel_rows[np.isin(correlation[kernel_rows], correlation[host_rows[long]])]
+    runs = kernel_rows[np.isin(name[kernel_rows], name[launched])]
+    runs = runs[np.lexsort((runs, start[runs], name[runs], device[runs]))]
+    first = np.ones(runs.size, bool)
+    first[1:] = (device[runs[1:]] != device[runs[:-1]]) | (name[runs[1:]] != name[runs[:-1]])
+    kind[long[np.isin(correlation[host_rows[long]], correlation[runs[first]])]] = HostEventKind.FIRST_USE
+    return kind
+
+
+def _context_creation(kind: np.ndarray, host_rows: np.ndarray, dev_rows: np.ndarray, start: np.ndarray,
+                      dur: np.ndarray, name: np.ndarray, name_list: list[str]) -> np.ndarray:
+    """KIND with the call that created the device's context as set-up: the host's first allocator call
+    of a name that creates the context on first use (``cudaFree``), lasting ``CONTEXT_CREATION_PS`` or
+    more and ending before any device work (DEV_ROWS) started.  A later or shorter one freed memory."""
+    calls = np.flatnonzero(kind == HostEventKind.ALLOCATOR)
+    calls = calls[_names_where(name[host_rows[calls]], name_list, pytorch.may_create_context)]
+    if not calls.size:
+        return kind
+    first = int(calls[0])
+    call = host_rows[first]         # host rows are in start order
+    if dur[call] >= pytorch.CONTEXT_CREATION_PS and (not dev_rows.size or start[call] + dur[call] <= start[dev_rows].min()):
+        kind = kind.copy()
+        kind[first] = HostEventKind.FIRST_USE
+    return kind
+
+
+def _names_where(ids: np.ndarray, name_list: list[str], predicate) -> np.ndarray:
+    """Per name id of IDS: does PREDICATE hold for its name (asked once per distinct name)."""
+    used = np.unique(ids)
+    holds = np.fromiter((predicate(name_list[i]) for i in used.tolist()), bool, used.size)
+    return holds[np.searchsorted(used, ids)] if ids.size else np.zeros(0, bool)
+
+
+def _input_stages(names: list[str], name: np.ndarray, kind: np.ndarray) -> dict[str, InputStage]:
+    """The facts of each DataLoader wait and pinning among the host events (NAME, KIND)."""
+    wanted = np.unique(name[(kind == HostEventKind.INPUT_WAIT) | (kind == HostEventKind.INPUT_STAGE)])
+    return {names[i]: pytorch.input_stage(names[i]) for i in wanted.tolist()}
+
+
+def _autotuning(kind: np.ndarray, thread: np.ndarray, start: np.ndarray, dur: np.ndarray, name: np.ndarray,
+                name_list: list[str]) -> np.ndarray:
+    """Per host event: is it a convolution op call that launched ``AUTOTUNE_KERNELS_PER_CALL``
+    kernels or more on its thread (cuDNN benchmark mode timing every algorithm on a shape's first
+    call)."""
+    out = np.zeros(kind.size, bool)
+    ops = np.flatnonzero(kind == HostEventKind.FRAMEWORK_OP)
+    ops = ops[_names_where(name[ops], name_list, pytorch.is_convolution_op)]
+    launches = np.flatnonzero(kind == HostEventKind.LAUNCH)
+    if not ops.size or not launches.size:
+        return out
+    # Launches ordered by (thread, start): the ones inside an op are one run of that order.
+    end = start + dur
+    threads = np.unique(thread[ops])
+    rank = np.searchsorted(threads, thread[launches])
+    launches = launches[(rank < threads.size) & (threads[np.clip(rank, 0, threads.size - 1)] == thread[launches])]
+    span = int(end.max()) + 1
+    keys = np.sort(np.searchsorted(threads, thread[launches]).astype(np.int64) * span + start[launches])
+    base = np.searchsorted(threads, thread[ops]).astype(np.int64) * span
+    count = np.searchsorted(keys, base + end[ops]) - np.searchsorted(keys, base + start[ops])
+    out[ops[count >= pytorch.AUTOTUNE_KERNELS_PER_CALL]] = True
+    return out
 
 
 def _device_steps(cat: np.ndarray, name: np.ndarray, cat_names: list[str], name_list: list[str],
@@ -405,9 +489,8 @@ def _sampled(ids: np.ndarray) -> str | None:
 
 
 def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur: np.ndarray,
-             correlation: np.ndarray, vendor: str, name: np.ndarray, key: np.ndarray,
-             name_list: list[str], cat_names: list[str], scopes: _CollectiveScopes,
-             op_of: SortedKeys, unused: bool) -> list[DeviceActivity]:
+             correlation: np.ndarray, vendor: str, name: np.ndarray, device_kind: np.ndarray,
+             name_list: list[str], scopes: _CollectiveScopes, op_of: SortedKeys, unused: bool) -> list[DeviceActivity]:
     """One table per GPU.  The op column stays empty: a kernel's op in the device table names a
     graph node (TensorFlow's "scope/conv1/Conv2D"), and a PyTorch op name ("aten::conv2d") names
     every call of that op at once; the host table holds each op call.  The op that launched each
@@ -425,7 +508,7 @@ def _devices(cols: Columns, host: str, rows: np.ndarray, start: np.ndarray, dur:
         names, name_idx = _subset(name[sel], name_list)
         used, stream_idx = renumber_small_ints(cols.stream[sel])
         streams = [f"Stream #{s}" for s in used.tolist()]
-        kind = _kinds(key[sel], cat_names, name_list, pytorch.device_event_kind)
+        kind = device_kind[sel]
         nbytes = np.maximum(cols.nbytes[sel], 0)
         collective = np.full(sel.size, -1, np.int32)
         at = np.flatnonzero(kind == DeviceEventKind.COLLECTIVE)

@@ -22,7 +22,7 @@ from tb_gpuadvisor.input.files import CaptureError, Opener
 from tb_gpuadvisor.input.xplane import classify
 from tb_gpuadvisor.input.xplane.decode import DecodedPlane, count_events, decode_plane, has_fast_decoder
 from tb_gpuadvisor.input.xplane.reader import CaptureFile
-from tb_gpuadvisor.kinds import HostEventKind
+from tb_gpuadvisor.kinds import HostEventKind, InputStage
 from tb_gpuadvisor.timeline import Device, DeviceActivity, HostActivity, MemoryRecords
 from tb_gpuadvisor.vocab import hlo, tensorflow, xla
 
@@ -262,7 +262,7 @@ def _host_tables(dp: DecodedPlane, host: str, origin_ns: int) -> tuple[HostActiv
         host=host, start_ps=start, dur_ps=dur, thread=thread, name=name,
         kind=kind.astype(np.int8), step_num=stats["step_num"], is_root=stats["_r"],
         group_id=stats["group_id"], correlation_id=stats["correlation_id"], names=names.strings,
-        threads=threads.strings, datasets=datasets)
+        threads=threads.strings, stages=_stages(names.strings, kind_of_name, datasets))
     return activity, memory
 
 
@@ -281,6 +281,12 @@ def _dense_stats(dp: DecodedPlane) -> dict[str, np.ndarray]:
             column[event] = value
         dense[name] = column == 1 if name == "_r" else column
     return dense
+
+
+def _stages(names: list[str], kind_of_name: np.ndarray, datasets: dict[str, str]) -> dict[str, InputStage]:
+    """Each tf.data stage name's facts (vocab.tensorflow), with its dataset where DATASETS holds it."""
+    rows = np.flatnonzero(kind_of_name == HostEventKind.INPUT_STAGE).tolist()
+    return {names[i]: tensorflow.input_stage(names[i], datasets.get(names[i])) for i in rows}
 
 
 def _datasets(dp: DecodedPlane) -> dict[str, str]:
@@ -353,11 +359,13 @@ def _host_planes_merged(planes: list["_HostPlane"], host: str) -> tuple[HostActi
     if not planes:
         return _no_host_events(host)
     activity = _merged([p.activity for p in planes], _HOST_COLUMNS, {"name": "names", "thread": "threads"})
-    datasets: dict[str, str] = {}
-    for plane in planes:
-        for stage, op in plane.activity.datasets.items():
-            datasets.setdefault(stage, op)
-    activity.datasets = datasets
+    stages: dict[str, InputStage] = {}
+    for plane in planes:        # a stage's dataset is the first plane's that records one
+        for name, stage in plane.activity.stages.items():
+            if name not in stages or (stages[name].origin is None and stage.origin is not None):
+                stages[name] = stage
+    activity.stages = stages
+    activity.input_threads = frozenset(i for i, t in enumerate(activity.threads) if tensorflow.is_input_pipeline_thread(t))
     memory = _merged([p.memory for p in planes], _MEMORY_COLUMNS, {"allocator": "allocators", "op": "ops"})
     return activity, memory
 

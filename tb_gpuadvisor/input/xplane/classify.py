@@ -51,7 +51,7 @@ def host_event_kind(name: str) -> HostEventKind:
         return HostEventKind.EXECUTOR
     if tensorflow.GRAPH_OP.match(name):
         return HostEventKind.FRAMEWORK_OP
-    return HostEventKind.OTHER
+    return gpu.wait_kind(name) or HostEventKind.OTHER
 
 
 def is_xla_cpu_thread(thread_name: str) -> bool:
