@@ -542,10 +542,10 @@ def _input_waits(host: HostModel, torch: bool = False) -> Intervals:
 def cpu_preprocessing(host: HostModel) -> np.ndarray:
     """Per host event (PyTorch): the step's input prepared on the host inside the loop, a scope or
     Python frame the vocabulary names so (``pytorch.is_preprocessing``: an image processor, a video
-    decode) inside which its thread launched no kernel. The device has nothing of the step to run
-    meanwhile, so its idle then is the input's, as if the loop waited on a DataLoader that prepares
-    batches in its own process; a scope that launches kernels prepares on the device, which is the
-    device's work."""
+    decode) inside which its thread launched no kernel, and not inside a post-processing frame. The
+    device has nothing of the step to run meanwhile, so its idle then is the input's, as if the loop
+    waited on a DataLoader that prepares batches in its own process; a scope that launches kernels
+    prepares on the device, which is the device's work."""
     activity = host.activity
     found = _MEMO.of(activity).get("cpu_preprocessing")
     if found is not None:
@@ -558,11 +558,17 @@ def cpu_preprocessing(host: HostModel) -> np.ndarray:
             launched = launch_rows(activity, dev)[~dev.mask(*COPY_KINDS)]
             launches[launched[launched >= 0]] = True
         launched = np.flatnonzero(launches)
+        post = np.flatnonzero(kernels.named_events(activity, "postprocessing", pytorch.is_postprocessing))
         for thread in np.unique(activity.thread[rows]):
             spans = rows[activity.thread[rows] == thread]
             at = np.sort(activity.start_ps[launched[activity.thread[launched] == thread]])
             inside = (np.searchsorted(at, activity.end_ps[spans]) - np.searchsorted(at, activity.start_ps[spans]))
             found[spans[inside > 0]] = False
+            mine = post[activity.thread[post] == thread]
+            if mine.size:
+                outputs = iv.union(activity.start_ps[mine], activity.end_ps[mine])
+                within = np.searchsorted(outputs[0], activity.start_ps[spans], side="right") - 1
+                found[spans[(within >= 0) & (activity.start_ps[spans] < outputs[1][np.clip(within, 0, None)])]] = False
     found.flags.writeable = False
     _MEMO.of(activity)["cpu_preprocessing"] = found
     return found

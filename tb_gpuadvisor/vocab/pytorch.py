@@ -242,10 +242,21 @@ _PREPROCESS_FRAME = re.compile(
     r"feature_extraction|tokenization|processing)\w*\.py|timm/data)[/(]")
 
 
+# The same libraries turn the model's outputs back into results after the step's work
+# (``image_processing_owlv2.py(503): post_process_object_detection``): that is not input.
+_POSTPROCESS_NAME = re.compile(r"(?i)(?<![a-z])post[-_ ]?process")
+
+
 def is_preprocessing(name: str) -> bool:
     """Whether host event NAME prepares input on the host: a scope or Python function named for it,
-    or a frame of a host-side decode, transform or tokenizer library (``PIL/Image.py(2200): resize``)."""
-    return bool(_PREPROCESS_NAME.search(name) or _PREPROCESS_FRAME.search(name))
+    or a frame of a host-side decode, transform or tokenizer library (``PIL/Image.py(2200): resize``),
+    not one that post-processes outputs."""
+    return bool(_PREPROCESS_NAME.search(name) or _PREPROCESS_FRAME.search(name)) and not is_postprocessing(name)
+
+
+def is_postprocessing(name: str) -> bool:
+    """Whether host event NAME turns outputs into results (the frames inside it are not input)."""
+    return bool(_POSTPROCESS_NAME.search(name))
 
 
 def device_event_kind(name: str, category: str) -> DeviceEventKind:
