@@ -14,6 +14,14 @@ user's dataset functions ran on tf.data's threads (a ``tf.py_function`` shows as
 ``EagerPyFunc``), and whether the user's code prefetches and maps in parallel, told apart
 from what tf.data inserted itself (see ``model/pipeline.py``).
 
+In a PyTorch trace the input time also holds the host preparing the batch in the loop itself
+(``attribution.breakdown.cpu_preprocessing``: a ``record_function`` scope or function named for
+it, an image processor's or a decoder's frames, launching no kernel). Where that preprocessing
+is most of the input time the finding names it (its scopes and frames, ms per step, share of the
+step), and its fix moves it into a Dataset that DataLoader workers run ahead of the step (into the
+dataset the workers already run, when the loop has some), or onto the GPU. Preprocessing inside a
+single-process DataLoader's calls is named as what that DataLoader spends its time in.
+
 ## Why it matters
 A GPU waiting on input does no work at all, whatever the model. The Profiler guides
 tell users to rule out an input bottleneck first, before tuning anything on the device.
