@@ -30,7 +30,8 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                  kernel_names: tuple[str, ...] = (), op_chains: tuple[tuple[str, ...], ...] = (),
                  device_properties: dict | None = None, kernel_durations: tuple[float, ...] = (),
                  item_copy: bool = False, graph_us: float = 0.0, host: bool = True,
-                 gpu_steps: bool = False, copy_staging_us: float = 0.0) -> dict:
+                 gpu_steps: bool = False, copy_staging_us: float = 0.0, preprocess_us: float = 0.0,
+                 preprocess_name: str = "preprocess") -> dict:
     """A trace dict; every time in microseconds.  COPY_US: each step starts with a host-to-device
     copy of that length (COPY_NAME, COPY_BYTES) issued by cudaMemcpyAsync, before its kernels.
     SYNC_US: each step ends with ``loss.item()`` called from ``train.py(42): train_step`` (with
@@ -71,7 +72,12 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
     the device's.  GPU_STEPS: each ``ProfilerStep#N`` is also written on the GPU
     (``gpu_user_annotation`` on the device's pid/tid) over the span of that step's device work.
     COPY_STAGING_US: COPY_US's call first stages the pageable batch on the host that long (the
-    call lasts the staging and the copy, whose device event starts once it is staged)."""
+    call lasts the staging and the copy, whose device event starts once it is staged).
+    PREPROCESS_US: each step first prepares its input on the host inside
+    ``record_function(PREPROCESS_NAME)`` (a ``user_annotation`` that long), as an inference loop
+    calling an image processor does: Python frames (``with_stack=True``) of the processor's
+    ``__call__``, PIL's resize taking 80% of it, then ``aten::stack`` of the images (CPU tensors,
+    no launch) in its last 5%; nothing runs on the GPU meanwhile."""
     cat = ({"op": "Operator", "annotation": "Operator", "runtime": "Runtime", "kernel": "Kernel"} if old else
            {"op": "cpu_op", "annotation": "user_annotation", "runtime": "cuda_runtime", "kernel": "kernel"})
     launch = "hipLaunchKernel" if hip else "cudaLaunchKernel"
@@ -108,6 +114,17 @@ def kineto_trace(steps: int = 4, kernels: int = 20, kernel_us: float = 400.0, la
                             {"ph": "X", "cat": cat["op"], "name": "aten::cudnn_convolution", "pid": 1, "tid": 7,
                              "ts": op_start, "dur": gpu_free + 1 - op_start}]
             t = gpu_free + 2
+        if preprocess_us:
+            frame = {"ph": "X", "cat": "python_function", "pid": 1, "tid": 7}
+            step_events += [
+                {"ph": "X", "cat": cat["annotation"], "name": preprocess_name, "pid": 1, "tid": 7, "ts": t,
+                 "dur": preprocess_us},
+                {**frame, "name": "transformers/image_processing_utils.py(41): __call__", "ts": t + 1,
+                 "dur": preprocess_us - 2},
+                {**frame, "name": "PIL/Image.py(2200): resize", "ts": t + 2, "dur": 0.8 * preprocess_us},
+                {"ph": "X", "cat": cat["op"], "name": "aten::stack", "pid": 1, "tid": 7,
+                 "ts": t + 0.95 * preprocess_us - 2, "dur": 0.05 * preprocess_us}]
+            t += preprocess_us
         if cpu_input_us:
             step_events += [{"ph": "X", "cat": cat["op"], "name": "aten::randn", "pid": 1, "tid": 7, "ts": t,
                              "dur": cpu_input_us},

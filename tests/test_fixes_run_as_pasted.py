@@ -101,7 +101,7 @@ def test_every_count_of_workers_or_threads_is_positive_on_this_machine():
 
 
 # The names the fixes use, made small: a model (wrapped in DDP, as a multi-rank fix expects), an
-# in-memory dataset, a loader and a step; one rank of a gloo group.
+# in-memory dataset, a loader and a step, raw items and their preprocessing; one rank of a gloo group.
 _STUBS = """
 import os, sys, json, tempfile, torch
 torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
@@ -118,6 +118,9 @@ def train_step(x, y):
     return loss.detach()
 def augment_batch(samples):
     return torch.utils.data.default_collate(samples)
+items = list(dataset.tensors[0])      # raw inputs the loop preprocesses
+def preprocess(item):
+    return item * 2
 x, y = dataset.tensors[0][:16], dataset.tensors[1][:16]
 loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
 example_inputs, array, chunks, buffer = (x,), x.double().numpy(), [x, x], torch.empty(32, 8)

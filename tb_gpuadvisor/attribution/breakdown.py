@@ -16,7 +16,8 @@ taken in priority order:
   it, so it is no host cost (a step it bounds is bound by set-up), and a report shows it only
   where there is some;
 - device idle, by what the host was doing: ``input`` (waiting on tf.data or the DataLoader, or,
-  in a PyTorch trace, inside a host-to-device copy's call: a pageable batch being staged) >
+  in a PyTorch trace, inside a host-to-device copy's call: a pageable batch being staged, or
+  preparing the batch on the host in the loop itself: ``cpu_preprocessing``) >
   ``host_ops`` (framework ops computing on the host that launch nothing) >
   ``launch`` (launching kernels or dispatching ops for this device; in a PyTorch trace the
   launch calls and the short gaps between them, never a sync's aftermath) >
@@ -27,7 +28,8 @@ input pipeline or by Python shows up there as unexplained time; asking what the
 host did during each idle gap is what lets the checks name the cause.
 
 On CPU-only captures the host is the device: ``input`` is time the training
-threads spend waiting for the next tf.data element, compute is framework op
+threads spend waiting for the next tf.data element or DataLoader batch (or preparing it in the
+loop: PyTorch's ``cpu_preprocessing``), compute is framework op
 time (and the executor's own threads running the graph) outside those waits,
 and the rest of the step is ``other_host``.
 
@@ -521,19 +523,55 @@ def _split_collective_wait(devices: list[DeviceBreakdown]) -> None:
         dev.parts["collective_transfer"] = row - wait
 
 
-def _input_waits(host: HostModel, copies: bool = False) -> Intervals:
-    """When the host waited on tf.data or the DataLoader or handed its batch to the device (COPIES,
-    PyTorch: inside the runtime calls of host-to-device copies, ``batch_copies``); shared by every
-    device of the host, built once."""
-    key = "input_waits_and_copies" if copies else "input_waits"
+def _input_waits(host: HostModel, torch: bool = False) -> Intervals:
+    """When the host waited on tf.data or the DataLoader, or (TORCH, PyTorch) prepared the batch in
+    the loop itself (``cpu_preprocessing``) or handed it to the device (inside the runtime calls of
+    host-to-device copies, ``batch_copies``); shared by every device of the host, built once."""
+    key = "input_waits_torch" if torch else "input_waits"
     waits = _MEMO.of(host.activity).get(key)
     if waits is None:
         activity = host.activity
         mask = (activity.kind == HostEventKind.INPUT_WAIT) | kernels.named_events(
             activity, "input_sends", _INPUT_SEND.search)
-        waits = _MEMO.of(host.activity)[key] = _set(
-            activity.start_ps, activity.end_ps, mask | batch_copies(host) if copies else mask)
+        if torch:
+            mask = mask | batch_copies(host) | cpu_preprocessing(host)
+        waits = _MEMO.of(host.activity)[key] = _set(activity.start_ps, activity.end_ps, mask)
     return waits
+
+
+def cpu_preprocessing(host: HostModel) -> np.ndarray:
+    """Per host event (PyTorch): the step's input prepared on the host inside the loop, a scope or
+    Python frame the vocabulary names so (``pytorch.is_preprocessing``: an image processor, a video
+    decode) inside which its thread launched no kernel, and not inside a post-processing frame. The
+    device has nothing of the step to run meanwhile, so its idle then is the input's, as if the loop
+    waited on a DataLoader that prepares batches in its own process; a scope that launches kernels
+    prepares on the device, which is the device's work."""
+    activity = host.activity
+    found = _MEMO.of(activity).get("cpu_preprocessing")
+    if found is not None:
+        return found
+    found = kernels.named_events(activity, "preprocessing", pytorch.is_preprocessing).copy()
+    rows = np.flatnonzero(found)
+    if rows.size:
+        launches = np.zeros(len(activity), bool)
+        for dev in host.devices:
+            launched = launch_rows(activity, dev)[~dev.mask(*COPY_KINDS)]
+            launches[launched[launched >= 0]] = True
+        launched = np.flatnonzero(launches)
+        post = np.flatnonzero(kernels.named_events(activity, "postprocessing", pytorch.is_postprocessing))
+        for thread in np.unique(activity.thread[rows]):
+            spans = rows[activity.thread[rows] == thread]
+            at = np.sort(activity.start_ps[launched[activity.thread[launched] == thread]])
+            inside = (np.searchsorted(at, activity.end_ps[spans]) - np.searchsorted(at, activity.start_ps[spans]))
+            found[spans[inside > 0]] = False
+            mine = post[activity.thread[post] == thread]
+            if mine.size:
+                outputs = iv.union(activity.start_ps[mine], activity.end_ps[mine])
+                within = np.searchsorted(outputs[0], activity.start_ps[spans], side="right") - 1
+                found[spans[(within >= 0) & (activity.start_ps[spans] < outputs[1][np.clip(within, 0, None)])]] = False
+    found.flags.writeable = False
+    _MEMO.of(activity)["cpu_preprocessing"] = found
+    return found
 
 
 def batch_copies(host: HostModel) -> np.ndarray:
@@ -563,7 +601,7 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_h2d=_set(start, end, kind == DeviceEventKind.MEMCPY_H2D),
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
-        covered=covered, setup=setup, waits=_input_waits(host, copies=by_rate),
+        covered=covered, setup=setup, waits=_input_waits(host, torch=by_rate),
         host_ops=host_ops,
         launch=_launch_set(host, dev, by_rate),
         # After a sync the queue is empty and the device idles until the host launches again: the
@@ -607,10 +645,10 @@ def host_device(host: HostModel) -> Device:
     return Device(name="/host:CPU", host=host.name, kind="cpu", index=0)
 
 
-def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps) -> DeviceBreakdown:
+def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps, torch: bool) -> DeviceBreakdown:
     activity = host.activity
     start, end = activity.start_ps, activity.end_ps
-    waits = _input_waits(host)
+    waits = _input_waits(host, torch)
     # Ops of tf.data map functions run ahead on pipeline threads; they are not the step's compute.
     # Eagerly executed ops (a step not in tf.function) are compute too, and so is the executor
     # running the step's graph on its own threads (all there is when ops were not traced).
@@ -642,7 +680,7 @@ def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, 
              trust: "Trust | None", host_ops: dict[int, Intervals], by_rate: bool) -> DeviceBreakdown:
     dev, host = pair
     if dev is None:
-        return _cpu_breakdown(host, windows, steps)
+        return _cpu_breakdown(host, windows, steps, by_rate)
     covered = trust.covered_by(dev.device.name) if trust is not None else None
     setup = trust.setup.get(host.name, iv.EMPTY) if trust is not None else iv.EMPTY
     return _gpu_breakdown(dev, host, windows, steps, covered, setup, host_ops[id(host)], by_rate)
@@ -664,7 +702,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
 
     def host_parts(host: HostModel) -> None:
-        _input_waits(host, copies=by_rate)
+        _input_waits(host, torch=by_rate)
         dispatch = _Dispatch.of(host, by_rate)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
             dispatch.common(host.activity, _op_keys(dev))

@@ -14,7 +14,11 @@ reduced in float32 even under mixed precision) / link bandwidth, with an assumed
 Every synchronous data-parallel step waits for its gradient AllReduce. Its cost depends on
 the model size, not the batch size, so it is amortised by larger batches; AllReduce calls
 beyond one per gradient bucket add a synchronisation across all devices each. Warning when
-collectives take >= 15% of the step.
+collectives take >= 15% of the step; where the trace names the calls (PyTorch), also when their
+exposed transfer is >= 3% of the step and the step's largest cost besides compute (more than its
+copies, input waits, host work or launches) and the overlap fix hides at least 0.2 ms of it: a
+well-tuned rank whose one exposed cost is its communication. That finding is of medium confidence:
+its saving is what overlapping can hide, which the trace bounds but does not measure.
 
 ## How to fix
 Raise the per-replica batch size to amortise communication, remove AllReduce calls outside
@@ -49,8 +53,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tb_gpuadvisor.attribution.breakdown import CATEGORIES
 from tb_gpuadvisor.model import kernels
-from tb_gpuadvisor.checks.context import Analysis, StepScale, judged, measurement
+from tb_gpuadvisor.checks.context import WARNING_MIN_MS, Analysis, StepScale, judged, measurement
 from tb_gpuadvisor.checks import _ranks, fixes
 from tb_gpuadvisor.checks.fixes import GPU_PERF_GUIDE, Remedy
 from tb_gpuadvisor.checks.base import (
@@ -66,6 +71,12 @@ from tb_gpuadvisor.vocab import pytorch, tensorflow
 
 CHECK_ID = "collectives"
 WARNING_AT = 15.0
+# Exposed collective transfer this share of the step (%) or more that is the step's largest cost
+# besides compute is a warning however small a share of the step the collectives take.
+EXPOSED_WARNING_AT = 3.0
+# The step's other costs it is weighed against: the breakdown's groups of device idle and copies
+# (one-time set-up and untraced time are no cost of a steady step), in words.
+OTHER_COSTS = {"copy": "copies", "input": "waiting for input", "host": "host work", "launch": "kernel launches"}
 ASSUMED_LINK_BYTES_PER_S = 50e9
 ACCEPTABLE_FRACTION = 0.05     # exposed collective time treated as the unavoidable cost
 BYTES_PER_GRADIENT = 4
@@ -162,6 +173,9 @@ class Collectives:
     waiting_ms: float
     param_bytes: int | None
     calls: list[_ranks.RankCalls | None] | None = None   # per row, its group calls (named: PyTorch)
+    # The step's largest cost besides compute and collectives (OTHER_COSTS' words, ms per step) on the
+    # primary device; of a many-host session, the largest of its hosts'.
+    largest_other: tuple[str, float] | None = None
 
 
 def parameter_bytes(model: SessionModel) -> int | None:
@@ -305,7 +319,20 @@ def measure(analysis: Analysis) -> Collectives | Finding:
     lo, hi, windows = kernels.step_windows(model)
     return Collectives([measure_gpu(dev, model) for dev in active], windows,
                        float((hi - lo).sum()), *replica_parts_ms(analysis), parameter_bytes(model),
-                       [_ranks.measure(dev, model) for dev in active])
+                       [_ranks.measure(dev, model) for dev in active], _largest_other(analysis))
+
+
+def _largest_other(analysis: Analysis) -> tuple[str, float] | None:
+    """The primary device's largest cost per step besides compute and collectives (OTHER_COSTS)."""
+    primary = analysis.breakdown.primary
+    if primary is None:
+        return None
+    totals = dict.fromkeys(OTHER_COSTS, 0)
+    for category in CATEGORIES:
+        if category.group in totals:
+            totals[category.group] += primary.total(category.key)
+    group = max(totals, key=totals.__getitem__)
+    return OTHER_COSTS[group], analysis.ms_per_step(totals[group])
 
 
 def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> Collectives | None:
@@ -324,7 +351,8 @@ def join(alignment: HostAlignment, primary: object, parts: list, steps: int) -> 
         sum(c.waiting_ms * len(c.rows) for c in ones) / len(shifted))
     return Collectives(shifted, ones[0].windows, ones[0].step_ps, transfer_ms, waiting_ms,
                        next((c.param_bytes for c in ones if c.param_bytes), None),
-                       _ranks.join_calls(alignment, [(h, c.calls, c.windows) for h, c in measured]))
+                       _ranks.join_calls(alignment, [(h, c.calls, c.windows) for h, c in measured]),
+                       max((c.largest_other for c in ones if c.largest_other), key=lambda o: o[1], default=None))
 
 
 @register(CHECK_ID, "Collective communication (AllReduce)", __doc__,
@@ -419,10 +447,34 @@ def judge(measured: Collectives, scale: StepScale) -> Finding:
                     "for the slowest one: that is load imbalance (see multi_gpu_imbalance), not communication.")
     title = (f"Collectives take {percent:.0f}% of each step" if severity is Severity.WARNING
              else f"Collectives take {percent:.1f}% of each step")
+    confidence, reasons = "high", []
+    if severity is not Severity.WARNING and room is not None and _exposure_leads(room, measured.largest_other, step_ms):
+        # A well-tuned step whose one cost beyond compute is the exposed communication: the overlap fix
+        # is its first change, though it hides only part of that time.
+        severity = Severity.WARNING
+        other, other_ms = measured.largest_other
+        title = (f"Collectives leave {room.exposed_transfer_ms:.2f} ms of each step with no compute alongside "
+                 f"({100 * room.exposed_transfer_ms / step_ms:.1f}%)")
+        summary += (f" That exposed time is the step's largest cost besides compute (the next is {other}, "
+                    f"{other_ms:.2f} ms per step).")
+        confidence, reasons = "medium", [
+            f"the saving is what overlapping the calls with compute can hide, {room.saving_ms:.2f} of the "
+            f"{room.exposed_transfer_ms:.2f} ms exposed per step; how much of it a given bucket size or "
+            "prefetch hides depends on message sizes and ordering the trace only partly shows"]
     # Where the calls are named, the overlap fix goes with a saving too small for a warning.
     shown = severity is Severity.WARNING or (severity is Severity.INFO and room is not None and room.saving_ms > 0)
     return Finding(CHECK_ID, severity, title, summary, metrics, round(savings, 3), evidence,
-                   remedies if shown else [])
+                   remedies if shown else [], confidence, reasons)
+
+
+def _exposure_leads(room: "OverlapRoom", largest_other: tuple[str, float] | None, step_ms: float) -> bool:
+    """Whether the exposed collective transfer is EXPOSED_WARNING_AT% of the step or more, more than
+    the step's largest other cost besides compute, and the overlap fix hides a warning's worth of it
+    (WARNING_MIN_MS): then the exposure is the step's first finding, whatever share the collectives'
+    whole time or the bounded saving is."""
+    return (largest_other is not None and step_ms > 0
+            and 100 * room.exposed_transfer_ms / step_ms >= EXPOSED_WARNING_AT
+            and room.exposed_transfer_ms > largest_other[1] and room.saving_ms >= WARNING_MIN_MS)
 
 
 @dataclass

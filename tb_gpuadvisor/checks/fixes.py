@@ -124,9 +124,10 @@ def run_facts(analysis: "Analysis") -> RunFacts:
 def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
     """FIXES in FRAMEWORK's words (:func:`for_framework`), fitted to the run FACTS describe: on a
     run without a GPU each fix in its CPU form, or dropped when it only works on a GPU; a fix the run
-    has already applied replaced by what is left to do (or dropped) and moved after the others; a
-    fix that undoes a setting the capture shows moved first; a multi-rank run's loaders keep their
-    DistributedSampler, and a count of workers leaves the threads the capture saw busy their cores."""
+    has already applied replaced by what is left to do (or dropped) and moved after the others (first
+    where what is left leads, ``_LEADING``); a fix that undoes a setting the capture shows moved first;
+    a multi-rank run's loaders keep their DistributedSampler, and a count of workers leaves the threads
+    the capture saw busy their cores."""
     leading: list[Fix] = []
     rest: list[Fix] = []
     after: list[Fix] = []
@@ -139,11 +140,11 @@ def for_run(fixes: list[Fix], framework: str, facts: RunFacts) -> list[Fix]:
                 continue
         done = next((held for held in _ALREADY_DONE if held[0] == fix and getattr(facts, held[1])), None)
         if done is not None:
-            if done[2] is not None and done[2] not in after:
-                after.append(done[2])
+            left = done[2]
+            if left is not None and left not in after + leading:
+                (leading if _leads(left, facts) else after).append(left)
             continue
-        first = any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
-        (leading if first else rest).append(fix)
+        (leading if _leads(fix, facts) else rest).append(fix)
     ordered = leading + rest + [fix for fix in after if fix not in leading + rest]
     if facts.multi_rank:
         ordered = [_with_sampler(fix) for fix in ordered]
@@ -158,6 +159,11 @@ def _sized(fix: Fix, busy: int) -> Fix:
     return replace(fix, code=fix.code.replace(SPARE_CORES, spare_cores(busy)),
                    text=f"{fix.text} The worker count leaves {busy} cores to the training process: the "
                         f"capture saw {busy} of its threads at work at once.")
+
+
+def _leads(fix: Fix, facts: RunFacts) -> bool:
+    """Whether FIX comes before the others in a run of FACTS (``_LEADING``)."""
+    return any(fix == lead and (fact is None or getattr(facts, fact)) for lead, fact in _LEADING)
 
 
 # A DataLoader the fix builds with shuffle=True (DataLoader(<dataset>, ... shuffle=True), and a
@@ -463,6 +469,68 @@ TORCH_SYNTHETIC_INPUT_TEST_ON_CPU = Fix(
          "for _ in range(50):\n"
          "    train_step(x, y)",
     doc=TORCH_TUNING_GUIDE,
+)
+
+# The step's own preprocessing (input_bound, when the loop prepares its batch on the host): moved
+# into a Dataset whose workers prepare the next batches while the device runs this one.
+_PREPROCESSED = ("class Preprocessed(torch.utils.data.Dataset):\n"
+                 "    def __init__(self, items):           # the raw inputs: paths, bytes, frames\n"
+                 "        self.items = items\n"
+                 "    def __len__(self):\n"
+                 "        return len(self.items)\n"
+                 "    def __getitem__(self, i):\n"
+                 "        return preprocess(self.items[i])  # what the loop did, one sample at a time\n")
+_PREPROCESSED_LOOP = ("with torch.no_grad():\n"
+                      "    for batch in loader:\n"
+                      "        outputs = model(batch.to(device, non_blocking=True))")
+
+TORCH_PREPROCESS_IN_WORKERS = Fix(
+    text="Take the preprocessing out of the step: do it per sample in a Dataset, so DataLoader worker "
+         "processes prepare the next batches while the GPU runs this one; pinned batches then copy "
+         "with non_blocking=True.",
+    code=_IMPORT_OS + _PREPROCESSED
+         + "loader = torch.utils.data.DataLoader(\n"
+         "    Preprocessed(items), batch_size=batch_size,\n"
+         f"    num_workers={SPARE_CORES},  # the cores you can spare, at most 8\n"
+         "    persistent_workers=True, prefetch_factor=4, pin_memory=True)\n" + _PREPROCESSED_LOOP,
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_PREPROCESS_IN_WORKERS_ON_CPU = Fix(
+    text="Take the preprocessing out of the step: do it per sample in a Dataset, so DataLoader worker "
+         "processes prepare the next batches while the model runs this one; without a GPU the workers "
+         "share the cores with the model's threads, so give each side its own.",
+    code=_IMPORT_OS + _PREPROCESSED
+         + "cores = os.cpu_count() or 2\n"
+         "workers = max(1, cores // 4)                    # a quarter of the cores prepare, at least one\n"
+         "torch.set_num_threads(max(1, cores - workers))  # the rest run the model\n"
+         "loader = torch.utils.data.DataLoader(Preprocessed(items), batch_size=batch_size,\n"
+         "                                     num_workers=workers, persistent_workers=True)\n"
+         + _PREPROCESSED_LOOP.replace(".to(device, non_blocking=True)", ""),
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_PREPROCESS_IN_DATASET = Fix(
+    text="The DataLoader already runs worker processes, but the preprocessing runs in the loop after "
+         "it: move it into the dataset, so the workers you have prepare each sample ahead of the step.",
+    code=_PREPROCESSED
+         + "loader = torch.utils.data.DataLoader(\n"
+         "    Preprocessed(items), batch_size=loader.batch_size, num_workers=loader.num_workers,\n"
+         "    persistent_workers=loader.num_workers > 0, pin_memory=loader.pin_memory)\n" + _PREPROCESSED_LOOP,
+    doc=TORCH_DATA_GUIDE,
+)
+
+TORCH_PREPROCESS_ON_GPU = Fix(
+    text="Or prepare the batch on the GPU: decode JPEGs there and resize and normalize them as tensors; "
+         "with a Hugging Face image processor, ask it for tensors (return_tensors='pt') and copy them "
+         "with .to(device, non_blocking=True).",
+    code="from torchvision.io import decode_jpeg\n"
+         "from torchvision.transforms.v2 import functional as F\n"
+         "# jpegs: the encoded images as 1-D uint8 tensors (torchvision.io.read_file(path))\n"
+         "images = decode_jpeg(jpegs, device=\"cuda\")   # decoded by the GPU\n"
+         "batch = torch.stack([F.resize(image, [224, 224], antialias=True) for image in images])\n"
+         "batch = F.normalize(batch.float() / 255, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])",
+    doc="https://pytorch.org/vision/stable/generated/torchvision.io.decode_jpeg.html",
 )
 
 TORCH_COMPILE = Fix(
@@ -858,6 +926,8 @@ CHECK_GPU_VISIBLE = Remedy(
 _CPU_FORMS: tuple[tuple[Fix, Fix | None], ...] = (
     (TORCH_WORKERS, TORCH_WORKERS_ON_CPU),
     (TORCH_PINNED_COPIES, None),
+    (TORCH_PREPROCESS_IN_WORKERS, TORCH_PREPROCESS_IN_WORKERS_ON_CPU),
+    (TORCH_PREPROCESS_ON_GPU, None),
     (TORCH_LIGHTER_DATASET, TORCH_LIGHTER_DATASET_ON_CPU),
     (TORCH_SYNTHETIC_INPUT_TEST, TORCH_SYNTHETIC_INPUT_TEST_ON_CPU),
     (TORCH_NO_HOST_SYNC, None),
@@ -873,15 +943,19 @@ _WORKER_FIXES: tuple[Fix, ...] = (TORCH_WORKERS, TORCH_WORKERS_ON_CPU, TORCH_FAS
 _ALREADY_DONE: tuple[tuple[Fix, str, Fix | None], ...] = (
     (TORCH_WORKERS, "loader_workers", TORCH_FASTER_WORKERS),
     (TORCH_WORKERS_ON_CPU, "loader_workers", TORCH_FASTER_WORKERS),
+    (TORCH_PREPROCESS_IN_WORKERS, "loader_workers", TORCH_PREPROCESS_IN_DATASET),
+    (TORCH_PREPROCESS_IN_WORKERS_ON_CPU, "loader_workers", TORCH_PREPROCESS_IN_DATASET),
     (JAX_JIT_STEP, "jitted_step", None),
 )
 # Fixes that come first: one that undoes a setting the capture shows (offered only then), jitting
 # a JAX step the trace shows dispatched op by op, and the
 # one that is left when the run applied the usual first fix (with workers on, a DataLoader that
-# still falls behind makes its samples too slowly). (fix, the RunFacts field it needs or None).
+# still falls behind makes its samples too slowly; preprocessing in the loop after one belongs in its
+# dataset). (fix, the RunFacts field it needs or None).
 _LEADING: tuple[tuple[Fix, str | None], ...] = (
     (EAGER_FIT.variant("tensorflow"), None),
     (JAX_JIT_STEP, "op_by_op_step"),
     (TORCH_LIGHTER_DATASET, "loader_workers"),
     (TORCH_LIGHTER_DATASET_ON_CPU, "loader_workers"),
+    (TORCH_PREPROCESS_IN_DATASET, "loader_workers"),
 )

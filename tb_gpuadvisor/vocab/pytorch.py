@@ -252,6 +252,38 @@ def loads_in_workers(input_wait: str) -> bool:
     return "_MultiProcessingDataLoaderIter" in input_wait
 
 
+# Preparing the step's input on the host inside the loop itself (issue 41: an inference window 57%
+# of which was video decode and an image processor): a record_function scope or a function of the
+# user's named for it ("preprocess", "image_preprocessing", "tokenize", "decode_video"), or a Python
+# frame (with_stack=True) of a library that decodes, resizes, augments or tokenizes on the host.
+# A scope named "decoder", "## decode ##" (an LLM's decode phase) or "Transformer" is none of these.
+_PREPROCESS_NAME = re.compile(
+    r"(?i)(?<![a-z])(pre[-_ ]?process(es|ing|or)?|tokeni[sz](e|er|ation)|augment(s|ation)?|"
+    r"(image|video|audio|frame)s?[-_ ]?(processor|processing|decod(e|ing)|transforms?)|"
+    r"(decode|read|load)[-_ ]?(videos?|images?|frames?|jpe?gs?))(?![a-z])")
+_PREPROCESS_FRAME = re.compile(
+    r"(^|/)(PIL|av|decord|cv2|imageio|librosa|albumentations|torchvision/(transforms|io)|torchaudio/(transforms|io)|"
+    r"transformers/(models/\w+/)?(image_processing|image_transforms|image_utils|video_processing|video_utils|"
+    r"feature_extraction|tokenization|processing)\w*\.py|timm/data)[/(]")
+
+
+# The same libraries turn the model's outputs back into results after the step's work
+# (``image_processing_owlv2.py(503): post_process_object_detection``): that is not input.
+_POSTPROCESS_NAME = re.compile(r"(?i)(?<![a-z])post[-_ ]?process")
+
+
+def is_preprocessing(name: str) -> bool:
+    """Whether host event NAME prepares input on the host: a scope or Python function named for it,
+    or a frame of a host-side decode, transform or tokenizer library (``PIL/Image.py(2200): resize``),
+    not one that post-processes outputs."""
+    return bool(_PREPROCESS_NAME.search(name) or _PREPROCESS_FRAME.search(name)) and not is_postprocessing(name)
+
+
+def is_postprocessing(name: str) -> bool:
+    """Whether host event NAME turns outputs into results (the frames inside it are not input)."""
+    return bool(_POSTPROCESS_NAME.search(name))
+
+
 def device_event_kind(name: str, category: str) -> DeviceEventKind:
     """Kind of a device event: ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``, kernels."""
     category = category.lower()
