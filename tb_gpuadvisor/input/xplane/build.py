@@ -164,39 +164,40 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     dp.drop("metadata_id")
     dur = dp.duration_ps[order]
     dp.drop("duration_ps")
+    # A kept event's line, from the lines' first rows (each line is one run of the plane's events).
+    line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
+                              np.int32, len(dp.lines))
+    stream = line_stream[np.searchsorted(np.fromiter((line.first for line in dp.lines), np.int64, len(dp.lines)),
+                                         order, side="right") - 1] if kept else np.empty(0, np.int32)
+    del order
+    # Each stat goes once its column is made (the XLA ones first: hlo_op is an op stat too).
+    hlo_columns = _xla_columns(dp, is_tpu, rows, metadata_id)
     op = map_small_ints(metadata_id, md_op)
     for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
-        if dp.stats[stat].event.size:
-            found = dp.stats[stat].interned(kept, dp.stat_names, dp.strings, ops.add, rows)
+        column = dp.stats.pop(stat)
+        if column.event.size:
+            found = column.interned(kept, dp.stat_names, dp.strings, ops.add, rows)
             op = np.where(found >= 0, found, op)
     det = map_small_ints(metadata_id, md_details)
     if dp.stats["kernel_details"].event.size:
         found = dp.stats.pop("kernel_details").interned(kept, dp.stat_names, dp.strings, details.add, rows)
         det = np.where(found >= 0, found, det)
     copy_details = _Interner()
-    copy_idx = dp.stats["memcpy_details"].interned(kept, dp.stat_names, dp.strings, copy_details.add, rows)
+    copy_idx = dp.stats.pop("memcpy_details").interned(kept, dp.stat_names, dp.strings, copy_details.add, rows)
     sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
                         len(copy_details.strings))
-    nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0)
-    # A kept event's line, from the lines' first rows (each line is one run of the plane's events).
-    line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
-                              np.int32, len(dp.lines))
-    line_of = np.searchsorted(np.fromiter((line.first for line in dp.lines), np.int64, len(dp.lines)),
-                              order, side="right") - 1
-    del order
-
-    hlo_columns = _xla_columns(dp, is_tpu, rows, metadata_id)
+    nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0).astype(np.int64)
+    del copy_idx
+    id_columns = {name: narrow_ids(dp.stats.pop(name).ints(kept, dp.strings, rows=rows))
+           for name in ("correlation_id", "group_id")}
+    del rows
     name_idx = _name_indices(metadata_id, md_name, names)
     kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
                                len(names.strings))
     activity = DeviceActivity(
         device=device, start_ps=start, dur_ps=dur,
         kind=kind_of_name[name_idx] if kept else np.empty(0, np.int8),
-        stream=line_stream[line_of] if kept else np.empty(0, np.int32),
-        name=name_idx, op=op,
-        correlation_id=dp.stats.pop("correlation_id").ints(kept, dp.strings, rows=rows),
-        group_id=dp.stats.pop("group_id").ints(kept, dp.strings, rows=rows),
-        nbytes=nbytes.astype(np.int64), details=det, names=names.strings,
+        stream=stream, name=name_idx, op=op, **id_columns, nbytes=nbytes, details=det, names=names.strings,
         ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
         **hlo_columns[0], **hlo_columns[1])
     return activity, steps_line, modules
@@ -211,9 +212,9 @@ def _xla_columns(dp: DecodedPlane, is_tpu: bool, rows: np.ndarray, metadata_id: 
     """
     kept = metadata_id.size
     interners = {key: _Interner() for key in ("hlo_op", "hlo_module", "source")}
-    columns = {key: dp.stats[stat].interned(kept, dp.stat_names, dp.strings, interners[key].add, rows)
-               for key, stat in (("hlo_op", "hlo_op"), ("hlo_module", "hlo_module"),
-                                 ("source", "name"))}
+    columns = {key: (dp.stats[stat] if stat in _OP_STATS else dp.stats.pop(stat)).interned(
+                   kept, dp.stat_names, dp.strings, interners[key].add, rows)
+               for key, stat in (("hlo_op", "hlo_op"), ("hlo_module", "hlo_module"), ("source", "name"))}
     if is_tpu:
         md_hlo = {mid: interners["hlo_op"].add(hlo.instruction(meta.name))
                   for mid, meta in dp.shell.event_metadata.items()}
