@@ -703,7 +703,7 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
         return _input_waits(host, copies=by_rate)
 
     threads = cores.threads(cores.DEVICE_THREADS)
-    if threads < 2 or not hosts:
+    if threads < 2 or len(pairs) < 2 and not hosts:     # one host measured as the device: nothing to spread
         host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
         waits = {key: host_parts(host) for key, host in hosts.items()}
         devices = [_measure(pair, windows, steps, trust, lambda dev, host: _HostSide(
