@@ -170,7 +170,11 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
     stream = line_stream[np.searchsorted(np.fromiter((line.first for line in dp.lines), np.int64, len(dp.lines)),
                                          order, side="right") - 1] if kept else np.empty(0, np.int32)
     del order
-    # Each stat goes once its column is made (the XLA ones first: hlo_op is an op stat too).
+    # Each stat goes once its column is made: the ids first (group_id is on every event of the
+    # plane, derived lines included: its sparse column is the largest), the XLA ones before the
+    # op stats (hlo_op is both).
+    id_columns = {name: narrow_ids(dp.stats.pop(name).ints(kept, dp.strings, rows=rows))
+                  for name in ("correlation_id", "group_id")}
     hlo_columns = _xla_columns(dp, is_tpu, rows, metadata_id)
     op = map_small_ints(metadata_id, md_op)
     for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
@@ -179,18 +183,16 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
             found = column.interned(kept, dp.stat_names, dp.strings, ops.add, rows)
             op = np.where(found >= 0, found, op)
     det = map_small_ints(metadata_id, md_details)
-    if dp.stats["kernel_details"].event.size:
-        found = dp.stats.pop("kernel_details").interned(kept, dp.stat_names, dp.strings, details.add, rows)
+    column = dp.stats.pop("kernel_details")
+    if column.event.size:
+        found = column.interned(kept, dp.stat_names, dp.strings, details.add, rows)
         det = np.where(found >= 0, found, det)
     copy_details = _Interner()
     copy_idx = dp.stats.pop("memcpy_details").interned(kept, dp.stat_names, dp.strings, copy_details.add, rows)
     sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
                         len(copy_details.strings))
     nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0).astype(np.int64)
-    del copy_idx
-    id_columns = {name: narrow_ids(dp.stats.pop(name).ints(kept, dp.strings, rows=rows))
-           for name in ("correlation_id", "group_id")}
-    del rows
+    del copy_idx, rows
     name_idx = _name_indices(metadata_id, md_name, names)
     kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
                                len(names.strings))
