@@ -9,6 +9,7 @@ other workers, so each worker is told its share of the cores.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, TypeVar
 
@@ -41,3 +42,19 @@ def on_threads(work: Callable[..., T], items: Iterable[tuple], most: int = DEVIC
         return [work(*item) for item in items]
     with ThreadPoolExecutor(max_workers=threads(most)) as pool:
         return list(pool.map(lambda item: work(*item), items))
+
+
+def beside(side: Callable[[], object], work: Callable[[], T]) -> T:
+    """WORK's value, with SIDE started first on a thread of its own when this process has more
+    than one core: work that WORK does not need, asked for again by whoever needs it (a
+    ``stages.Deferred``'s ``get``, which waits for that thread, or raises SIDE's error there)."""
+    if threads(2) > 1:
+        threading.Thread(target=_quietly, args=(side,), daemon=True).start()
+    return work()
+
+
+def _quietly(side: Callable[[], object]) -> None:
+    try:
+        side()
+    except Exception:       # noqa: BLE001 - whoever needs it asks again, and it raises there
+        pass

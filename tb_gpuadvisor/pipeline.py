@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tb_gpuadvisor.attribution.breakdown import Breakdown, compute_breakdown
+from tb_gpuadvisor import cores
+from tb_gpuadvisor.attribution.breakdown import Breakdown, compute_breakdown, measured_devices
+from tb_gpuadvisor.attribution.replay import Scenario
 from tb_gpuadvisor.attribution.whatif import WhatIf
 from tb_gpuadvisor.checks import Finding, replay_scenarios
 from tb_gpuadvisor.checks.context import Analysis
@@ -36,20 +38,29 @@ def attribute(model: SessionModel, trust: Trust) -> Breakdown:
     return compute_breakdown(model, trust)
 
 
-def replay(model: SessionModel, breakdown: Breakdown) -> WhatIf:
-    """The trusted steps replayed, with the scenario every replayed check declares for MODEL."""
-    return WhatIf.build(model, breakdown, replay_scenarios(model, breakdown.device_kind))
+def scenarios(model: SessionModel) -> dict[str, Scenario]:
+    """The scenario every replayed check declares for MODEL (it reads the model alone)."""
+    return replay_scenarios(model, measured_devices(model)[0])
+
+
+def replay(model: SessionModel, breakdown: Breakdown, declared: dict[str, Scenario] | None = None) -> WhatIf:
+    """The trusted steps replayed, with the scenario every replayed check declares for MODEL
+    (DECLARED: ``scenarios(model)``, when already found)."""
+    return WhatIf.build(model, breakdown, scenarios(model) if declared is None else declared)
 
 
 def analyse(model: SessionModel) -> Analysis:
     """Model -> trust -> attribution and replay: what the checks read. Trust is assessed here;
     the attribution and the replay are computed by the first check that asks (checks run in
-    threads, and those that need neither overlap with them)."""
+    threads, and those that need neither overlap with them). The checks' replay scenarios read the
+    model alone (the launch cost's median over every launch call, say): they are found beside the
+    attribution, whose host-wide parts leave a core idle, not after it."""
     with stage("trust"):
         trust = assess(model)
     view = trust.view
-    attribution = Deferred("attribution", lambda: attribute(view, trust))
-    replayed = Deferred("replay", lambda: replay(view, attribution.get()))
+    declared = Deferred("replay", lambda: scenarios(view))
+    attribution = Deferred("attribution", lambda: cores.beside(declared.get, lambda: attribute(view, trust)))
+    replayed = Deferred("replay", lambda: replay(view, attribution.get(), declared.get()))
     return Analysis(model, trust, attribution, replayed)
 
 

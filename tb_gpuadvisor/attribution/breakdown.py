@@ -40,9 +40,9 @@ loop over events.
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -420,9 +420,15 @@ def launch_targets(host: HostModel) -> np.ndarray:
     return targets
 
 
+def _now(value: Intervals) -> Callable[[], Intervals]:
+    return lambda: value
+
+
 @dataclass
 class _DeviceSets:
-    """The raw interval sets of one device and its host, before they are made disjoint."""
+    """The raw interval sets of one device and its host, before they are made disjoint. The host's
+    op and launch sets come as functions that give them: another thread may still be making them
+    while ``_split`` finds the device's busy time and idle gaps, which need no host event."""
 
     compute: Intervals = iv.EMPTY
     compute_low: Intervals = iv.EMPTY
@@ -433,9 +439,9 @@ class _DeviceSets:
     copy_other: Intervals = iv.EMPTY
     covered: Intervals | None = None      # None: the trace covers every step
     setup: Intervals = iv.EMPTY           # the host's one-time set-up (trust)
-    waits: Intervals = iv.EMPTY
-    host_ops: Intervals = iv.EMPTY
-    launch: Intervals = iv.EMPTY
+    waits: Callable[[], Intervals] = _now(iv.EMPTY)
+    host_ops: Callable[[], Intervals] = _now(iv.EMPTY)
+    launch: Callable[[], Intervals] = _now(iv.EMPTY)
     syncs: Intervals | None = None        # PyTorch's sync ops: idle that begins in one is not launch time
     host_traced: bool = True              # False: the host recorded nothing, so no idle has a known cause
 
@@ -450,9 +456,23 @@ def _gaps_from(idle: Intervals, calls: Intervals) -> Intervals:
     return starts[inside], ends[inside]
 
 
-def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -> DeviceBreakdown:
-    """Cut a window set into the disjoint categories, in priority order, and total each per step."""
+class _Done:
+    """A value made at once, read like a pool's future (``_split`` without a pool)."""
+
+    def __init__(self, work: Callable, *args) -> None:
+        self.value = work(*args)
+
+    def result(self) -> object:
+        return self.value
+
+
+def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets,
+           pool: Executor | None = None) -> DeviceBreakdown:
+    """Cut a window set into the disjoint categories, in priority order, and total each per step.
+    POOL (a device measured alone) takes the parts that do not depend on each other: the compute
+    classes beside the busy time, and the per-step totals."""
     lo, hi = steps.start_ps, steps.end_ps
+    run = pool.submit if pool is not None else _Done
     sets: dict[str, Intervals] = {}
 
     def within(candidate: Intervals) -> Intervals:
@@ -465,8 +485,7 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     low = within(raw.compute_low)
     fp32 = within(raw.compute_fp32_eligible)
     fp32 = iv.subtract(fp32, low) if low[0].size and fp32[0].size else fp32
-    classes = {"compute_16bit": low, "compute_fp32_eligible": fp32,
-               "compute_other": iv.cut(compute, iv.union_of(low, fp32))}
+    other = run(lambda: iv.cut(compute, iv.union_of(low, fp32)))
     busy = compute
     for key in BUSY_KEYS:
         candidate = getattr(raw, key)
@@ -475,15 +494,18 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
             busy = iv.union_of(busy, part)
     # The rest of the steps is device idle time, cut by priority; what is left is other host work.
     rest = iv.cut(windows, busy)
-    launch = raw.launch if raw.syncs is None else iv.subtract(raw.launch, _gaps_from(rest, raw.syncs))
-    for key, candidate in (("not_traced", None), ("setup", raw.setup), ("input", raw.waits),
+    gaps = iv.EMPTY if raw.syncs is None else _gaps_from(rest, raw.syncs)
+
+    def launch() -> Intervals:
+        return raw.launch() if raw.syncs is None else iv.subtract(raw.launch(), gaps)
+    for key, candidate in (("not_traced", None), ("setup", _now(raw.setup)), ("input", raw.waits),
                            ("host_ops", raw.host_ops), ("launch", launch)):
         if key == "not_traced" and not raw.host_traced:
             part = rest
         elif key == "not_traced":
             part = iv.EMPTY if raw.covered is None else iv.cut(rest, _both(rest, raw.covered))
         else:
-            part = _both(rest, candidate)
+            part = _both(rest, candidate())
         sets[key] = part
         rest = iv.cut(rest, part)
     sets["other_host"] = rest
@@ -491,9 +513,11 @@ def _split(device: Device, windows: Intervals, steps: Steps, raw: _DeviceSets) -
     def per_step(s: Intervals) -> np.ndarray:
         return iv.per_bin_total(s, lo, hi)
 
-    ranges = {**classes, **sets}
-    parts = {key: per_step(ranges[key]) for key in CATEGORY_KEYS if key in ranges}
-    parts["collective_transfer"] = per_step(sets["collective"])     # split by compute_breakdown
+    ranges = {"compute_16bit": low, "compute_fp32_eligible": fp32, "compute_other": other.result(), **sets}
+    totals = {key: run(per_step, ranges[key]) for key in CATEGORY_KEYS if key in ranges}
+    collective = run(per_step, sets["collective"])
+    parts = {key: total.result() for key, total in totals.items()}
+    parts["collective_transfer"] = collective.result()     # split by compute_breakdown
     parts["collective_wait"] = np.zeros(len(steps), np.int64)
     sets["compute"] = compute
     sets["copy"] = _merge(sets["copy_h2d"], sets["copy_d2h"], sets["copy_other"])
@@ -586,8 +610,18 @@ def batch_copies(host: HostModel) -> np.ndarray:
     return mask
 
 
-def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps,
-                   covered: Intervals | None, setup: Intervals, host_ops: Intervals, by_rate: bool) -> DeviceBreakdown:
+@dataclass
+class _HostSide:
+    """What one device's breakdown reads of its host's events, as functions that give it (the
+    pool's threads may be making it, see ``_DeviceSets``)."""
+
+    waits: Callable[[], Intervals]
+    host_ops: Callable[[], Intervals]
+    launch: Callable[[], Intervals]
+
+
+def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, steps: Steps, covered: Intervals | None,
+                   setup: Intervals, side: _HostSide, by_rate: bool, pool: Executor | None = None) -> DeviceBreakdown:
     start, end = dev.start_ps, dev.end_ps
     # Kernel classes (16-bit, collectives) come from model.kernels, cached per device and
     # shared with the precision and collectives checks, so the breakdown and they agree.
@@ -601,13 +635,11 @@ def _gpu_breakdown(dev: DeviceActivity, host: HostModel, windows: Intervals, ste
         copy_h2d=_set(start, end, kind == DeviceEventKind.MEMCPY_H2D),
         copy_d2h=_set(start, end, kind == DeviceEventKind.MEMCPY_D2H),
         copy_other=_set(start, end, dev.mask(*COPY_KINDS)),
-        covered=covered, setup=setup, waits=_input_waits(host, torch=by_rate),
-        host_ops=host_ops,
-        launch=_launch_set(host, dev, by_rate),
+        covered=covered, setup=setup, waits=side.waits, host_ops=side.host_ops, launch=side.launch,
         # After a sync the queue is empty and the device idles until the host launches again: the
         # sync's cost (sync_stalls names it), not the launch rate's.
         syncs=_set(activity.start_ps, activity.end_ps, kernels.named_events(activity, "sync_op", pytorch.is_sync_op))
-        if by_rate else None, host_traced=len(activity) > 0))
+        if by_rate else None, host_traced=len(activity) > 0), pool)
 
 
 def _launch_set(host: HostModel, dev: DeviceActivity, by_rate: bool) -> Intervals:
@@ -660,7 +692,7 @@ def _cpu_breakdown(host: HostModel, windows: Intervals, steps: Steps, torch: boo
     # like a GPU's into transfer and waiting for the slowest rank, never host overhead.
     collective = _set(start, end, kernels.named_events(activity, "host_collectives", pytorch.HOST_COLLECTIVE.match))
     # The waits are handed over as the compute-free part of the step, so they land in ``input``.
-    return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=waits, collective=collective))
+    return _split(host_device(host), windows, steps, _DeviceSets(compute=ops, waits=_now(waits), collective=collective))
 
 
 def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivity | None, HostModel]]]:
@@ -677,13 +709,14 @@ def measured_devices(model: SessionModel) -> tuple[str, list[tuple[DeviceActivit
 
 
 def _measure(pair: tuple[DeviceActivity | None, HostModel], windows: Intervals, steps: Steps,
-             trust: "Trust | None", host_ops: dict[int, Intervals], by_rate: bool) -> DeviceBreakdown:
+             trust: "Trust | None", side: Callable[[DeviceActivity, HostModel], _HostSide], by_rate: bool,
+             pool: Executor | None = None) -> DeviceBreakdown:
     dev, host = pair
     if dev is None:
         return _cpu_breakdown(host, windows, steps, by_rate)
     covered = trust.covered_by(dev.device.name) if trust is not None else None
     setup = trust.setup.get(host.name, iv.EMPTY) if trust is not None else iv.EMPTY
-    return _gpu_breakdown(dev, host, windows, steps, covered, setup, host_ops[id(host)], by_rate)
+    return _gpu_breakdown(dev, host, windows, steps, covered, setup, side(dev, host), by_rate, pool)
 
 
 def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Breakdown:
@@ -701,24 +734,39 @@ def compute_breakdown(model: SessionModel, trust: "Trust | None" = None) -> Brea
     def host_ops_set(host: HostModel) -> Intervals:
         return _set(host.activity.start_ps, host.activity.end_ps, host_ops_mask(host, steps))
 
-    def host_parts(host: HostModel) -> None:
-        _input_waits(host, torch=by_rate)
+    def host_parts(host: HostModel) -> Intervals:
         dispatch = _Dispatch.of(host, by_rate)
         for dev in (d for d, h in pairs if h is host):  # the launch sets' shared part, once per op set
             dispatch.common(host.activity, _op_keys(dev))
+        return _input_waits(host, torch=by_rate)
 
-    if len(pairs) > 1:
-        # Devices are measured in parallel: the interval algebra is numpy work that releases the GIL.
-        # The host parts go first, two tasks per host (the host-op time; the waits and launch index).
-        with ThreadPoolExecutor(max_workers=cores.threads(cores.DEVICE_THREADS)) as pool:
-            ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
-            for done in [pool.submit(host_parts, host) for host in hosts.values()]:
-                done.result()
-            host_ops = {key: future.result() for key, future in ops.items()}
-            devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, host_ops, by_rate), pairs))
-    else:
+    threads = cores.threads(cores.DEVICE_THREADS)
+    if threads < 2 or len(pairs) < 2 and not hosts:     # one host measured as the device: nothing to spread
         host_ops = {key: host_ops_set(host) for key, host in hosts.items()}
-        devices = [_measure(pair, windows, steps, trust, host_ops, by_rate) for pair in pairs]
+        waits = {key: host_parts(host) for key, host in hosts.items()}
+        devices = [_measure(pair, windows, steps, trust, lambda dev, host: _HostSide(
+            _now(waits[id(host)]), _now(host_ops[id(host)]), _now(_launch_set(host, dev, by_rate))), by_rate)
+            for pair in pairs]
+    else:
+        # Devices are measured in parallel: the interval algebra is numpy and C work that releases
+        # the GIL. The host parts go first, two tasks per host (the host-op time; the launch index
+        # and the waits). A device measured alone (one GPU) spreads its own parts on the threads
+        # instead: its host's launch set is made beside its busy time and idle gaps.
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            ops = {key: pool.submit(host_ops_set, host) for key, host in hosts.items()}
+            parts = {key: pool.submit(host_parts, host) for key, host in hosts.items()}
+            if len(pairs) > 1:
+                for done in parts.values():
+                    done.result()
+                devices = list(pool.map(lambda pair: _measure(pair, windows, steps, trust, lambda dev, host: _HostSide(
+                    parts[id(host)].result, ops[id(host)].result, _now(_launch_set(host, dev, by_rate))), by_rate), pairs))
+            else:
+                def alone(dev: DeviceActivity, host: HostModel) -> _HostSide:
+                    def launch() -> Intervals:
+                        parts[id(host)].result()        # the launch index it reads
+                        return _launch_set(host, dev, by_rate)
+                    return _HostSide(parts[id(host)].result, ops[id(host)].result, pool.submit(launch).result)
+                devices = [_measure(pairs[0], windows, steps, trust, alone, by_rate, pool)]
     _split_collective_wait(devices)
     for dev in devices[1:]:     # compute ranges are read on the primary only (see DeviceBreakdown)
         del dev.sets["compute"]

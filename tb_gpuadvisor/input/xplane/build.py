@@ -127,13 +127,17 @@ def _metadata_defaults(dp: DecodedPlane, ops: _Interner, details: _Interner) -> 
 
 
 def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
+    """A device plane's table of the events on its kept lines, by start. Its columns are built
+    for the kept rows alone (a GPU plane's derived lines, TensorFlow Ops and Name Scope, are two
+    thirds of its events), each value placed at its row directly; DP's columns go as they are
+    used, so the plane and its table are not held whole together."""
     device = _device_of(dp.shell, host, dp.stat_names)
     names, ops, streams, details = _Interner(), _Interner(), _Interner(), _Interner()
     metadata = dp.shell.event_metadata
     md_name = {mid: names.add(meta.name) for mid, meta in metadata.items()}
     md_op, md_details = _metadata_defaults(dp, ops, details)
     start = _starts(dp, origin_ns)
-    line_of = dp.line_index()
+    dp.drop("offset_ps")
     n = dp.n_events
 
     steps_line = None
@@ -149,60 +153,75 @@ def _build_device(dp: DecodedPlane, host: str, origin_ns: int):
                                       map_small_ints(dp.metadata_id[sel], ids), module_names.strings))
 
     is_tpu = device.kind == "tpu"
-    keep = _line_mask(dp, lambda line: line.name == xla.TPU_OPS_LINE if is_tpu
-                      else line.name not in xla.DERIVED_DEVICE_LINES)
-    op = map_small_ints(dp.metadata_id, md_op)
-    for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
-        if dp.stats[stat].event.size:
-            found = dp.stats[stat].interned(n, dp.stat_names, dp.strings, ops.add)
-            op = np.where(found >= 0, found, op)
-    det = map_small_ints(dp.metadata_id, md_details)
-    if dp.stats["kernel_details"].event.size:
-        found = dp.stats["kernel_details"].interned(n, dp.stat_names, dp.strings, details.add)
-        det = np.where(found >= 0, found, det)
-    copy_details = _Interner()
-    copy_idx = dp.stats["memcpy_details"].interned(n, dp.stat_names, dp.strings, copy_details.add)
-    sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
-                        len(copy_details.strings))
-    nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0)
+    order = np.flatnonzero(_line_mask(dp, lambda line: line.name == xla.TPU_OPS_LINE if is_tpu
+                                      else line.name not in xla.DERIVED_DEVICE_LINES))
+    order = order[np.argsort(start[order], kind="stable")]
+    kept = order.size
+    rows = np.full(n, -1, np.int32)         # each event's row in the table, -1 when left out
+    rows[order] = np.arange(kept, dtype=np.int32)
+    start = start[order]
+    metadata_id = dp.metadata_id[order]
+    dp.drop("metadata_id")
+    dur = dp.duration_ps[order]
+    dp.drop("duration_ps")
+    # A kept event's line, from the lines' first rows (each line is one run of the plane's events).
     line_stream = np.fromiter((streams.add(line.name or f"Stream #{line.id}") for line in dp.lines),
                               np.int32, len(dp.lines))
-
-    hlo_columns = _xla_columns(dp, is_tpu)
-    order = np.flatnonzero(keep)
-    order = order[np.argsort(start[order], kind="stable")]
-    name_idx = _name_indices(dp.metadata_id[order], md_name, names)
+    stream = line_stream[np.searchsorted(np.fromiter((line.first for line in dp.lines), np.int64, len(dp.lines)),
+                                         order, side="right") - 1] if kept else np.empty(0, np.int32)
+    del order
+    # Each stat goes once its column is made: the ids first (group_id is on every event of the
+    # plane, derived lines included: its sparse column is the largest), the XLA ones before the
+    # op stats (hlo_op is both).
+    id_columns = {name: narrow_ids(dp.stats.pop(name).ints(kept, dp.strings, rows=rows))
+                  for name in ("correlation_id", "group_id")}
+    hlo_columns = _xla_columns(dp, is_tpu, rows, metadata_id)
+    op = map_small_ints(metadata_id, md_op)
+    for stat in reversed(_OP_STATS):            # preferred stats written last; absent ones skipped
+        column = dp.stats.pop(stat)
+        if column.event.size:
+            found = column.interned(kept, dp.stat_names, dp.strings, ops.add, rows)
+            op = np.where(found >= 0, found, op)
+    det = map_small_ints(metadata_id, md_details)
+    column = dp.stats.pop("kernel_details")
+    if column.event.size:
+        found = column.interned(kept, dp.stat_names, dp.strings, details.add, rows)
+        det = np.where(found >= 0, found, det)
+    copy_details = _Interner()
+    copy_idx = dp.stats.pop("memcpy_details").interned(kept, dp.stat_names, dp.strings, copy_details.add, rows)
+    sizes = np.fromiter((_memcpy_bytes(text) for text in copy_details.strings), np.int64,
+                        len(copy_details.strings))
+    nbytes = np.where(copy_idx >= 0, sizes[np.clip(copy_idx, 0, None)] if sizes.size else 0, 0).astype(np.int64)
+    del copy_idx, rows
+    name_idx = _name_indices(metadata_id, md_name, names)
     kind_of_name = np.fromiter((classify.device_event_kind(n) for n in names.strings), np.int8,
                                len(names.strings))
     activity = DeviceActivity(
-        device=device, start_ps=start[order], dur_ps=dp.duration_ps[order].copy(),
-        kind=kind_of_name[name_idx] if order.size else np.empty(0, np.int8),
-        stream=line_stream[line_of[order]] if order.size else np.empty(0, np.int32),
-        name=name_idx, op=op[order],
-        correlation_id=dp.stats["correlation_id"].ints(n, dp.strings)[order],
-        group_id=dp.stats["group_id"].ints(n, dp.strings)[order],
-        nbytes=nbytes[order].astype(np.int64), details=det[order], names=names.strings,
+        device=device, start_ps=start, dur_ps=dur,
+        kind=kind_of_name[name_idx] if kept else np.empty(0, np.int8),
+        stream=stream, name=name_idx, op=op, **id_columns, nbytes=nbytes, details=det, names=names.strings,
         ops=ops.strings, streams=streams.strings, detail_strings=details.strings,
-        **{key: column[order] for key, column in hlo_columns[0].items()}, **hlo_columns[1])
+        **hlo_columns[0], **hlo_columns[1])
     return activity, steps_line, modules
 
 
-def _xla_columns(dp: DecodedPlane, is_tpu: bool) -> tuple[dict, dict]:
-    """The XLA instruction, module and source op of every event (columns, then their strings).
+def _xla_columns(dp: DecodedPlane, is_tpu: bool, rows: np.ndarray, metadata_id: np.ndarray) -> tuple[dict, dict]:
+    """The XLA instruction, module and source op of every kept event (columns, then their
+    strings; ROWS and METADATA_ID as ``_build_device`` keeps them).
 
     TPU events carry no ``hlo_op`` stat: their name is the instruction's HLO text (their JAX
     source op is the ``op`` column, from ``tf_op``).
     """
-    n = dp.n_events
+    kept = metadata_id.size
     interners = {key: _Interner() for key in ("hlo_op", "hlo_module", "source")}
-    columns = {key: dp.stats[stat].interned(n, dp.stat_names, dp.strings, interners[key].add)
-               for key, stat in (("hlo_op", "hlo_op"), ("hlo_module", "hlo_module"),
-                                 ("source", "name"))}
+    columns = {key: (dp.stats[stat] if stat in _OP_STATS else dp.stats.pop(stat)).interned(
+                   kept, dp.stat_names, dp.strings, interners[key].add, rows)
+               for key, stat in (("hlo_op", "hlo_op"), ("hlo_module", "hlo_module"), ("source", "name"))}
     if is_tpu:
         md_hlo = {mid: interners["hlo_op"].add(hlo.instruction(meta.name))
                   for mid, meta in dp.shell.event_metadata.items()}
         columns["hlo_op"] = np.where(columns["hlo_op"] >= 0, columns["hlo_op"],
-                                     map_small_ints(dp.metadata_id, md_hlo))
+                                     map_small_ints(metadata_id, md_hlo))
     strings = {"hlo_ops": interners["hlo_op"].strings, "hlo_modules": interners["hlo_module"].strings,
                "sources": interners["source"].strings}
     return columns, strings

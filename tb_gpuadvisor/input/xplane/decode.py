@@ -66,29 +66,31 @@ class StatColumn:
         return (np.concatenate([self.event[numeric], np.asarray(event, np.int32)]),
                 np.concatenate([self.value[numeric], np.asarray(value, np.int64)]))
 
-    def ints(self, n_events: int, strings: list[str], missing: int = -1) -> np.ndarray:
-        """Dense int64 column; numeric strings are converted, other values are missing."""
+    def ints(self, n_events: int, strings: list[str], missing: int = -1,
+             rows: np.ndarray | None = None) -> np.ndarray:
+        """Dense int64 column; numeric strings are converted, other values are missing. ROWS
+        (see ``_place``) puts each event's value at its row of a table of N_EVENTS rows."""
         out = np.full(n_events, missing, np.int64)
-        event, value = self.int_values(strings)
-        out[event] = value
+        _place(out, *self.int_values(strings), rows)
         return out
 
     def interned(self, n_events: int, stat_names: dict[int, str], strings: list[str],
-                 intern: Callable[[str], int]) -> np.ndarray:
-        """Dense int32 column of interned string values (-1 where absent).
+                 intern: Callable[[str], int], rows: np.ndarray | None = None) -> np.ndarray:
+        """Dense int32 column of interned string values (-1 where absent); ROWS as in ``ints``.
 
-        Reference values are resolved once per distinct reference, not once per event.
+        Reference values are resolved once per distinct reference, not once per event. Every
+        value is interned, placed or not: the strings' order does not depend on ROWS.
         """
         out = np.full(n_events, -1, np.int32)
         ref = self.kind == REF
         if ref.any():
             refs = self.value[ref]
             interned = {int(sid): intern(stat_names.get(int(sid), "")) for sid in distinct_small_ints(refs)}
-            out[self.event[ref]] = map_small_ints(refs, interned)
+            _place(out, self.event[ref], map_small_ints(refs, interned), rows)
         text = self.kind == STR
         if text.any():
-            out[self.event[text]] = np.fromiter((intern(strings[int(i)]) for i in self.value[text]),
-                                                np.int32, int(text.sum()))
+            _place(out, self.event[text], np.fromiter((intern(strings[int(i)]) for i in self.value[text]),
+                                                      np.int32, int(text.sum())), rows)
         return out
 
     def window(self, lo: int, hi: int) -> "StatColumn":
@@ -113,6 +115,18 @@ class StatColumn:
         return out
 
 
+def _place(out: np.ndarray, events: np.ndarray, values: np.ndarray, rows: np.ndarray | None) -> None:
+    """OUT[event] = value, or with ROWS (int32 per event of the plane: its row in OUT, -1 for an
+    event OUT leaves out) OUT[ROWS[event]] = value for the events it keeps: a table of some of a
+    plane's events, in its own order, built without a column over every event."""
+    if rows is None:
+        out[events] = values
+        return
+    at = rows[events]
+    kept = at >= 0
+    out[at[kept]] = values[kept]
+
+
 @dataclass
 class DecodedPlane:
     shell: XPlane                 # the plane without its lines
@@ -133,10 +147,6 @@ class DecodedPlane:
         rest (a large plane's columns are much of the decode's peak)."""
         for column in columns:
             setattr(self, column, np.empty(0, getattr(self, column).dtype))
-
-    def line_index(self) -> np.ndarray:
-        """Index into ``lines`` of every event."""
-        return np.repeat(np.arange(len(self.lines)), [line.count for line in self.lines])
 
 
 def _empty_column() -> StatColumn:
