@@ -154,7 +154,7 @@ def test_notebook_html_makes_capture_names_inert():
 
 # --- DDP: two CPU processes (gloo) ---------------------------------------------------------------
 
-def _rank(rank: int, out: str, port: int) -> None:
+def _rank(rank: int, out: str) -> None:
     """One rank of the job: DDP over gloo, a slow DataLoader, the helper around the loop."""
     import time
 
@@ -173,7 +173,9 @@ def _rank(rank: int, out: str, port: int) -> None:
             return torch.randn(64), i % 10
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # The ranks meet through a file in the run's fresh folder: no TCP port another process can take.
+    store = Path(out, "rendezvous").as_uri()
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -189,17 +191,11 @@ def _rank(rank: int, out: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("torch_ddp")
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, __file__, str(out), str(_free_port())], capture_output=True,
+    result = subprocess.run([sys.executable, __file__, str(out)], capture_output=True,
                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": path, **ONE_THREAD})
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -240,4 +236,4 @@ def test_the_helper_modules_do_not_shadow_the_frameworks():
 if __name__ == "__main__":
     import torch.multiprocessing
 
-    torch.multiprocessing.spawn(_rank, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+    torch.multiprocessing.spawn(_rank, args=(sys.argv[1],), nprocs=2)
